@@ -1,0 +1,440 @@
+//! Single-flight fetches whose waiters stream the bytes as they arrive.
+//!
+//! The first caller to [`SingleFlight::join`] a key becomes the leader and gets a
+//! [`FlightWriter`]; everyone who joins the same key before the writer is dropped gets a
+//! [`FlightReader`] on the same flight. Readers see every chunk as soon as the writer pushes it,
+//! so a reader of a cold block gets its first byte when the upstream delivers it, not when the
+//! block is complete.
+//!
+//! The writer is meant to be driven by a task of its own (not by the leader's client request),
+//! so a client that disconnects does not cancel the fetch for the others. Whatever happens to
+//! the writer — finished, failed, or dropped half-way by a panic or cancellation — every reader
+//! gets an outcome: nobody waits forever. A failed flight leaves the map at once, so the next
+//! caller becomes a new leader.
+//!
+//! Memory is bounded by what one flight fetches (a block): the chunks live in the flight until
+//! the last reader is done with it.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+/// The error readers see when the writer was dropped without finishing (its task was cancelled
+/// or panicked).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the fetch was abandoned before it completed")]
+pub struct Abandoned;
+
+/// A table of flights in progress, keyed by `K`, failing with `E`.
+pub struct SingleFlight<K, E> {
+    flights: Arc<Mutex<HashMap<K, Arc<Flight<E>>>>>,
+}
+
+impl<K, E> Clone for SingleFlight<K, E> {
+    fn clone(&self) -> Self {
+        Self {
+            flights: self.flights.clone(),
+        }
+    }
+}
+
+impl<K, E> Default for SingleFlight<K, E> {
+    fn default() -> Self {
+        Self {
+            flights: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+}
+
+struct Flight<E> {
+    state: Mutex<State<E>>,
+    progress: Notify,
+}
+
+struct State<E> {
+    chunks: Vec<Bytes>,
+    outcome: Option<Result<(), Failure<E>>>,
+}
+
+// `Drop` cannot require `E: From<Abandoned>` without putting the bound on the struct, so an
+// abandoned flight is recorded as such and readers turn it into an `E`.
+enum Failure<E> {
+    Error(E),
+    Abandoned,
+}
+
+/// What [`SingleFlight::join`] gives a caller.
+pub enum Joined<K: Hash + Eq + Clone, E: Clone + From<Abandoned>> {
+    /// No flight was running for the key: the caller must drive `writer` (in a task of its own)
+    /// and may read its own flight through `reader`.
+    Leader {
+        /// Feeds the flight.
+        writer: FlightWriter<K, E>,
+        /// Reads the flight like any follower.
+        reader: FlightReader<E>,
+    },
+    /// A flight was already running; this reader sees all of its bytes from the first.
+    Follower(FlightReader<E>),
+}
+
+impl<K, E> SingleFlight<K, E>
+where
+    K: Hash + Eq + Clone,
+    E: Clone + From<Abandoned>,
+{
+    /// An empty table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Join the flight for `key`, starting one if none is running.
+    pub fn join(&self, key: K) -> Joined<K, E> {
+        let mut flights = self.flights.lock();
+        if let Some(flight) = flights.get(&key) {
+            return Joined::Follower(FlightReader {
+                flight: flight.clone(),
+                next: 0,
+            });
+        }
+        let flight = Arc::new(Flight {
+            state: Mutex::new(State {
+                chunks: Vec::new(),
+                outcome: None,
+            }),
+            progress: Notify::new(),
+        });
+        flights.insert(key.clone(), flight.clone());
+        Joined::Leader {
+            writer: FlightWriter {
+                key,
+                flight: flight.clone(),
+                flights: self.flights.clone(),
+            },
+            reader: FlightReader { flight, next: 0 },
+        }
+    }
+
+    /// Whether a flight for `key` is in progress.
+    pub fn contains(&self, key: &K) -> bool {
+        self.flights.lock().contains_key(key)
+    }
+
+    /// Number of flights in progress.
+    pub fn in_flight(&self) -> usize {
+        self.flights.lock().len()
+    }
+}
+
+/// The leader's handle on a flight. Dropping it ends the flight: a flight not finished by then
+/// fails with [`Abandoned`].
+pub struct FlightWriter<K: Hash + Eq, E> {
+    key: K,
+    flight: Arc<Flight<E>>,
+    flights: Arc<Mutex<HashMap<K, Arc<Flight<E>>>>>,
+}
+
+impl<K: Hash + Eq, E: Clone> FlightWriter<K, E> {
+    /// Hand `chunk` to every reader.
+    pub fn push(&self, chunk: Bytes) {
+        if chunk.is_empty() {
+            return;
+        }
+        self.flight.state.lock().chunks.push(chunk);
+        self.flight.progress.notify_waiters();
+    }
+
+    /// Bytes pushed so far.
+    pub fn len(&self) -> u64 {
+        self.flight
+            .state
+            .lock()
+            .chunks
+            .iter()
+            .map(|c| c.len() as u64)
+            .sum()
+    }
+
+    /// Whether nothing was pushed yet.
+    pub fn is_empty(&self) -> bool {
+        self.flight.state.lock().chunks.is_empty()
+    }
+
+    /// Complete the flight and return all its bytes as one buffer, ready to be cached.
+    ///
+    /// The flight stays joinable (as a finished flight) until the writer is dropped, so the
+    /// leader can insert the bytes into the cache first and drop the writer after: a caller
+    /// arriving in between finds the finished flight instead of starting a second fetch.
+    pub fn finish(&mut self) -> Bytes {
+        let bytes = {
+            let mut state = self.flight.state.lock();
+            state.outcome = Some(Ok(()));
+            concat(&state.chunks)
+        };
+        self.flight.progress.notify_waiters();
+        bytes
+    }
+
+    /// Fail the flight: every reader gets `error`, and the next caller starts a new flight.
+    pub fn fail(self, error: E) {
+        self.flight
+            .state
+            .lock()
+            .outcome
+            .get_or_insert(Err(Failure::Error(error)));
+        // Drop removes the entry and wakes the readers.
+    }
+}
+
+impl<K: Hash + Eq, E> Drop for FlightWriter<K, E> {
+    fn drop(&mut self) {
+        {
+            let mut flights = self.flights.lock();
+            if flights
+                .get(&self.key)
+                .is_some_and(|f| Arc::ptr_eq(f, &self.flight))
+            {
+                flights.remove(&self.key);
+            }
+        }
+        let mut state = self.flight.state.lock();
+        if state.outcome.is_none() {
+            state.outcome = Some(Err(Failure::Abandoned));
+        }
+        drop(state);
+        self.flight.progress.notify_waiters();
+    }
+}
+
+fn concat(chunks: &[Bytes]) -> Bytes {
+    match chunks {
+        [] => Bytes::new(),
+        [one] => one.clone(),
+        many => {
+            let mut buf = BytesMut::with_capacity(many.iter().map(Bytes::len).sum());
+            for c in many {
+                buf.extend_from_slice(c);
+            }
+            buf.freeze()
+        }
+    }
+}
+
+/// A reader of one flight. Each reader sees every chunk, in order, from the first.
+pub struct FlightReader<E> {
+    flight: Arc<Flight<E>>,
+    next: usize,
+}
+
+impl<E: Clone + From<Abandoned>> FlightReader<E> {
+    /// The next chunk, `None` once the flight finished and every chunk was read, or the flight's
+    /// error.
+    pub async fn next_chunk(&mut self) -> Option<Result<Bytes, E>> {
+        loop {
+            let notified = self.flight.progress.notified();
+            tokio::pin!(notified);
+            // Register before looking, so a push between the look and the await is not missed.
+            notified.as_mut().enable();
+            {
+                let state = self.flight.state.lock();
+                if let Some(chunk) = state.chunks.get(self.next) {
+                    self.next += 1;
+                    return Some(Ok(chunk.clone()));
+                }
+                match &state.outcome {
+                    Some(Ok(())) => return None,
+                    Some(Err(Failure::Error(e))) => return Some(Err(e.clone())),
+                    Some(Err(Failure::Abandoned)) => return Some(Err(Abandoned.into())),
+                    None => {}
+                }
+            }
+            notified.await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    enum TestError {
+        Upstream(&'static str),
+        Abandoned,
+    }
+    impl From<Abandoned> for TestError {
+        fn from(_: Abandoned) -> Self {
+            TestError::Abandoned
+        }
+    }
+
+    type Table = SingleFlight<&'static str, TestError>;
+
+    async fn read_all(mut reader: FlightReader<TestError>) -> Result<Vec<u8>, TestError> {
+        let mut out = Vec::new();
+        while let Some(chunk) = reader.next_chunk().await {
+            out.extend_from_slice(&chunk?);
+        }
+        Ok(out)
+    }
+
+    /// Join `key`, and if leading, run `fetch` in a task of its own, like the proxy does.
+    fn join_and_fetch<F>(
+        table: &Table,
+        key: &'static str,
+        fetches: Arc<AtomicUsize>,
+        fetch: F,
+    ) -> FlightReader<TestError>
+    where
+        F: FnOnce(FlightWriter<&'static str, TestError>) -> tokio::task::JoinHandle<()>,
+    {
+        match table.join(key) {
+            Joined::Leader { writer, reader } => {
+                fetches.fetch_add(1, Ordering::SeqCst);
+                drop(fetch(writer));
+                reader
+            }
+            Joined::Follower(reader) => reader,
+        }
+    }
+
+    #[tokio::test]
+    async fn many_waiters_share_one_fetch() {
+        let table = Table::new();
+        let fetches = Arc::new(AtomicUsize::new(0));
+        let mut readers = Vec::new();
+        for _ in 0..64 {
+            readers.push(join_and_fetch(&table, "k", fetches.clone(), |mut w| {
+                tokio::spawn(async move {
+                    for i in 0..10u8 {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                        w.push(Bytes::from(vec![i; 100]));
+                    }
+                    let all = w.finish();
+                    assert_eq!(all.len(), 1000);
+                })
+            }));
+        }
+        let expected: Vec<u8> = (0..10u8).flat_map(|i| vec![i; 100]).collect();
+        for r in readers {
+            assert_eq!(read_all(r).await.unwrap(), expected);
+        }
+        assert_eq!(fetches.load(Ordering::SeqCst), 1);
+        assert_eq!(table.in_flight(), 0);
+    }
+
+    #[tokio::test]
+    async fn waiters_get_bytes_before_the_fetch_completes() {
+        let table = Table::new();
+        let Joined::Leader { mut writer, .. } = table.join("k") else {
+            panic!("expected leader")
+        };
+        let Joined::Follower(mut follower) = table.join("k") else {
+            panic!("expected follower")
+        };
+        writer.push(Bytes::from_static(b"first"));
+        let first = tokio::time::timeout(Duration::from_secs(5), follower.next_chunk()).await;
+        assert_eq!(
+            first.unwrap().unwrap().unwrap(),
+            Bytes::from_static(b"first")
+        );
+        // The fetch is still running: the next read waits.
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), follower.next_chunk())
+                .await
+                .is_err()
+        );
+        writer.push(Bytes::from_static(b"second"));
+        assert_eq!(writer.finish(), Bytes::from_static(b"firstsecond"));
+        drop(writer);
+        assert_eq!(
+            follower.next_chunk().await.unwrap().unwrap(),
+            Bytes::from_static(b"second")
+        );
+        assert!(follower.next_chunk().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn leader_disconnect_does_not_stop_the_fetch() {
+        let table = Table::new();
+        let fetches = Arc::new(AtomicUsize::new(0));
+        let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+        let leader_reader = join_and_fetch(&table, "k", fetches.clone(), |mut w| {
+            tokio::spawn(async move {
+                w.push(Bytes::from_static(b"abc"));
+                let _ = go_rx.await;
+                w.push(Bytes::from_static(b"def"));
+                w.finish();
+            })
+        });
+        let follower = join_and_fetch(&table, "k", fetches.clone(), |_| {
+            unreachable!("second fetch")
+        });
+        // The leader's client goes away mid-flight.
+        drop(leader_reader);
+        go_tx.send(()).unwrap();
+        assert_eq!(read_all(follower).await.unwrap(), b"abcdef");
+        assert_eq!(fetches.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn failure_reaches_every_waiter_and_the_next_caller_leads() {
+        let table = Table::new();
+        let Joined::Leader { writer, reader } = table.join("k") else {
+            panic!("expected leader")
+        };
+        let followers: Vec<_> = (0..8)
+            .map(|_| match table.join("k") {
+                Joined::Follower(r) => r,
+                Joined::Leader { .. } => panic!("expected follower"),
+            })
+            .collect();
+        writer.push(Bytes::from_static(b"partial"));
+        writer.fail(TestError::Upstream("503"));
+        assert_eq!(read_all(reader).await, Err(TestError::Upstream("503")));
+        for f in followers {
+            assert_eq!(read_all(f).await, Err(TestError::Upstream("503")));
+        }
+        assert!(matches!(table.join("k"), Joined::Leader { .. }));
+    }
+
+    #[tokio::test]
+    async fn a_dropped_writer_never_leaves_waiters_hanging() {
+        let table = Table::new();
+        let fetches = Arc::new(AtomicUsize::new(0));
+        let reader = join_and_fetch(&table, "k", fetches.clone(), |w| {
+            tokio::spawn(async move {
+                w.push(Bytes::from_static(b"x"));
+                panic!("fetch task dies");
+            })
+        });
+        let follower = join_and_fetch(&table, "k", fetches.clone(), |_| unreachable!());
+        let outcome = tokio::time::timeout(Duration::from_secs(5), read_all(follower))
+            .await
+            .unwrap();
+        assert_eq!(outcome, Err(TestError::Abandoned));
+        assert_eq!(read_all(reader).await, Err(TestError::Abandoned));
+        assert_eq!(table.in_flight(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_finished_flight_stays_joinable_until_the_writer_is_dropped() {
+        let table = Table::new();
+        let Joined::Leader { mut writer, .. } = table.join("k") else {
+            panic!("expected leader")
+        };
+        writer.push(Bytes::from_static(b"done"));
+        writer.finish();
+        let Joined::Follower(late) = table.join("k") else {
+            panic!("expected follower")
+        };
+        drop(writer);
+        assert_eq!(read_all(late).await.unwrap(), b"done");
+        assert!(matches!(table.join("k"), Joined::Leader { .. }));
+    }
+}

@@ -1,0 +1,490 @@
+//! Block-aligned reads: a byte range of an object is served from fixed-size blocks, each found
+//! in the memory tier or fetched from the origin once, however many readers want it.
+//!
+//! A block is cached under (bucket, key, ETag, index), and every upstream fetch carries
+//! `If-Match: <ETag>`, so a block can only ever hold bytes of the version its key names: one
+//! response never mixes two versions of an object.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use cache_core::{
+    BlockLayout, BlockSlice, FlightReader, FlightWriter, Joined, MemoryTier, SingleFlight,
+};
+use futures::stream::{self, Stream, StreamExt};
+
+use crate::metrics::Metrics;
+use crate::origin::{ObjectId, Origin, OriginError};
+
+/// The cache key of one block of one version of an object.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BlockId {
+    bucket: Arc<str>,
+    key: Arc<str>,
+    etag: Arc<str>,
+    index: u64,
+}
+
+impl BlockId {
+    /// The key of block `index` of `object` at `etag`. The version id is deliberately not part of
+    /// the key: an ETag names the bytes, and `If-Match` pins every fetch to it.
+    pub fn new(object: &ObjectId, etag: &Arc<str>, index: u64) -> Self {
+        Self {
+            bucket: object.bucket.clone(),
+            key: object.key.clone(),
+            etag: etag.clone(),
+            index,
+        }
+    }
+}
+
+/// How a response's bytes are being found, for the `X-Cache` header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheResult {
+    /// Every block was in memory.
+    HitMemory,
+    /// Some blocks were in memory, others fetched.
+    Partial,
+    /// No block was in memory; the first missing one was already being fetched by another request.
+    Coalesced,
+    /// No block was in memory.
+    Miss,
+}
+
+impl CacheResult {
+    /// The `X-Cache` header value, also used as a metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheResult::HitMemory => "hit-memory",
+            CacheResult::Partial => "partial",
+            CacheResult::Coalesced => "coalesced",
+            CacheResult::Miss => "miss",
+        }
+    }
+}
+
+enum OpenBlock {
+    Ready(Bytes),
+    Streaming(FlightReader<OriginError>),
+}
+
+/// Blocks in memory, blocks in flight, and the origin behind them.
+pub struct BlockStore {
+    layout: BlockLayout,
+    memory: MemoryTier<BlockId>,
+    flights: SingleFlight<BlockId, OriginError>,
+    origin: Arc<dyn Origin>,
+    read_window: usize,
+    idle_timeout: Duration,
+    metrics: Arc<Metrics>,
+}
+
+impl BlockStore {
+    /// A store cutting objects into `layout` blocks, holding `memory_capacity` bytes of them.
+    pub fn new(
+        layout: BlockLayout,
+        memory_capacity: u64,
+        origin: Arc<dyn Origin>,
+        read_window: usize,
+        idle_timeout: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            layout,
+            memory: MemoryTier::new(memory_capacity),
+            flights: SingleFlight::new(),
+            origin,
+            read_window,
+            idle_timeout,
+            metrics,
+        }
+    }
+
+    /// The memory tier, for metrics.
+    pub fn memory(&self) -> &MemoryTier<BlockId> {
+        &self.memory
+    }
+
+    /// Where the bytes `[start, end)` of `object` at `etag` would come from right now.
+    pub fn classify(
+        &self,
+        object: &ObjectId,
+        etag: &Arc<str>,
+        range: Range<u64>,
+        size: u64,
+    ) -> CacheResult {
+        let mut held = 0usize;
+        let mut missing = 0usize;
+        let mut first_missing_in_flight = None;
+        for slice in self.layout.slices(range.start, range.end, size) {
+            let id = BlockId::new(object, etag, slice.index);
+            if self.memory.contains(&id) {
+                held += 1;
+            } else {
+                missing += 1;
+                first_missing_in_flight.get_or_insert_with(|| self.flights.contains(&id));
+            }
+        }
+        match (held, missing, first_missing_in_flight) {
+            (_, 0, _) => CacheResult::HitMemory,
+            (0, _, Some(true)) => CacheResult::Coalesced,
+            (0, _, _) => CacheResult::Miss,
+            _ => CacheResult::Partial,
+        }
+    }
+
+    /// The bytes `[start, end)` of `object` (of `size` bytes) at `etag`, as a stream. Up to
+    /// `read_window` blocks ahead of the one being sent are opened (and fetched if missing).
+    /// Dropping the stream stops opening blocks; fetches already started run to completion and
+    /// fill the cache.
+    pub fn read(
+        self: &Arc<Self>,
+        object: ObjectId,
+        etag: Arc<str>,
+        range: Range<u64>,
+        size: u64,
+    ) -> impl Stream<Item = Result<Bytes, OriginError>> + Send + 'static {
+        let store = self.clone();
+        let slices: Vec<BlockSlice> = self.layout.slices(range.start, range.end, size).collect();
+        stream::iter(slices)
+            .map(move |slice| {
+                let (store, object, etag) = (store.clone(), object.clone(), etag.clone());
+                async move { (slice, store.open(&object, &etag, slice).await) }
+            })
+            .buffered(self.read_window)
+            .flat_map({
+                let store = self.clone();
+                move |(slice, open)| match open {
+                    OpenBlock::Ready(bytes) => {
+                        let part = bytes.slice(slice.from as usize..slice.to as usize);
+                        store
+                            .metrics
+                            .served_bytes
+                            .get_or_create(&vec![("tier", "memory")])
+                            .inc_by(part.len() as u64);
+                        stream::once(futures::future::ready(Ok(part))).boxed()
+                    }
+                    OpenBlock::Streaming(reader) => {
+                        let served = store
+                            .metrics
+                            .served_bytes
+                            .get_or_create(&vec![("tier", "upstream")])
+                            .clone();
+                        slice_of(reader, slice.from, slice.to)
+                            .inspect(move |r| {
+                                if let Ok(b) = r {
+                                    served.inc_by(b.len() as u64);
+                                }
+                            })
+                            .boxed()
+                    }
+                }
+            })
+    }
+
+    async fn open(
+        self: &Arc<Self>,
+        object: &ObjectId,
+        etag: &Arc<str>,
+        slice: BlockSlice,
+    ) -> OpenBlock {
+        let id = BlockId::new(object, etag, slice.index);
+        if let Some(bytes) = self.memory.get(&id).await {
+            return OpenBlock::Ready(bytes);
+        }
+        match self.flights.join(id.clone()) {
+            Joined::Follower(reader) => {
+                self.metrics.coalesced.inc();
+                OpenBlock::Streaming(reader)
+            }
+            Joined::Leader { mut writer, reader } => {
+                // A flight may have completed between the memory lookup and the join.
+                if let Some(bytes) = self.memory.get(&id).await {
+                    writer.push(bytes);
+                    writer.finish();
+                    return OpenBlock::Streaming(reader);
+                }
+                // The fetch runs in a task of its own: a client that goes away does not cancel it
+                // for the readers that joined, and the block still lands in the cache.
+                let store = self.clone();
+                let object = object.clone();
+                let etag = etag.clone();
+                tokio::spawn(async move { store.fetch(writer, id, object, etag, slice).await });
+                OpenBlock::Streaming(reader)
+            }
+        }
+    }
+
+    async fn fetch(
+        &self,
+        mut writer: FlightWriter<BlockId, OriginError>,
+        id: BlockId,
+        object: ObjectId,
+        etag: Arc<str>,
+        slice: BlockSlice,
+    ) {
+        let range = slice.block_start..slice.block_start + slice.block_len;
+        let result = self.fetch_into(&writer, &object, &etag, range).await;
+        let outcome = if result.is_ok() { "ok" } else { "error" };
+        self.metrics
+            .upstream_requests
+            .get_or_create(&vec![("operation", "GetObject"), ("outcome", outcome)])
+            .inc();
+        match result {
+            Ok(()) => {
+                let block = writer.finish();
+                self.memory.insert(id, block).await;
+                drop(writer);
+            }
+            Err(e) => {
+                tracing::warn!(object = %object, block = slice.index, error = %e, "block fetch failed");
+                self.metrics
+                    .cache_writes_dropped
+                    .get_or_create(&vec![("reason", "fetch_failed")])
+                    .inc();
+                writer.fail(e);
+            }
+        }
+    }
+
+    async fn fetch_into(
+        &self,
+        writer: &FlightWriter<BlockId, OriginError>,
+        object: &ObjectId,
+        etag: &str,
+        range: Range<u64>,
+    ) -> Result<(), OriginError> {
+        let expected = range.end - range.start;
+        let mut body = self.origin.get(object, Some(etag), Some(range)).await?;
+        let mut got = 0u64;
+        loop {
+            let next = tokio::time::timeout(self.idle_timeout, body.next())
+                .await
+                .map_err(|_| {
+                    OriginError::Timeout(format!("no body bytes for {:?}", self.idle_timeout))
+                })?;
+            let Some(chunk) = next else { break };
+            let chunk = chunk?;
+            got += chunk.len() as u64;
+            if got > expected {
+                return Err(OriginError::BodyLength { got, expected });
+            }
+            self.metrics.upstream_bytes.inc_by(chunk.len() as u64);
+            writer.push(chunk);
+        }
+        if got != expected {
+            return Err(OriginError::BodyLength { got, expected });
+        }
+        Ok(())
+    }
+}
+
+/// The bytes `[from, to)` of a block arriving through `reader`. Stops reading (and drops the
+/// reader) once `to` is reached.
+fn slice_of(
+    reader: FlightReader<OriginError>,
+    from: u64,
+    to: u64,
+) -> impl Stream<Item = Result<Bytes, OriginError>> + Send {
+    stream::unfold(Some((reader, 0u64)), move |state| async move {
+        let (mut reader, mut pos) = state?;
+        while pos < to {
+            let chunk = match reader.next_chunk().await {
+                Some(Ok(chunk)) => chunk,
+                Some(Err(e)) => return Some((Err(e), None)),
+                None => {
+                    return Some((
+                        Err(OriginError::BodyLength {
+                            got: pos,
+                            expected: to,
+                        }),
+                        None,
+                    ))
+                }
+            };
+            let (start, end) = (pos, pos + chunk.len() as u64);
+            pos = end;
+            if end <= from {
+                continue;
+            }
+            let lo = from.saturating_sub(start) as usize;
+            let hi = (to.min(end) - start) as usize;
+            return Some((Ok(chunk.slice(lo..hi)), Some((reader, pos))));
+        }
+        None
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::origin::{BodyStream, ObjectMeta};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// An origin serving one object from memory in small chunks, counting GETs.
+    struct FakeOrigin {
+        data: Bytes,
+        etag: String,
+        gets: AtomicUsize,
+        delay: Duration,
+    }
+
+    #[async_trait::async_trait]
+    impl Origin for FakeOrigin {
+        async fn head(&self, _: &ObjectId) -> Result<ObjectMeta, OriginError> {
+            Ok(ObjectMeta {
+                size: self.data.len() as u64,
+                etag: self.etag.clone(),
+                last_modified: None,
+                version_id: None,
+                headers: vec![],
+            })
+        }
+        async fn get(
+            &self,
+            _: &ObjectId,
+            if_match: Option<&str>,
+            range: Option<Range<u64>>,
+        ) -> Result<BodyStream, OriginError> {
+            self.gets.fetch_add(1, Ordering::SeqCst);
+            if if_match.is_some_and(|e| e != self.etag) {
+                return Err(OriginError::Changed);
+            }
+            let r = range.unwrap_or(0..self.data.len() as u64);
+            let body = self.data.slice(r.start as usize..r.end as usize);
+            let chunks: Vec<_> = body.chunks(1000).map(Bytes::copy_from_slice).collect();
+            let delay = self.delay;
+            Ok(stream::iter(chunks)
+                .then(move |c| async move {
+                    tokio::time::sleep(delay).await;
+                    Ok(c)
+                })
+                .boxed())
+        }
+    }
+
+    fn setup(
+        size: usize,
+        delay: Duration,
+    ) -> (Arc<BlockStore>, Arc<FakeOrigin>, ObjectId, Arc<str>) {
+        let data: Bytes = (0..size)
+            .map(|i| (i % 251) as u8)
+            .collect::<Vec<_>>()
+            .into();
+        let origin = Arc::new(FakeOrigin {
+            data,
+            etag: "\"e1\"".into(),
+            gets: AtomicUsize::new(0),
+            delay,
+        });
+        let store = Arc::new(BlockStore::new(
+            BlockLayout::new(4096),
+            1 << 20,
+            origin.clone(),
+            2,
+            Duration::from_secs(5),
+            Arc::new(Metrics::default()),
+        ));
+        let id = ObjectId {
+            bucket: "b".into(),
+            key: "k".into(),
+            version_id: None,
+        };
+        (store, origin, id, "\"e1\"".into())
+    }
+
+    async fn collect(
+        s: impl Stream<Item = Result<Bytes, OriginError>>,
+    ) -> Result<Vec<u8>, OriginError> {
+        let mut out = Vec::new();
+        futures::pin_mut!(s);
+        while let Some(c) = s.next().await {
+            out.extend_from_slice(&c?);
+        }
+        Ok(out)
+    }
+
+    #[tokio::test]
+    async fn ranges_are_exact_and_blocks_fetched_once() {
+        let (store, origin, id, etag) = setup(10_000, Duration::ZERO);
+        let size = 10_000;
+        for (a, b) in [
+            (0, 10_000),
+            (4095, 4097),
+            (0, 1),
+            (9_999, 10_000),
+            (5000, 9000),
+            (100, 4096),
+        ] {
+            let got = collect(store.read(id.clone(), etag.clone(), a..b, size))
+                .await
+                .unwrap();
+            assert_eq!(got, origin.data[a as usize..b as usize], "range {a}..{b}");
+        }
+        assert_eq!(
+            origin.gets.load(Ordering::SeqCst),
+            3,
+            "three blocks, one GET each"
+        );
+        assert_eq!(
+            store.classify(&id, &etag, 0..10_000, size),
+            CacheResult::HitMemory
+        );
+    }
+
+    #[tokio::test]
+    async fn concurrent_cold_readers_share_fetches() {
+        let (store, origin, id, etag) = setup(20_000, Duration::from_millis(1));
+        let readers: Vec<_> = (0..32)
+            .map(|_| {
+                tokio::spawn(collect(store.read(
+                    id.clone(),
+                    etag.clone(),
+                    0..20_000,
+                    20_000,
+                )))
+            })
+            .collect();
+        for r in readers {
+            assert_eq!(r.await.unwrap().unwrap(), origin.data[..]);
+        }
+        assert_eq!(origin.gets.load(Ordering::SeqCst), 5);
+    }
+
+    #[tokio::test]
+    async fn a_changed_object_fails_instead_of_mixing_versions() {
+        let (store, _origin, id, _) = setup(10_000, Duration::ZERO);
+        let stale: Arc<str> = "\"old\"".into();
+        let err = collect(store.read(id.clone(), stale.clone(), 0..10_000, 10_000))
+            .await
+            .unwrap_err();
+        assert_eq!(err, OriginError::Changed);
+        assert_eq!(
+            store.classify(&id, &stale, 0..10_000, 10_000),
+            CacheResult::Miss
+        );
+    }
+
+    #[tokio::test]
+    async fn a_reader_that_leaves_early_still_fills_the_cache() {
+        let (store, origin, id, etag) = setup(4096, Duration::from_millis(1));
+        {
+            let s = store.read(id.clone(), etag.clone(), 0..4096, 4096);
+            futures::pin_mut!(s);
+            s.next().await.unwrap().unwrap();
+        }
+        for _ in 0..200 {
+            if store.classify(&id, &etag, 0..4096, 4096) == CacheResult::HitMemory {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            store.classify(&id, &etag, 0..4096, 4096),
+            CacheResult::HitMemory
+        );
+        assert_eq!(origin.gets.load(Ordering::SeqCst), 1);
+    }
+}

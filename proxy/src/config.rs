@@ -1,0 +1,403 @@
+//! Configuration: defaults < TOML file (`--config`) < `LARDER_*` environment < command-line flags.
+//!
+//! Every option is documented here with its default and in `docs/configuration.md`; a test keeps
+//! the two in step.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::time::Duration;
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// Larder's whole configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Address of the S3 listener. Default: `127.0.0.1:9000`.
+    pub listen: SocketAddr,
+    /// Address of the admin listener (`/healthz`, `/readyz`, `/metrics`). Default: `127.0.0.1:9001`.
+    pub admin_listen: SocketAddr,
+    /// Base domain for virtual-hosted-style requests (`bucket.<base_domain>`). Default: none, so
+    /// only path-style requests (`/bucket/key`) are understood.
+    pub base_domain: Option<String>,
+    /// The upstream S3 endpoint URL. Default: none, meaning AWS S3 for the region.
+    pub upstream_endpoint: Option<String>,
+    /// The upstream region. Default: `us-east-1`.
+    pub upstream_region: String,
+    /// Address upstream buckets path-style (needed by MinIO and most S3-compatible servers).
+    /// Default: `false`.
+    pub upstream_path_style: bool,
+    /// Bytes of block data the memory tier holds. Default: `512MiB`.
+    pub memory_capacity: ByteSize,
+    /// Size of the blocks objects are cut into. Default: `8MiB`.
+    pub block_size: ByteSize,
+    /// How long object metadata (size, ETag, headers) is trusted before it is fetched again; an
+    /// object overwritten upstream is served with its old contents for at most this long.
+    /// `0s` revalidates on every request. Default: `60s`.
+    pub metadata_ttl: HumanDuration,
+    /// Most object-metadata entries held. Default: `100000`.
+    pub metadata_capacity: u64,
+    /// Blocks a single response fetches ahead of the one it is sending. Default: `4`.
+    pub read_window: usize,
+    /// Longest wait for the next piece of an upstream body before the fetch fails. Default: `30s`.
+    pub upstream_idle_timeout: HumanDuration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 9000)),
+            admin_listen: SocketAddr::from(([127, 0, 0, 1], 9001)),
+            base_domain: None,
+            upstream_endpoint: None,
+            upstream_region: "us-east-1".to_owned(),
+            upstream_path_style: false,
+            memory_capacity: ByteSize(512 << 20),
+            block_size: ByteSize(8 << 20),
+            metadata_ttl: HumanDuration(Duration::from_secs(60)),
+            metadata_capacity: 100_000,
+            read_window: 4,
+            upstream_idle_timeout: HumanDuration(Duration::from_secs(30)),
+        }
+    }
+}
+
+/// Names of every option, as TOML keys. `docs/configuration.md` must document each.
+pub const OPTION_NAMES: &[&str] = &[
+    "listen",
+    "admin_listen",
+    "base_domain",
+    "upstream_endpoint",
+    "upstream_region",
+    "upstream_path_style",
+    "memory_capacity",
+    "block_size",
+    "metadata_ttl",
+    "metadata_capacity",
+    "read_window",
+    "upstream_idle_timeout",
+];
+
+/// Why a configuration was refused. The message names the offending field.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A source could not be read or a value did not parse.
+    #[error("invalid configuration: {0}")]
+    Source(#[from] Box<figment::Error>),
+    /// A value parsed but is out of range.
+    #[error("invalid configuration: `{field}` {problem}")]
+    Invalid {
+        /// The offending field.
+        field: &'static str,
+        /// What is wrong with it.
+        problem: String,
+    },
+}
+
+impl Config {
+    /// Load from defaults, then `file` (if given), then `LARDER_*` variables, then `overrides`
+    /// (the command-line flags that were set), and validate.
+    pub fn load(
+        file: Option<&std::path::Path>,
+        overrides: impl Serialize,
+    ) -> Result<Self, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(path) = file {
+            if !path.exists() {
+                return Err(ConfigError::Invalid {
+                    field: "config",
+                    problem: format!("file {} does not exist", path.display()),
+                });
+            }
+            figment = figment.merge(Toml::file(path));
+        }
+        let config: Config = figment
+            .merge(Env::prefixed("LARDER_"))
+            .merge(Serialized::defaults(overrides))
+            .extract()
+            .map_err(Box::new)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |field, problem: &str| {
+            Err(ConfigError::Invalid {
+                field,
+                problem: problem.to_owned(),
+            })
+        };
+        if self.block_size.0 < 4096 || self.block_size.0 > (1 << 30) {
+            return invalid("block_size", "must be between 4KiB and 1GiB");
+        }
+        if self.memory_capacity.0 < self.block_size.0 {
+            return invalid(
+                "memory_capacity",
+                "must hold at least one block (block_size)",
+            );
+        }
+        if self.read_window == 0 || self.read_window > 64 {
+            return invalid("read_window", "must be between 1 and 64");
+        }
+        if self.metadata_capacity == 0 {
+            return invalid("metadata_capacity", "must be positive");
+        }
+        if self.upstream_idle_timeout.0.is_zero() {
+            return invalid("upstream_idle_timeout", "must be positive");
+        }
+        if let Some(url) = &self.upstream_endpoint {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return invalid("upstream_endpoint", "must be an http:// or https:// URL");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A size in bytes, written as an integer or with a unit: `512MiB`, `8 MiB`, `1GB`, `4096`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ByteSize(pub u64);
+
+impl FromStr for ByteSize {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim();
+        let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+        let (digits, unit) = s.split_at(split);
+        let n: u64 = digits
+            .parse()
+            .map_err(|_| format!("`{s}` is not a size (expected e.g. 512MiB)"))?;
+        let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 1,
+            "k" | "kb" => 1_000,
+            "kib" => 1 << 10,
+            "m" | "mb" => 1_000_000,
+            "mib" => 1 << 20,
+            "g" | "gb" => 1_000_000_000,
+            "gib" => 1 << 30,
+            "t" | "tb" => 1_000_000_000_000,
+            "tib" => 1 << 40,
+            other => return Err(format!("unknown size unit `{other}` in `{s}`")),
+        };
+        n.checked_mul(mult)
+            .map(ByteSize)
+            .ok_or_else(|| format!("size `{s}` is too large"))
+    }
+}
+
+impl fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const UNITS: [(u64, &str); 4] = [
+            (1 << 40, "TiB"),
+            (1 << 30, "GiB"),
+            (1 << 20, "MiB"),
+            (1 << 10, "KiB"),
+        ];
+        for (mult, unit) in UNITS {
+            if self.0 >= mult && self.0.is_multiple_of(mult) {
+                return write!(f, "{}{unit}", self.0 / mult);
+            }
+        }
+        write!(f, "{}", self.0)
+    }
+}
+
+impl Serialize for ByteSize {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Int(u64),
+            Str(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Int(n) => Ok(ByteSize(n)),
+            Raw::Str(s) => s.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// A duration written with a unit: `30s`, `5m`, `250ms`, `1h`, `0s`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HumanDuration(pub Duration);
+
+impl FromStr for HumanDuration {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim();
+        let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+        let (digits, unit) = s.split_at(split);
+        let n: u64 = digits
+            .parse()
+            .map_err(|_| format!("`{s}` is not a duration (expected e.g. 30s)"))?;
+        let d = match unit.trim() {
+            "ms" => Duration::from_millis(n),
+            "s" | "" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n.saturating_mul(60)),
+            "h" => Duration::from_secs(n.saturating_mul(3600)),
+            other => {
+                return Err(format!(
+                    "unknown duration unit `{other}` in `{s}` (use ms, s, m or h)"
+                ))
+            }
+        };
+        Ok(HumanDuration(d))
+    }
+}
+
+impl fmt::Display for HumanDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms = self.0.as_millis();
+        if !ms.is_multiple_of(1000) {
+            write!(f, "{ms}ms")
+        } else {
+            write!(f, "{}s", ms / 1000)
+        }
+    }
+}
+
+impl Serialize for HumanDuration {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for HumanDuration {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Int(u64),
+            Str(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Int(n) => Ok(HumanDuration(Duration::from_secs(n))),
+            Raw::Str(s) => s.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn sizes_and_durations_parse() {
+        assert_eq!("512MiB".parse::<ByteSize>().unwrap(), ByteSize(512 << 20));
+        assert_eq!("8 MiB".parse::<ByteSize>().unwrap(), ByteSize(8 << 20));
+        assert_eq!("1GB".parse::<ByteSize>().unwrap(), ByteSize(1_000_000_000));
+        assert_eq!("4096".parse::<ByteSize>().unwrap(), ByteSize(4096));
+        assert!("12 parsecs".parse::<ByteSize>().is_err());
+        assert!("MiB".parse::<ByteSize>().is_err());
+        assert_eq!(
+            "30s".parse::<HumanDuration>().unwrap().0,
+            Duration::from_secs(30)
+        );
+        assert_eq!(
+            "250ms".parse::<HumanDuration>().unwrap().0,
+            Duration::from_millis(250)
+        );
+        assert_eq!(
+            "5m".parse::<HumanDuration>().unwrap().0,
+            Duration::from_secs(300)
+        );
+        assert!("5 fortnights".parse::<HumanDuration>().is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn byte_size_round_trips(n in 0u64..(1 << 50)) {
+            let s = ByteSize(n).to_string();
+            prop_assert_eq!(s.parse::<ByteSize>().unwrap(), ByteSize(n));
+        }
+    }
+
+    #[derive(Serialize, Default)]
+    struct Flags {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        block_size: Option<String>,
+    }
+
+    #[test]
+    fn layers_apply_in_order_and_errors_name_the_field() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "larder.toml",
+                "block_size = \"1MiB\"\nmetadata_ttl = \"5s\"\nmemory_capacity = \"64MiB\"\n",
+            )?;
+            jail.set_env("LARDER_METADATA_TTL", "7s");
+            let path = jail.directory().join("larder.toml");
+            let c = Config::load(Some(&path), Flags::default()).expect("loads");
+            assert_eq!(c.block_size, ByteSize(1 << 20));
+            assert_eq!(c.metadata_ttl.0, Duration::from_secs(7));
+            let c = Config::load(
+                Some(&path),
+                Flags {
+                    block_size: Some("2MiB".into()),
+                },
+            )
+            .expect("loads");
+            assert_eq!(c.block_size, ByteSize(2 << 20));
+
+            jail.set_env("LARDER_BLOCK_SIZE", "lots");
+            let err = Config::load(Some(&path), Flags::default())
+                .unwrap_err()
+                .to_string();
+            assert!(err.to_lowercase().contains("block_size"), "{err}");
+            jail.set_env("LARDER_BLOCK_SIZE", "1KiB");
+            let err = Config::load(Some(&path), Flags::default())
+                .unwrap_err()
+                .to_string();
+            assert!(err.to_lowercase().contains("block_size"), "{err}");
+            jail.set_env("LARDER_BLOCK_SIZE", "1MiB");
+            jail.set_env("LARDER_NO_SUCH_OPTION", "1");
+            let err = Config::load(Some(&path), Flags::default())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("no_such_option"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn every_option_is_listed_and_documented() {
+        let serialized = toml::to_string(&Config {
+            base_domain: Some("x".into()),
+            upstream_endpoint: Some("http://x".into()),
+            ..Config::default()
+        })
+        .unwrap();
+        let table: toml::Table = serialized.parse().unwrap();
+        let mut keys: Vec<_> = table.keys().map(String::as_str).collect();
+        let mut listed = OPTION_NAMES.to_vec();
+        keys.sort_unstable();
+        listed.sort_unstable();
+        assert_eq!(keys, listed, "OPTION_NAMES is out of step with Config");
+        let doc = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../docs/configuration.md"
+        ))
+        .unwrap();
+        for name in OPTION_NAMES {
+            assert!(
+                doc.contains(&format!("`{name}`")),
+                "docs/configuration.md does not document `{name}`"
+            );
+            let flag = format!("--{}", name.replace('_', "-"));
+            assert!(
+                doc.contains(&flag),
+                "docs/configuration.md does not document {flag}"
+            );
+        }
+    }
+}

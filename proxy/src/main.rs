@@ -1,0 +1,141 @@
+//! The `larder` command: `serve` runs the proxy; `demo` runs it in front of an embedded origin.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use larder::config::Config;
+use larder::origin::s3::{S3Origin, S3OriginConfig};
+use serde::Serialize;
+
+#[derive(Parser)]
+#[command(
+    name = "larder",
+    version,
+    about = "An S3-compatible read-through caching proxy"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve S3 clients, caching reads from the upstream.
+    Serve(ServeArgs),
+    /// Run Larder in front of an embedded S3 origin with a sample workload, print what it saved,
+    /// and exit. Needs no AWS account.
+    Demo(larder::demo::DemoArgs),
+}
+
+/// Flags for `serve`. Each overrides the TOML file and `LARDER_*` variables; see
+/// docs/configuration.md for defaults.
+#[derive(Args, Serialize)]
+struct ServeArgs {
+    /// TOML configuration file.
+    #[arg(long)]
+    #[serde(skip)]
+    config: Option<PathBuf>,
+    /// Address of the S3 listener [default: 127.0.0.1:9000].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    listen: Option<String>,
+    /// Address of the admin listener [default: 127.0.0.1:9001].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    admin_listen: Option<String>,
+    /// Base domain for virtual-hosted-style requests.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    base_domain: Option<String>,
+    /// Upstream S3 endpoint URL [default: AWS S3].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    upstream_endpoint: Option<String>,
+    /// Upstream region [default: us-east-1].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    upstream_region: Option<String>,
+    /// Address upstream buckets path-style.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    upstream_path_style: Option<bool>,
+    /// Memory tier capacity, e.g. 512MiB [default: 512MiB].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    memory_capacity: Option<String>,
+    /// Block size, e.g. 8MiB [default: 8MiB].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    block_size: Option<String>,
+    /// How long object metadata is trusted, e.g. 60s [default: 60s].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metadata_ttl: Option<String>,
+    /// Most object-metadata entries held [default: 100000].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metadata_capacity: Option<u64>,
+    /// Blocks a response fetches ahead of the one it sends [default: 4].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    read_window: Option<usize>,
+    /// Longest wait for upstream body bytes, e.g. 30s [default: 30s].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    upstream_idle_timeout: Option<String>,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
+    match cli.command {
+        Command::Serve(args) => runtime.block_on(serve(args)),
+        Command::Demo(args) => runtime.block_on(larder::demo::run(args)),
+    }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let config = Config::load(args.config.as_deref(), &args)?;
+    tracing::warn!("running without client authentication: any client that reaches the S3 listener can read through Larder's upstream credentials");
+    let origin = S3Origin::new(&S3OriginConfig {
+        endpoint: config.upstream_endpoint.clone(),
+        region: config.upstream_region.clone(),
+        path_style: config.upstream_path_style,
+        credentials: None,
+    })
+    .await;
+    let running = larder::server::start(&config, Arc::new(origin))
+        .await
+        .with_context(|| format!("binding {} and {}", config.listen, config.admin_listen))?;
+    let token = running.shutdown_token();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+        token.cancel();
+    });
+    running.wait().await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

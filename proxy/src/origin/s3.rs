@@ -1,0 +1,256 @@
+//! The origin on aws-sdk-s3: credentials from the standard AWS chain (environment, profile,
+//! web identity / IRSA, ECS, IMDS), requests signed with Larder's own credentials.
+
+use std::ops::Range;
+use std::time::{Duration, SystemTime};
+
+use aws_sdk_s3::config::retry::RetryConfig;
+use aws_sdk_s3::config::timeout::TimeoutConfig;
+use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
+use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_s3::operation::head_object::HeadObjectOutput;
+use aws_sdk_s3::Client;
+use futures::StreamExt;
+use http::{HeaderName, HeaderValue};
+
+use super::{BodyStream, ObjectId, ObjectMeta, Origin, OriginError};
+
+/// How to reach the upstream.
+#[derive(Debug, Clone)]
+pub struct S3OriginConfig {
+    /// Endpoint URL; `None` for AWS S3.
+    pub endpoint: Option<String>,
+    /// Region.
+    pub region: String,
+    /// Path-style addressing.
+    pub path_style: bool,
+    /// Fixed credentials; `None` to use the standard AWS chain.
+    pub credentials: Option<Credentials>,
+}
+
+/// The upstream S3 API through aws-sdk-s3.
+pub struct S3Origin {
+    client: Client,
+}
+
+impl S3Origin {
+    /// Build a client, loading credentials from the standard AWS chain.
+    pub async fn new(config: &S3OriginConfig) -> Self {
+        let mut loader = aws_config::defaults(BehaviorVersion::latest())
+            .region(Region::new(config.region.clone()));
+        if let Some(endpoint) = &config.endpoint {
+            loader = loader.endpoint_url(endpoint);
+        }
+        if let Some(credentials) = &config.credentials {
+            loader = loader.credentials_provider(credentials.clone());
+        }
+        let shared = loader.load().await;
+        let s3 = aws_sdk_s3::config::Builder::from(&shared)
+            .force_path_style(config.path_style)
+            // Standard retries (3 attempts, backoff with jitter) cover 5xx, SlowDown and resets
+            // before the first byte; body timeouts are Larder's own (upstream_idle_timeout).
+            .retry_config(RetryConfig::standard().with_max_attempts(3))
+            .timeout_config(
+                TimeoutConfig::builder()
+                    .connect_timeout(Duration::from_secs(5))
+                    .operation_attempt_timeout(Duration::from_secs(30))
+                    .build(),
+            )
+            .build();
+        Self {
+            client: Client::from_conf(s3),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Origin for S3Origin {
+    async fn head(&self, object: &ObjectId) -> Result<ObjectMeta, OriginError> {
+        let out = self
+            .client
+            .head_object()
+            .bucket(object.bucket.as_ref())
+            .key(object.key.as_ref())
+            .set_version_id(object.version_id.as_deref().map(str::to_owned))
+            .send()
+            .await
+            .map_err(map_error)?;
+        meta_from_head(out)
+    }
+
+    async fn get(
+        &self,
+        object: &ObjectId,
+        if_match: Option<&str>,
+        range: Option<Range<u64>>,
+    ) -> Result<BodyStream, OriginError> {
+        let expected = range.as_ref().map(|r| r.end - r.start);
+        let out = self
+            .client
+            .get_object()
+            .bucket(object.bucket.as_ref())
+            .key(object.key.as_ref())
+            .set_version_id(object.version_id.as_deref().map(str::to_owned))
+            .set_if_match(if_match.map(str::to_owned))
+            .set_range(
+                range
+                    .filter(|r| r.end > r.start)
+                    .map(|r| format!("bytes={}-{}", r.start, r.end - 1)),
+            )
+            .send()
+            .await
+            .map_err(|e| match map_error(e) {
+                OriginError::Service { status: 412, .. } if if_match.is_some() => {
+                    OriginError::Changed
+                }
+                other => other,
+            })?;
+        if let (Some(expected), Some(len)) = (expected, out.content_length) {
+            if u64::try_from(len).ok() != Some(expected) {
+                return Err(OriginError::BodyLength {
+                    got: len.max(0) as u64,
+                    expected,
+                });
+            }
+        }
+        let body = out.body;
+        let stream = futures::stream::unfold(body, |mut body| async move {
+            match body.next().await {
+                None => None,
+                Some(Ok(bytes)) => Some((Ok(bytes), body)),
+                Some(Err(e)) => Some((
+                    Err(OriginError::Transport(DisplayErrorContext(&e).to_string())),
+                    body,
+                )),
+            }
+        });
+        Ok(stream.boxed())
+    }
+}
+
+fn map_error<E>(err: SdkError<E, aws_sdk_s3::config::http::HttpResponse>) -> OriginError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    match &err {
+        SdkError::ServiceError(se) => {
+            let status = se.raw().status().as_u16();
+            let code = se
+                .err()
+                .code()
+                .map(str::to_owned)
+                .unwrap_or_else(|| code_for_status(status).to_owned());
+            let message = se
+                .err()
+                .message()
+                .map(str::to_owned)
+                .unwrap_or_else(|| code.clone());
+            OriginError::Service {
+                status,
+                code,
+                message,
+            }
+        }
+        SdkError::TimeoutError(_) => OriginError::Timeout(DisplayErrorContext(&err).to_string()),
+        _ => OriginError::Transport(DisplayErrorContext(&err).to_string()),
+    }
+}
+
+/// HEAD errors carry no body, so no code: name them as S3 would for the status.
+fn code_for_status(status: u16) -> &'static str {
+    match status {
+        304 => "NotModified",
+        400 => "BadRequest",
+        403 => "AccessDenied",
+        404 => "NotFound",
+        412 => "PreconditionFailed",
+        416 => "InvalidRange",
+        500 => "InternalError",
+        503 => "SlowDown",
+        _ => "UpstreamError",
+    }
+}
+
+fn meta_from_head(out: HeadObjectOutput) -> Result<ObjectMeta, OriginError> {
+    let size = out
+        .content_length
+        .and_then(|l| u64::try_from(l).ok())
+        .ok_or_else(|| OriginError::Service {
+            status: 502,
+            code: "InternalError".into(),
+            message: "upstream HEAD had no Content-Length".into(),
+        })?;
+    let etag = out.e_tag.clone().ok_or_else(|| OriginError::Service {
+        status: 502,
+        code: "InternalError".into(),
+        message: "upstream HEAD had no ETag".into(),
+    })?;
+    let last_modified = out.last_modified.and_then(|t| SystemTime::try_from(t).ok());
+    let mut headers = Vec::new();
+    let mut add = |name: &str, value: Option<&str>| {
+        if let Some(v) = value {
+            if let (Ok(n), Ok(v)) = (HeaderName::try_from(name), HeaderValue::from_str(v)) {
+                headers.push((n, v));
+            }
+        }
+    };
+    add("content-type", out.content_type.as_deref());
+    add("content-encoding", out.content_encoding.as_deref());
+    add("content-language", out.content_language.as_deref());
+    add("content-disposition", out.content_disposition.as_deref());
+    add("cache-control", out.cache_control.as_deref());
+    add("expires", out.expires_string.as_deref());
+    add(
+        "x-amz-storage-class",
+        out.storage_class.as_ref().map(|s| s.as_str()),
+    );
+    add(
+        "x-amz-server-side-encryption",
+        out.server_side_encryption.as_ref().map(|s| s.as_str()),
+    );
+    add(
+        "x-amz-server-side-encryption-aws-kms-key-id",
+        out.ssekms_key_id.as_deref(),
+    );
+    add(
+        "x-amz-website-redirect-location",
+        out.website_redirect_location.as_deref(),
+    );
+    add(
+        "x-amz-object-lock-mode",
+        out.object_lock_mode.as_ref().map(|s| s.as_str()),
+    );
+    add(
+        "x-amz-object-lock-legal-hold",
+        out.object_lock_legal_hold_status
+            .as_ref()
+            .map(|s| s.as_str()),
+    );
+    add(
+        "x-amz-replication-status",
+        out.replication_status.as_ref().map(|s| s.as_str()),
+    );
+    add("x-amz-restore", out.restore.as_deref());
+    let retain = out
+        .object_lock_retain_until_date
+        .and_then(|d| d.fmt(aws_smithy_types::date_time::Format::DateTime).ok());
+    add("x-amz-object-lock-retain-until-date", retain.as_deref());
+    let tag_count = out.tag_count.map(|n| n.to_string());
+    add("x-amz-tagging-count", tag_count.as_deref());
+    let missing = out.missing_meta.map(|n| n.to_string());
+    add("x-amz-missing-meta", missing.as_deref());
+    if let Some(meta) = &out.metadata {
+        let mut pairs: Vec<_> = meta.iter().collect();
+        pairs.sort();
+        for (k, v) in pairs {
+            add(&format!("x-amz-meta-{}", k.to_ascii_lowercase()), Some(v));
+        }
+    }
+    Ok(ObjectMeta {
+        size,
+        etag,
+        last_modified,
+        version_id: out.version_id,
+        headers,
+    })
+}

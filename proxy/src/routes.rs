@@ -1,0 +1,276 @@
+//! The S3 front: GetObject and HeadObject through the block cache; S3 errors for the rest.
+//!
+//! A GET goes: [`handle`] → address and query ([`crate::s3::request`]) → metadata
+//! ([`MetadataCache`]) → conditionals and range ([`crate::s3`]) → bytes ([`BlockStore::read`]).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::Response;
+use futures::StreamExt;
+use http::request::Parts;
+use http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+
+use crate::blocks::BlockStore;
+use crate::metadata::MetadataCache;
+use crate::metrics::Metrics;
+use crate::origin::{ObjectId, Origin, OriginError};
+use crate::s3::conditional::{self, Outcome};
+use crate::s3::headers::object_headers;
+use crate::s3::range::{self, Resolved};
+use crate::s3::request::{self, ObjectQuery, Target};
+use crate::s3::S3Error;
+
+/// What the S3 front needs.
+pub struct AppState {
+    /// Base domain for virtual-hosted-style requests.
+    pub base_domain: Option<String>,
+    /// Object metadata.
+    pub metadata: MetadataCache,
+    /// Block data.
+    pub blocks: Arc<BlockStore>,
+    /// The upstream, for the rare request the caches cannot answer (explaining a 404).
+    pub origin: Arc<dyn Origin>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+}
+
+/// The S3 router.
+pub fn router(state: Arc<AppState>) -> axum::Router {
+    axum::Router::new().fallback(handle).with_state(state)
+}
+
+/// Every S3 request lands here.
+pub async fn handle(State(app): State<Arc<AppState>>, req: Request) -> Response {
+    let started = Instant::now();
+    let request_id = request_id();
+    // Only the head is needed, and unlike the body it is Sync, so it can be held across awaits.
+    let (req, _body) = req.into_parts();
+    let method = req.method.clone();
+    let resource = req.uri.path().to_owned();
+    let (operation, result) = app.dispatch(&req).await;
+    let (mut response, cache) = match result {
+        Ok((response, cache)) => (response, cache),
+        Err(e) => {
+            if e.status().is_server_error() {
+                tracing::warn!(%method, %resource, code = e.code(), error = %e, "request failed");
+            }
+            (e.into_response(&method, &resource, &request_id), "error")
+        }
+    };
+    let headers = response.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(&request_id) {
+        headers.insert("x-amz-request-id", v);
+    }
+    headers.insert("x-cache", HeaderValue::from_static(cache));
+    app.metrics
+        .requests
+        .get_or_create(&vec![("operation", operation), ("cache", cache)])
+        .inc();
+    app.metrics
+        .request_duration
+        .get_or_create(&vec![("operation", operation)])
+        .observe(started.elapsed().as_secs_f64());
+    response
+}
+
+type Handled = Result<(Response, &'static str), S3Error>;
+
+impl AppState {
+    async fn dispatch(&self, req: &Parts) -> (&'static str, Handled) {
+        let host = req
+            .headers
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .or_else(|| req.uri.host());
+        let target = match request::target(host, req.uri.path(), self.base_domain.as_deref()) {
+            Ok(t) => t,
+            Err(e) => return ("Unknown", Err(e)),
+        };
+        match (&req.method, target) {
+            (&Method::GET, Target::Object { bucket, key }) => {
+                ("GetObject", self.object(req, bucket, key, false).await)
+            }
+            (&Method::HEAD, Target::Object { bucket, key }) => {
+                ("HeadObject", self.object(req, bucket, key, true).await)
+            }
+            (m, t) => {
+                let what = match t {
+                    Target::Service => "service",
+                    Target::Bucket(_) => "bucket",
+                    Target::Object { .. } => "object",
+                };
+                let msg = format!(
+                    "Larder serves GET and HEAD of objects; {m} on a {what} is not implemented yet"
+                );
+                ("Unsupported", Err(S3Error::NotImplemented(msg)))
+            }
+        }
+    }
+
+    async fn object(&self, req: &Parts, bucket: String, key: String, head: bool) -> Handled {
+        let query = ObjectQuery::parse(req.uri.query());
+        if let Some(p) = query.other.first() {
+            return Err(S3Error::NotImplemented(format!(
+                "the `{p}` sub-resource is not implemented yet"
+            )));
+        }
+        if query.part_number.is_some() {
+            return Err(S3Error::NotImplemented(
+                "partNumber reads are not implemented yet".into(),
+            ));
+        }
+        if req
+            .headers
+            .contains_key("x-amz-server-side-encryption-customer-algorithm")
+        {
+            return Err(S3Error::NotImplemented(
+                "SSE-C reads are not implemented yet".into(),
+            ));
+        }
+        let id = ObjectId {
+            bucket: bucket.into(),
+            key: key.into(),
+            version_id: query.version_id.as_deref().map(Arc::from),
+        };
+        // One retry: if the object changed upstream after its metadata was cached, the first block
+        // fetch says so (If-Match) before anything was sent, and we start over with fresh metadata.
+        let mut retried = false;
+        loop {
+            match self.object_once(&req.headers, &id, &query, head).await {
+                Err(Retry) if !retried => {
+                    retried = true;
+                    self.metadata.invalidate(&id).await;
+                }
+                Err(Retry) => {
+                    return Err(S3Error::ServiceUnavailable(
+                        "the object kept changing while it was read".into(),
+                    ))
+                }
+                Ok(handled) => return handled,
+            }
+        }
+    }
+
+    async fn object_once(
+        &self,
+        headers: &HeaderMap,
+        id: &ObjectId,
+        query: &ObjectQuery,
+        head: bool,
+    ) -> Result<Handled, Retry> {
+        let (meta, meta_cached) = match self.metadata.get(id).await {
+            Ok(m) => m,
+            Err(e) => return Ok(Err(self.explain(e, id, head).await)),
+        };
+        let mut out = object_headers(&meta, &query.overrides);
+        match conditional::evaluate(headers, &meta) {
+            Outcome::Proceed => {}
+            Outcome::NotModified => {
+                let mut response = Response::new(Body::empty());
+                *response.status_mut() = StatusCode::NOT_MODIFIED;
+                for name in [header::ETAG, header::LAST_MODIFIED] {
+                    if let Some(v) = out.remove(&name) {
+                        response.headers_mut().insert(name, v);
+                    }
+                }
+                return Ok(Ok((
+                    response,
+                    if meta_cached { "hit-memory" } else { "miss" },
+                )));
+            }
+            Outcome::PreconditionFailed => return Ok(Err(S3Error::PreconditionFailed)),
+        }
+        let range_header = headers.get(header::RANGE).and_then(|v| v.to_str().ok());
+        let (status, start, end) = match range::resolve(range_header, meta.size) {
+            Resolved::Whole => (StatusCode::OK, 0, meta.size),
+            Resolved::Partial { start, end } => {
+                let v = format!("bytes {}-{}/{}", start, end - 1, meta.size);
+                out.insert(
+                    header::CONTENT_RANGE,
+                    HeaderValue::from_str(&v).map_err(|_| Retry)?,
+                );
+                (StatusCode::PARTIAL_CONTENT, start, end)
+            }
+            Resolved::Unsatisfiable => return Ok(Err(S3Error::InvalidRange { size: meta.size })),
+        };
+        out.insert(header::CONTENT_LENGTH, HeaderValue::from(end - start));
+        let respond = |body: Body, cache: &'static str| {
+            let mut response = Response::new(body);
+            *response.status_mut() = status;
+            *response.headers_mut() = out.clone();
+            Ok(Ok((response, cache)))
+        };
+        if head {
+            return respond(
+                Body::empty(),
+                if meta_cached { "hit-memory" } else { "miss" },
+            );
+        }
+        if start == end {
+            return respond(
+                Body::empty(),
+                if meta_cached { "hit-memory" } else { "miss" },
+            );
+        }
+        let etag: Arc<str> = meta.etag.as_str().into();
+        let cache = self.blocks.classify(id, &etag, start..end, meta.size);
+        let mut body = Box::pin(self.blocks.read(id.clone(), etag, start..end, meta.size));
+        // Wait for the first bytes before answering, so an upstream failure (or a changed object)
+        // becomes a proper S3 error instead of a broken body.
+        let first = match body.next().await {
+            Some(Ok(first)) => first,
+            Some(Err(OriginError::Changed)) => return Err(Retry),
+            Some(Err(e)) => return Ok(Err(self.explain(e, id, head).await)),
+            None => return Ok(Err(S3Error::InternalError)),
+        };
+        let stream = futures::stream::once(async move { Ok::<_, OriginError>(first) }).chain(body);
+        respond(Body::from_stream(stream), cache.as_str())
+    }
+
+    /// Turn an origin failure into what S3 would have answered.
+    async fn explain(&self, error: OriginError, id: &ObjectId, head: bool) -> S3Error {
+        match error {
+            // A HEAD 404 has no body to say whether the key or the bucket is missing; for a GET,
+            // ask with a one-byte GET, whose error body says which.
+            OriginError::Service { status: 404, .. } if !head => {
+                match self.origin.get(id, None, Some(0..1)).await {
+                    Err(OriginError::Service {
+                        status,
+                        code,
+                        message,
+                    }) if code != "NotFound" => S3Error::Upstream {
+                        status,
+                        code,
+                        message,
+                    },
+                    _ => S3Error::NoSuchKey,
+                }
+            }
+            OriginError::Service {
+                status,
+                code,
+                message,
+            } => S3Error::Upstream {
+                status,
+                code,
+                message,
+            },
+            OriginError::Transport(m) | OriginError::Timeout(m) => {
+                S3Error::ServiceUnavailable(format!("upstream unavailable: {m}"))
+            }
+            OriginError::Changed | OriginError::BodyLength { .. } | OriginError::Abandoned => {
+                S3Error::InternalError
+            }
+        }
+    }
+}
+
+/// The object changed upstream between reading its metadata and its first block.
+struct Retry;
+
+fn request_id() -> String {
+    format!("{:016X}", rand::random::<u64>())
+}

@@ -1,0 +1,249 @@
+//! What an S3 request addresses: bucket, key, and the query parameters Larder acts on.
+
+use percent_encoding::percent_decode_str;
+
+use super::error::S3Error;
+
+/// Longest key S3 accepts, in bytes of UTF-8.
+pub const MAX_KEY_LEN: usize = 1024;
+
+/// The target of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// `/`: the service (ListBuckets).
+    Service,
+    /// A bucket (ListObjects and bucket sub-resources).
+    Bucket(String),
+    /// An object.
+    Object {
+        /// Bucket name.
+        bucket: String,
+        /// Decoded key.
+        key: String,
+    },
+}
+
+/// Work out the target from the `Host` header and the still-encoded path.
+///
+/// With `base_domain` set, a host `<bucket>.<base_domain>` selects virtual-hosted style, where
+/// the whole path is the key; otherwise the first path segment is the bucket (path style).
+pub fn target(
+    host: Option<&str>,
+    raw_path: &str,
+    base_domain: Option<&str>,
+) -> Result<Target, S3Error> {
+    let path = raw_path.strip_prefix('/').unwrap_or(raw_path);
+    let virtual_bucket = match (host, base_domain) {
+        (Some(host), Some(domain)) => {
+            let host = strip_port(host);
+            host.strip_suffix(domain)
+                .and_then(|b| b.strip_suffix('.'))
+                .filter(|b| !b.is_empty())
+        }
+        _ => None,
+    };
+    let (bucket, raw_key) = match virtual_bucket {
+        Some(bucket) => (bucket.to_owned(), Some(path)),
+        None => {
+            if path.is_empty() {
+                return Ok(Target::Service);
+            }
+            match path.split_once('/') {
+                Some((b, k)) => (decode(b)?, Some(k)),
+                None => (decode(path)?, None),
+            }
+        }
+    };
+    validate_bucket(&bucket)?;
+    match raw_key {
+        None | Some("") => Ok(Target::Bucket(bucket)),
+        Some(raw) => {
+            let key = decode(raw)?;
+            if key.len() > MAX_KEY_LEN {
+                return Err(S3Error::KeyTooLong);
+            }
+            Ok(Target::Object { bucket, key })
+        }
+    }
+}
+
+fn strip_port(host: &str) -> &str {
+    if host.starts_with('[') {
+        // An IPv6 literal is never a virtual-hosted bucket; leave it whole so it does not match.
+        return host;
+    }
+    host.rsplit_once(':').map_or(host, |(h, _)| h)
+}
+
+fn decode(raw: &str) -> Result<String, S3Error> {
+    // A '%' must start a valid escape; percent_decode_str would pass a stray one through.
+    let bytes = raw.as_bytes();
+    for (i, &b) in bytes.iter().enumerate() {
+        if b == b'%' {
+            let ok = bytes
+                .get(i + 1..i + 3)
+                .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit));
+            if !ok {
+                return Err(S3Error::InvalidUri);
+            }
+        }
+    }
+    percent_decode_str(raw)
+        .decode_utf8()
+        .map(|s| s.into_owned())
+        .map_err(|_| S3Error::InvalidUri)
+}
+
+/// Bucket names as S3 accepts them, including legacy us-east-1 names (upper case, `_`, up to
+/// 255 characters).
+fn validate_bucket(bucket: &str) -> Result<(), S3Error> {
+    let ok = (3..=255).contains(&bucket.len())
+        && bucket
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'-' | b'_'))
+        && bucket
+            .bytes()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric());
+    if ok {
+        Ok(())
+    } else {
+        Err(S3Error::InvalidBucketName)
+    }
+}
+
+/// The query parameters of an object GET or HEAD that Larder acts on.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ObjectQuery {
+    /// `versionId`.
+    pub version_id: Option<String>,
+    /// `partNumber`.
+    pub part_number: Option<String>,
+    /// `response-*` overrides, as (response header name, value).
+    pub overrides: Vec<(&'static str, String)>,
+    /// Any other parameter: a sub-resource (`acl`, `tagging`, `attributes`, ...), which is not a
+    /// plain GetObject.
+    pub other: Vec<String>,
+}
+
+const OVERRIDES: &[(&str, &str)] = &[
+    ("response-content-type", "content-type"),
+    ("response-content-language", "content-language"),
+    ("response-expires", "expires"),
+    ("response-cache-control", "cache-control"),
+    ("response-content-disposition", "content-disposition"),
+    ("response-content-encoding", "content-encoding"),
+];
+
+impl ObjectQuery {
+    /// Parse a raw query string.
+    pub fn parse(query: Option<&str>) -> Self {
+        let mut q = ObjectQuery::default();
+        for (name, value) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+            match name.as_ref() {
+                "versionId" => q.version_id = Some(value.into_owned()),
+                "partNumber" => q.part_number = Some(value.into_owned()),
+                // Added by the AWS SDKs for routing; not a sub-resource.
+                "x-id" => {}
+                n if n.starts_with("X-Amz-") || n.starts_with("x-amz-") => {}
+                n => match OVERRIDES.iter().find(|(p, _)| *p == n) {
+                    Some((_, header)) => q.overrides.push((header, value.into_owned())),
+                    None => q.other.push(n.to_owned()),
+                },
+            }
+        }
+        q
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obj(b: &str, k: &str) -> Target {
+        Target::Object {
+            bucket: b.into(),
+            key: k.into(),
+        }
+    }
+
+    #[test]
+    fn path_style() {
+        assert_eq!(target(None, "/", None), Ok(Target::Service));
+        assert_eq!(target(None, "/bkt", None), Ok(Target::Bucket("bkt".into())));
+        assert_eq!(
+            target(None, "/bkt/", None),
+            Ok(Target::Bucket("bkt".into()))
+        );
+        assert_eq!(
+            target(None, "/bkt/a/b.txt", None),
+            Ok(obj("bkt", "a/b.txt"))
+        );
+        assert_eq!(
+            target(None, "/bkt/with%20space+plus", None),
+            Ok(obj("bkt", "with space+plus"))
+        );
+        assert_eq!(
+            target(None, "/bkt//double//slash", None),
+            Ok(obj("bkt", "/double//slash"))
+        );
+        assert_eq!(
+            target(None, "/bkt/%E2%9C%93%25", None),
+            Ok(obj("bkt", "✓%"))
+        );
+        assert_eq!(
+            target(Some("localhost:9000"), "/bkt/k", Some("s3.local")),
+            Ok(obj("bkt", "k"))
+        );
+    }
+
+    #[test]
+    fn virtual_hosted_style() {
+        let d = Some("s3.local");
+        assert_eq!(
+            target(Some("bkt.s3.local:9000"), "/a/b", d),
+            Ok(obj("bkt", "a/b"))
+        );
+        assert_eq!(
+            target(Some("my.dotted.bkt.s3.local"), "/k", d),
+            Ok(obj("my.dotted.bkt", "k"))
+        );
+        assert_eq!(
+            target(Some("bkt.s3.local"), "/", d),
+            Ok(Target::Bucket("bkt".into()))
+        );
+        assert_eq!(target(Some("s3.local"), "/bkt/k", d), Ok(obj("bkt", "k")));
+    }
+
+    #[test]
+    fn bad_input() {
+        assert_eq!(target(None, "/bkt/%zz", None), Err(S3Error::InvalidUri));
+        assert_eq!(target(None, "/bkt/%", None), Err(S3Error::InvalidUri));
+        assert_eq!(target(None, "/bkt/%ff%fe", None), Err(S3Error::InvalidUri));
+        assert_eq!(target(None, "/b/k", None), Err(S3Error::InvalidBucketName));
+        assert_eq!(
+            target(None, "/-bkt/k", None),
+            Err(S3Error::InvalidBucketName)
+        );
+        assert_eq!(
+            target(None, "/bk!t/k", None),
+            Err(S3Error::InvalidBucketName)
+        );
+        let long = format!("/bkt/{}", "a".repeat(1025));
+        assert_eq!(target(None, &long, None), Err(S3Error::KeyTooLong));
+        let max = format!("/bkt/{}", "a".repeat(1024));
+        assert!(target(None, &max, None).is_ok());
+    }
+
+    #[test]
+    fn query() {
+        let q = ObjectQuery::parse(Some(
+            "versionId=v%201&x-id=GetObject&response-content-type=text%2Fplain&X-Amz-Date=1",
+        ));
+        assert_eq!(q.version_id.as_deref(), Some("v 1"));
+        assert_eq!(q.overrides, vec![("content-type", "text/plain".to_owned())]);
+        assert!(q.other.is_empty());
+        let q = ObjectQuery::parse(Some("tagging"));
+        assert_eq!(q.other, vec!["tagging".to_owned()]);
+    }
+}
