@@ -163,7 +163,7 @@ impl AppState {
     ) -> Result<Handled, Retry> {
         let (meta, meta_cached) = match self.metadata.get(id).await {
             Ok(m) => m,
-            Err(e) => return Ok(Err(self.explain(e, id, head).await)),
+            Err(e) => return Ok(Err(self.explain(e, id, head, true).await)),
         };
         let mut out = object_headers(&meta, &query.overrides);
         match conditional::evaluate(headers, &meta) {
@@ -223,32 +223,48 @@ impl AppState {
         let first = match body.next().await {
             Some(Ok(first)) => first,
             Some(Err(OriginError::Changed)) => return Err(Retry),
-            Some(Err(e)) => return Ok(Err(self.explain(e, id, head).await)),
+            Some(Err(e)) => return Ok(Err(self.explain(e, id, head, false).await)),
             None => return Ok(Err(S3Error::InternalError)),
         };
         let stream = futures::stream::once(async move { Ok::<_, OriginError>(first) }).chain(body);
         respond(Body::from_stream(stream), cache.as_str())
     }
 
-    /// Turn an origin failure into what S3 would have answered.
-    async fn explain(&self, error: OriginError, id: &ObjectId, head: bool) -> S3Error {
-        match error {
-            // A HEAD 404 has no body to say whether the key or the bucket is missing; for a GET,
-            // ask with a one-byte GET, whose error body says which.
-            OriginError::Service { status: 404, .. } if !head => {
-                match self.origin.get(id, None, Some(0..1)).await {
-                    Err(OriginError::Service {
-                        status,
-                        code,
-                        message,
-                    }) if code != "NotFound" => S3Error::Upstream {
-                        status,
-                        code,
-                        message,
-                    },
-                    _ => S3Error::NoSuchKey,
-                }
+    /// Turn an origin failure into what S3 would have answered. `from_head` says the failure came
+    /// from the metadata HEAD.
+    async fn explain(
+        &self,
+        error: OriginError,
+        id: &ObjectId,
+        head: bool,
+        from_head: bool,
+    ) -> S3Error {
+        // A HEAD error has no body, so no code: a 404 does not say whether the key or the bucket
+        // is missing, a 403 not whether the key is unknown or the signature wrong. A client's HEAD
+        // gets the bare status, as from S3; for a GET, a one-byte GET asks the upstream for the
+        // code S3 would have sent.
+        if let (
+            OriginError::Service {
+                status: 400..=499, ..
+            },
+            true,
+            false,
+        ) = (&error, from_head, head)
+        {
+            if let Err(OriginError::Service {
+                status,
+                code,
+                message,
+            }) = self.origin.get(id, None, Some(0..1)).await
+            {
+                return S3Error::Upstream {
+                    status,
+                    code,
+                    message,
+                };
             }
+        }
+        match error {
             OriginError::Service {
                 status,
                 code,

@@ -3,8 +3,11 @@
 //! S3 serves a single byte range. What it does with anything else, which we follow:
 //! - a header that is not a well-formed single `bytes=` range (multiple ranges, another unit,
 //!   `bytes=5-2`, garbage) is ignored and the whole object is served with 200;
-//! - a range starting at or past the end of the object (and any range of an empty object, and
-//!   `bytes=-0`) is unsatisfiable: 416 InvalidRange with `Content-Range: bytes */<size>`;
+//! - a range starting at or past the end of the object (so any `bytes=a-b` or `bytes=a-` of an
+//!   empty object) and `bytes=-0` are unsatisfiable: 416 InvalidRange with
+//!   `Content-Range: bytes */<size>`;
+//! - a suffix range `bytes=-n` of an empty object is the (empty) whole object, 200, as S3 answers
+//!   (MinIO answers 206 with a malformed `Content-Range: bytes 0--1/0`);
 //! - a range whose end lies past the object is cut at the last byte; a suffix longer than the
 //!   object is the whole object, as 206.
 
@@ -81,8 +84,11 @@ impl RangeSpec {
                 Resolved::Partial { start: first, end }
             }
             RangeSpec::Suffix(n) => {
-                if n == 0 || size == 0 {
+                if n == 0 {
                     return Resolved::Unsatisfiable;
+                }
+                if size == 0 {
+                    return Resolved::Whole;
                 }
                 Resolved::Partial {
                     start: size.saturating_sub(n),
@@ -153,7 +159,8 @@ mod tests {
         assert_eq!(r("bytes=100-200", 100), Resolved::Unsatisfiable);
         assert_eq!(r("bytes=-0", 100), Resolved::Unsatisfiable);
         assert_eq!(r("bytes=0-", 0), Resolved::Unsatisfiable);
-        assert_eq!(r("bytes=-5", 0), Resolved::Unsatisfiable);
+        assert_eq!(r("bytes=-0", 0), Resolved::Unsatisfiable);
+        assert_eq!(r("bytes=-5", 0), Resolved::Whole);
     }
 
     #[test]

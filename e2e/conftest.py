@@ -1,0 +1,189 @@
+"""Fixtures for Larder's end-to-end tests: a real MinIO on loopback, a counting pass-through in
+front of it, and Larder (the real binary) in front of that. Clients are unmodified: boto3, the
+aws CLI and aws-sdk-rust."""
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import boto3
+import pytest
+from botocore.config import Config
+
+from counting_proxy import CountingProxy
+
+ROOT = Path(__file__).resolve().parent.parent
+ACCESS_KEY = "larder-e2e"
+SECRET_KEY = "larder-e2e-secret-key"
+REGION = "us-east-1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except Exception as e:  # noqa: BLE001 - retried until the deadline
+            last = e
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} not ready after {timeout}s: {last}")
+
+
+def binary(name: str) -> str:
+    profile = os.environ.get("LARDER_E2E_PROFILE", "release")
+    path = ROOT / "target" / profile / name
+    if not path.exists():
+        raise RuntimeError(f"{path} is missing: build it first (e2e/test-all.sh does)")
+    return str(path)
+
+
+def s3_client(endpoint: str, **config):
+    # when_required: boto3's default aws-chunked checksum uploads stall MinIO on tiny bodies.
+    config = {"s3": {"addressing_style": "path"}, "retries": {"max_attempts": 1}, "request_checksum_calculation": "when_required", **config}
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+        region_name=REGION,
+        config=Config(**config),
+    )
+
+
+class Minio:
+    def __init__(self, workdir: Path):
+        self.port = free_port()
+        self.data = workdir / "minio-data"
+        self.data.mkdir()
+        exe = shutil.which("minio") or str(Path.home() / "go" / "bin" / "minio")
+        env = dict(os.environ, MINIO_ROOT_USER=ACCESS_KEY, MINIO_ROOT_PASSWORD=SECRET_KEY, MINIO_BROWSER="off")
+        self.log = open(workdir / "minio.log", "wb")
+        self.proc = subprocess.Popen(
+            [exe, "server", "--quiet", "--address", f"127.0.0.1:{self.port}", str(self.data)],
+            env=env, stdout=self.log, stderr=subprocess.STDOUT,
+        )
+        wait_http(f"http://127.0.0.1:{self.port}/minio/health/ready")
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        self.log.close()
+
+
+class Larder:
+    """One `larder serve` process."""
+
+    def __init__(self, workdir: Path, upstream: str, *extra: str, name: str = "larder", env: dict | None = None):
+        self.port = free_port()
+        self.admin_port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.admin = f"http://127.0.0.1:{self.admin_port}"
+        self.log_path = workdir / f"{name}.log"
+        self.log = open(self.log_path, "wb")
+        env = {**os.environ, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "RUST_LOG": "info", **(env or {})}
+        for k in [k for k in env if k.startswith("LARDER_")]:
+            del env[k]
+        args = [
+            binary("larder"), "serve",
+            "--listen", f"127.0.0.1:{self.port}",
+            "--admin-listen", f"127.0.0.1:{self.admin_port}",
+            "--upstream-endpoint", upstream,
+            "--upstream-path-style",
+            *extra,
+        ]
+        self.proc = subprocess.Popen(args, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        wait_http(f"{self.admin}/readyz", timeout=30)
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"{self.admin}/metrics", timeout=5) as r:
+            return r.read().decode()
+
+    def client(self, **config):
+        return s3_client(self.endpoint, **config)
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        finally:
+            self.log.close()
+
+
+@pytest.fixture(scope="session")
+def workdir():
+    d = Path(tempfile.mkdtemp(prefix="larder-e2e-"))
+    yield d
+    if os.environ.get("LARDER_E2E_KEEP") is None:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def minio(workdir):
+    m = Minio(workdir)
+    yield m
+    m.stop()
+
+
+@pytest.fixture(scope="session")
+def upstream(minio):
+    """The counting pass-through in front of MinIO; Larder talks to this."""
+    p = CountingProxy("127.0.0.1", minio.port)
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="session")
+def direct(minio):
+    """A boto3 client talking to MinIO directly (to load data and to compare against)."""
+    return s3_client(minio.endpoint)
+
+
+@pytest.fixture(scope="session")
+def larder(workdir, upstream):
+    """The default Larder: 8 MiB blocks (the default), 1 GiB of memory."""
+    l = Larder(workdir, f"http://127.0.0.1:{upstream.port}", "--memory-capacity", "1GiB", "--base-domain", "s3.larder.test")
+    yield l
+    l.stop()
+
+
+@pytest.fixture
+def make_larder(workdir, upstream):
+    """Start extra Larders with other options; stopped at the end of the test."""
+    started = []
+
+    def make(*extra, name="larder-extra", upstream_url=None, env=None):
+        l = Larder(workdir, upstream_url or f"http://127.0.0.1:{upstream.port}", *extra, name=f"{name}-{len(started)}", env=env)
+        started.append(l)
+        return l
+
+    yield make
+    for l in started:
+        l.stop()
+
+
+_bucket_counter = [0]
+
+
+@pytest.fixture
+def bucket(direct, request):
+    _bucket_counter[0] += 1
+    slug = re.sub("[^a-z0-9-]+", "-", request.node.name.lower())[:40]
+    name = f"e2e-{_bucket_counter[0]}-{slug}".rstrip("-")
+    direct.create_bucket(Bucket=name)
+    return name

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs what the test suite needs on a fresh machine, and reuses what is already there:
+# rustfmt and clippy, MinIO (built with `go install` at a pinned version), and the Python clients.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+MINIO_MODULE="github.com/minio/minio"
+MINIO_VERSION="v0.0.0-20260212201848-7aac2a2c5b7c"
+
+command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)" >&2; exit 1; }
+if command -v rustup >/dev/null; then
+  rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
+  rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
+fi
+
+gobin="$(go env GOPATH 2>/dev/null || echo "$HOME/go")/bin"
+minio="$gobin/minio"
+if [ -x "$minio" ] && go version -m "$minio" 2>/dev/null | grep -q "$MINIO_VERSION"; then
+  echo "setup: MinIO $MINIO_VERSION already installed at $minio"
+else
+  command -v go >/dev/null || { echo "go is required to build MinIO for the e2e tests" >&2; exit 1; }
+  echo "setup: building MinIO $MINIO_VERSION with go install (about 5 minutes)"
+  GOFLAGS=-mod=mod go install "$MINIO_MODULE@$MINIO_VERSION"
+fi
+
+python3 -m pip install -q --disable-pip-version-check -r e2e/requirements.txt
+command -v aws >/dev/null || { echo "the aws CLI did not install onto PATH" >&2; exit 1; }

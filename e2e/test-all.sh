@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Larder's whole test suite: formatting, lints, unit and property tests, then the end-to-end
+# tests (real MinIO on loopback, the real `larder` binary, boto3 / aws CLI / aws-sdk-rust).
+# Installs what it needs first (e2e/setup.sh). Extra arguments go to pytest, e.g. `-k ranges`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+e2e/setup.sh
+export PATH="$(go env GOPATH 2>/dev/null || echo "$HOME/go")/bin:$PATH"
+
+echo "== cargo fmt"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== cargo test"
+cargo test --workspace --locked
+echo "== cargo build --release (binaries under test)"
+cargo build --release --locked -p larder -p larder-e2e-sdk-client
+echo "== e2e"
+cd e2e
+LARDER_E2E_PROFILE=release python3 -m pytest "$@"

@@ -1,0 +1,130 @@
+"""Caching behaviour measured where it matters: at the upstream, by the counting pass-through in
+front of the real S3 server, not by Larder's own counters."""
+
+import os
+import random
+import subprocess
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from conftest import binary
+
+MiB = 1 << 20
+BLOCK = 8 * MiB
+
+
+def test_32_concurrent_cold_readers_cause_one_get_per_block(larder, direct, bucket, upstream):
+    size = 64 * MiB
+    data = random.Random(5).randbytes(size)
+    direct.put_object(Bucket=bucket, Key="herd.bin", Body=data)
+    upstream.reset()
+    barrier = threading.Barrier(32)
+
+    def read(_):
+        client = larder.client()  # one client (and connection pool) per reader
+        barrier.wait(timeout=60)
+        return client.get_object(Bucket=bucket, Key="herd.bin")["Body"].read()
+
+    with ThreadPoolExecutor(32) as pool:
+        bodies = list(pool.map(read, range(32)))
+    assert all(b == data for b in bodies)
+    gets = upstream.seen("GET", f"/{bucket}/herd.bin")
+    heads = upstream.seen("HEAD", f"/{bucket}/herd.bin")
+    expected = sorted(f"bytes={i * BLOCK}-{(i + 1) * BLOCK - 1}" for i in range(size // BLOCK))
+    assert sorted(r[2] for r in gets) == expected, gets
+    assert len(heads) == 1, heads
+
+
+def test_a_cold_range_fetches_only_the_blocks_it_touches(larder, direct, bucket, upstream):
+    size = 64 * MiB
+    data = random.Random(6).randbytes(size)
+    direct.put_object(Bucket=bucket, Key="sparse.bin", Body=data)
+    upstream.reset()
+    client = larder.client()
+    a = 3 * BLOCK + 5
+    assert client.get_object(Bucket=bucket, Key="sparse.bin", Range=f"bytes={a}-{a + 9}")["Body"].read() == data[a:a + 10]
+    assert [r[2] for r in upstream.seen("GET", f"/{bucket}/sparse.bin")] == [f"bytes={3 * BLOCK}-{4 * BLOCK - 1}"]
+    # Across a boundary: only the next block is new.
+    b = 4 * BLOCK - 2
+    assert client.get_object(Bucket=bucket, Key="sparse.bin", Range=f"bytes={b}-{b + 3}")["Body"].read() == data[b:b + 4]
+    assert [r[2] for r in upstream.seen("GET", f"/{bucket}/sparse.bin")] == [
+        f"bytes={3 * BLOCK}-{4 * BLOCK - 1}", f"bytes={4 * BLOCK}-{5 * BLOCK - 1}"]
+    # A suffix read of the last bytes: only the last block.
+    assert client.get_object(Bucket=bucket, Key="sparse.bin", Range="bytes=-100")["Body"].read() == data[-100:]
+    assert len(upstream.seen("GET", f"/{bucket}/sparse.bin")) == 3
+    # Every block fetch is pinned to the version it belongs to.
+    assert all(r[0] == "GET" for r in upstream.seen("GET", f"/{bucket}/sparse.bin"))
+
+
+def test_overwrite_is_seen_after_the_ttl_and_versions_never_mix(make_larder, direct, bucket):
+    ttl = 2
+    larder = make_larder("--metadata-ttl", f"{ttl}s", "--block-size", "1MiB", "--memory-capacity", "64MiB")
+    v1 = random.Random(1).randbytes(3 * MiB + 17)
+    v2 = random.Random(2).randbytes(3 * MiB + 17)
+    direct.put_object(Bucket=bucket, Key="changing.bin", Body=v1)
+    client = larder.client()
+    assert client.get_object(Bucket=bucket, Key="changing.bin")["Body"].read() == v1
+
+    stop = time.monotonic() + 3 * ttl + 2
+    seen = {"v1": 0, "v2": 0, "broken": 0}
+    mixed = []
+    lock = threading.Lock()
+
+    def reader(i):
+        c = larder.client()
+        rng = random.Random(i)
+        while time.monotonic() < stop:
+            try:
+                if rng.random() < 0.5:
+                    body, want = c.get_object(Bucket=bucket, Key="changing.bin")["Body"].read(), None
+                else:
+                    a = rng.randrange(len(v1) - MiB)
+                    r = c.get_object(Bucket=bucket, Key="changing.bin", Range=f"bytes={a}-{a + MiB + 100}")
+                    body, want = r["Body"].read(), (a, a + MiB + 101)
+            except (ClientError, BotoCoreError):
+                with lock:
+                    seen["broken"] += 1  # a clean failure is allowed; mixed bytes are not
+                continue
+            s = slice(*want) if want else slice(None)
+            with lock:
+                if body == v1[s]:
+                    seen["v1"] += 1
+                elif body == v2[s]:
+                    seen["v2"] += 1
+                else:
+                    mixed.append(want)
+
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    time.sleep(1)
+    direct.put_object(Bucket=bucket, Key="changing.bin", Body=v2)
+    overwritten = time.monotonic()
+    for t in threads:
+        t.join()
+    assert not mixed, f"responses mixing versions: {mixed[:5]}"
+    assert seen["v1"] > 0 and seen["v2"] > 0, seen
+    # Once the TTL has passed, only the new version is served.
+    time.sleep(max(0.0, overwritten + ttl + 0.5 - time.monotonic()))
+    for _ in range(5):
+        assert client.get_object(Bucket=bucket, Key="changing.bin")["Body"].read() == v2
+
+
+def test_invalid_configuration_fails_at_start_naming_the_field():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LARDER_")}
+    r = subprocess.run([binary("larder"), "serve", "--block-size", "lots"], capture_output=True, text=True, env=env, timeout=30)
+    assert r.returncode != 0 and "block_size" in r.stderr.lower(), r.stderr
+    r = subprocess.run([binary("larder"), "serve"], capture_output=True, text=True, timeout=30,
+                       env=dict(env, LARDER_MEMORY_CAPACITY="1KiB"))
+    assert r.returncode != 0 and "memory_capacity" in r.stderr, r.stderr
+
+
+def test_demo_runs_and_exits_by_itself():
+    r = subprocess.run([binary("larder"), "demo", "--clients", "4", "--requests", "5", "--origin-latency", "5ms"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    for word in ("direct to origin", "larder, cold", "larder, warm", "p99"):
+        assert word in r.stdout

@@ -1,0 +1,150 @@
+"""Larder answers with S3's headers and S3's errors."""
+
+import http.client
+import time
+import urllib.request
+
+import pytest
+from botocore.exceptions import ClientError
+
+# Headers that describe the connection or the server, not the object.
+UNCOMPARED = {"date", "server", "x-amz-request-id", "x-amz-id-2", "x-cache", "vary", "strict-transport-security",
+              "x-content-type-options", "x-xss-protection", "x-ratelimit-limit", "x-ratelimit-remaining",
+              "content-security-policy", "connection", "keep-alive", "transfer-encoding"}
+
+
+def object_headers(response):
+    return {k: v for k, v in response["ResponseMetadata"]["HTTPHeaders"].items()
+            if k not in UNCOMPARED and not k.startswith("x-amz-checksum")}
+
+
+def test_object_headers_match_the_real_server(larder, direct, bucket):
+    direct.put_object(
+        Bucket=bucket, Key="doc.json.gz", Body=b"{}" * 5000,
+        ContentType="application/json", ContentEncoding="gzip", CacheControl="max-age=300",
+        ContentDisposition='attachment; filename="doc.json.gz"', ContentLanguage="en-GB",
+        Metadata={"owner": "team-data", "Schema-Version": "3"},
+    )
+    via = larder.client()
+    for call in ("head_object", "get_object"):
+        ours = getattr(via, call)(Bucket=bucket, Key="doc.json.gz")
+        theirs = getattr(direct, call)(Bucket=bucket, Key="doc.json.gz")
+        assert object_headers(ours) == object_headers(theirs), call
+    ours = via.get_object(Bucket=bucket, Key="doc.json.gz", Range="bytes=10-19")
+    theirs = direct.get_object(Bucket=bucket, Key="doc.json.gz", Range="bytes=10-19")
+    assert object_headers(ours) == object_headers(theirs)
+    assert ours["ResponseMetadata"]["HTTPHeaders"]["x-amz-request-id"]
+
+
+def test_response_overrides(larder, direct, bucket):
+    direct.put_object(Bucket=bucket, Key="k", Body=b"hello", ContentType="text/plain")
+    r = larder.client().get_object(Bucket=bucket, Key="k", ResponseContentType="application/x-custom",
+                                   ResponseContentDisposition="inline", ResponseCacheControl="no-store")
+    h = r["ResponseMetadata"]["HTTPHeaders"]
+    assert (h["content-type"], h["content-disposition"], h["cache-control"]) == ("application/x-custom", "inline", "no-store")
+
+
+def error_of(fn, **kw):
+    with pytest.raises(ClientError) as e:
+        fn(**kw)
+    return e.value.response["ResponseMetadata"]["HTTPStatusCode"], e.value.response["Error"]["Code"]
+
+
+def test_errors_match_the_real_server(larder, direct, bucket):
+    via = larder.client()
+    for kw in ({"Bucket": bucket, "Key": "missing"}, {"Bucket": "no-such-bucket-e2e", "Key": "k"}):
+        assert error_of(via.get_object, **kw) == error_of(direct.get_object, **kw), kw
+        assert error_of(via.head_object, **kw) == error_of(direct.head_object, **kw), kw
+    assert error_of(via.get_object, Bucket=bucket, Key="missing") == (404, "NoSuchKey")
+    assert error_of(via.get_object, Bucket="no-such-bucket-e2e", Key="k") == (404, "NoSuchBucket")
+
+
+def test_upstream_access_denied_is_passed_through(make_larder, direct, bucket):
+    direct.put_object(Bucket=bucket, Key="k", Body=b"secret")
+    wrong = make_larder(env={"AWS_ACCESS_KEY_ID": "not-a-real-key", "AWS_SECRET_ACCESS_KEY": "nope"})
+    status, code = error_of(wrong.client().get_object, Bucket=bucket, Key="k")
+    assert status == 403
+    assert code == "InvalidAccessKeyId"  # what MinIO says of an unknown key, passed through
+
+
+def test_upstream_down_is_a_503(make_larder, workdir):
+    dead = make_larder("--upstream-idle-timeout", "2s", upstream_url="http://127.0.0.1:9")
+    status, code = error_of(dead.client(retries={"max_attempts": 1}).get_object, Bucket="bkt", Key="k")
+    assert (status, code) == (503, "ServiceUnavailable")
+
+
+def raw(larder, method, path, headers=None):
+    conn = http.client.HTTPConnection("127.0.0.1", larder.port, timeout=10)
+    conn.request(method, path, headers=headers or {})
+    r = conn.getresponse()
+    body = r.read()
+    conn.close()
+    return r.status, dict((k.lower(), v) for k, v in r.getheaders()), body
+
+
+def test_bad_requests_get_s3_errors(larder, direct, bucket):
+    cases = [
+        ("GET", f"/{bucket}/%zz", 400, b"InvalidURI"),
+        ("GET", f"/{bucket}/" + "k" * 1025, 400, b"KeyTooLongError"),
+        ("GET", "/x/k", 400, b"InvalidBucketName"),
+        ("DELETE", f"/{bucket}/k", 501, b"NotImplemented"),
+        ("GET", f"/{bucket}/k?tagging", 501, b"NotImplemented"),
+    ]
+    for method, path, status, code in cases:
+        got_status, headers, body = raw(larder, method, path)
+        assert got_status == status, path
+        assert b"<Code>" + code + b"</Code>" in body, (path, body)
+        assert headers["x-amz-request-id"]
+        assert headers["content-type"] == "application/xml"
+
+
+def test_multi_range_requests_are_served_whole_as_s3_does(larder, direct, bucket):
+    direct.put_object(Bucket=bucket, Key="k", Body=b"0123456789")
+    status, _, body = raw(larder, "GET", f"/{bucket}/k", {"Range": "bytes=0-1,5-6"})
+    assert (status, body) == (200, b"0123456789")
+
+
+def test_virtual_hosted_style(larder, direct, bucket):
+    direct.put_object(Bucket=bucket, Key="dir/vh key.txt", Body=b"virtual")
+    status, _, body = raw(larder, "GET", "/dir/vh%20key.txt", {"Host": f"{bucket}.s3.larder.test:{larder.port}"})
+    assert (status, body) == (200, b"virtual")
+    status, headers, _ = raw(larder, "HEAD", "/dir/vh%20key.txt", {"Host": f"{bucket}.s3.larder.test"})
+    assert status == 200 and headers["content-length"] == "7"
+
+
+def test_conditional_reads(larder, direct, bucket):
+    direct.put_object(Bucket=bucket, Key="k", Body=b"conditional")
+    etag = direct.head_object(Bucket=bucket, Key="k")["ETag"]
+    client = larder.client()
+    assert client.get_object(Bucket=bucket, Key="k", IfMatch=etag)["Body"].read() == b"conditional"
+    assert error_of(client.get_object, Bucket=bucket, Key="k", IfMatch='"0000"') == (412, "PreconditionFailed")
+    status, _, _ = raw(larder, "GET", f"/{bucket}/k", {"If-None-Match": etag})
+    assert status == 304
+
+
+def eventually(probe, want="hit-memory", attempts=50):
+    got = None
+    for _ in range(attempts):
+        got = probe()
+        if got == want:
+            break
+        time.sleep(0.1)
+    return got
+
+
+def test_x_cache_and_admin_endpoints(larder, direct, bucket):
+    direct.put_object(Bucket=bucket, Key="k", Body=b"y" * 20_000_000)
+    path = f"/{bucket}/k"
+    assert raw(larder, "GET", path, {"Range": "bytes=0-9"})[1]["x-cache"] == "miss"
+    # The response ended after 10 bytes; the block's fetch goes on and lands in memory shortly.
+    assert eventually(lambda: raw(larder, "GET", path, {"Range": "bytes=0-9"})[1]["x-cache"]) == "hit-memory"
+    assert raw(larder, "GET", path)[1]["x-cache"] == "partial"
+    assert eventually(lambda: raw(larder, "GET", path)[1]["x-cache"]) == "hit-memory"
+    for endpoint in ("/healthz", "/readyz"):
+        with urllib.request.urlopen(larder.admin + endpoint, timeout=5) as r:
+            assert r.status == 200
+    metrics = larder.metrics()
+    for name in ("larder_requests_total", "larder_upstream_requests_total", "larder_upstream_received_bytes_total",
+                 "larder_served_bytes_total", "larder_memory_used_bytes", "larder_request_duration_seconds_bucket"):
+        assert name in metrics, name
+    assert 'cache="hit-memory"' in metrics
