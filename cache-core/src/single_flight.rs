@@ -147,22 +147,6 @@ impl<K: Hash + Eq, E: Clone> FlightWriter<K, E> {
         self.flight.progress.notify_waiters();
     }
 
-    /// Bytes pushed so far.
-    pub fn len(&self) -> u64 {
-        self.flight
-            .state
-            .lock()
-            .chunks
-            .iter()
-            .map(|c| c.len() as u64)
-            .sum()
-    }
-
-    /// Whether nothing was pushed yet.
-    pub fn is_empty(&self) -> bool {
-        self.flight.state.lock().chunks.is_empty()
-    }
-
     /// Complete the flight and return all its bytes as one buffer, ready to be cached.
     ///
     /// The flight stays joinable (as a finished flight) until the writer is dropped, so the

@@ -14,6 +14,7 @@ use cache_core::{
     BlockLayout, BlockSlice, FlightReader, FlightWriter, Joined, MemoryTier, SingleFlight,
 };
 use futures::stream::{self, Stream, StreamExt};
+use tokio::sync::Semaphore;
 
 use crate::metrics::Metrics;
 use crate::origin::{ObjectId, Origin, OriginError};
@@ -78,26 +79,36 @@ pub struct BlockStore {
     origin: Arc<dyn Origin>,
     read_window: usize,
     idle_timeout: Duration,
+    upstream_slots: Semaphore,
     metrics: Arc<Metrics>,
 }
 
+/// How a [`BlockStore`] reads and fetches.
+#[derive(Debug, Clone, Copy)]
+pub struct BlockStoreConfig {
+    /// How objects are cut into blocks.
+    pub layout: BlockLayout,
+    /// Bytes of blocks the memory tier holds.
+    pub memory_capacity: u64,
+    /// Blocks a response opens ahead of the one it sends.
+    pub read_window: usize,
+    /// Longest wait for upstream body bytes.
+    pub idle_timeout: Duration,
+    /// Most block fetches upstream at once.
+    pub upstream_concurrency: usize,
+}
+
 impl BlockStore {
-    /// A store cutting objects into `layout` blocks, holding `memory_capacity` bytes of them.
-    pub fn new(
-        layout: BlockLayout,
-        memory_capacity: u64,
-        origin: Arc<dyn Origin>,
-        read_window: usize,
-        idle_timeout: Duration,
-        metrics: Arc<Metrics>,
-    ) -> Self {
+    /// A store reading blocks of `origin` as `config` says.
+    pub fn new(config: BlockStoreConfig, origin: Arc<dyn Origin>, metrics: Arc<Metrics>) -> Self {
         Self {
-            layout,
-            memory: MemoryTier::new(memory_capacity),
+            layout: config.layout,
+            memory: MemoryTier::new(config.memory_capacity),
             flights: SingleFlight::new(),
             origin,
-            read_window,
-            idle_timeout,
+            read_window: config.read_window,
+            idle_timeout: config.idle_timeout,
+            upstream_slots: Semaphore::new(config.upstream_concurrency),
             metrics,
         }
     }
@@ -257,6 +268,12 @@ impl BlockStore {
         range: Range<u64>,
     ) -> Result<(), OriginError> {
         let expected = range.end - range.start;
+        // The permit is held until the body is complete: it bounds fetch buffers, not just requests.
+        let _slot = self
+            .upstream_slots
+            .acquire()
+            .await
+            .map_err(|_| OriginError::Abandoned)?;
         let mut body = self.origin.get(object, Some(etag), Some(range)).await?;
         let mut got = 0u64;
         loop {
@@ -379,12 +396,16 @@ mod tests {
             gets: AtomicUsize::new(0),
             delay,
         });
+        let config = BlockStoreConfig {
+            layout: BlockLayout::new(4096),
+            memory_capacity: 1 << 20,
+            read_window: 2,
+            idle_timeout: Duration::from_secs(5),
+            upstream_concurrency: 2,
+        };
         let store = Arc::new(BlockStore::new(
-            BlockLayout::new(4096),
-            1 << 20,
+            config,
             origin.clone(),
-            2,
-            Duration::from_secs(5),
             Arc::new(Metrics::default()),
         ));
         let id = ObjectId {

@@ -44,6 +44,9 @@ pub struct Config {
     pub read_window: usize,
     /// Longest wait for the next piece of an upstream body before the fetch fails. Default: `30s`.
     pub upstream_idle_timeout: HumanDuration,
+    /// Most block fetches running upstream at once, across all requests; further fetches wait
+    /// their turn. Bounds the memory of fetches in flight to this many blocks. Default: `64`.
+    pub upstream_concurrency: usize,
 }
 
 impl Default for Config {
@@ -61,6 +64,7 @@ impl Default for Config {
             metadata_capacity: 100_000,
             read_window: 4,
             upstream_idle_timeout: HumanDuration(Duration::from_secs(30)),
+            upstream_concurrency: 64,
         }
     }
 }
@@ -79,6 +83,7 @@ pub const OPTION_NAMES: &[&str] = &[
     "metadata_capacity",
     "read_window",
     "upstream_idle_timeout",
+    "upstream_concurrency",
 ];
 
 /// Why a configuration was refused. The message names the offending field.
@@ -141,6 +146,9 @@ impl Config {
         }
         if self.read_window == 0 || self.read_window > 64 {
             return invalid("read_window", "must be between 1 and 64");
+        }
+        if self.upstream_concurrency == 0 || self.upstream_concurrency > 4096 {
+            return invalid("upstream_concurrency", "must be between 1 and 4096");
         }
         if self.metadata_capacity == 0 {
             return invalid("metadata_capacity", "must be positive");
@@ -329,6 +337,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's closure must return figment's own error
     fn layers_apply_in_order_and_errors_name_the_field() {
         figment::Jail::expect_with(|jail| {
             jail.create_file(

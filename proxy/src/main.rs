@@ -23,7 +23,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve S3 clients, caching reads from the upstream.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Run Larder in front of an embedded S3 origin with a sample workload, print what it saved,
     /// and exit. Needs no AWS account.
     Demo(larder::demo::DemoArgs),
@@ -85,6 +85,10 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     upstream_idle_timeout: Option<String>,
+    /// Most block fetches running upstream at once [default: 64].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    upstream_concurrency: Option<usize>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -97,7 +101,7 @@ fn main() -> anyhow::Result<()> {
         .init();
     let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
     match cli.command {
-        Command::Serve(args) => runtime.block_on(serve(args)),
+        Command::Serve(args) => runtime.block_on(serve(*args)),
         Command::Demo(args) => runtime.block_on(larder::demo::run(args)),
     }
 }

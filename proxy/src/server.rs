@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, AdminState};
-use crate::blocks::BlockStore;
+use crate::blocks::{BlockStore, BlockStoreConfig};
 use crate::config::Config;
 use crate::metadata::MetadataCache;
 use crate::metrics::Metrics;
@@ -33,12 +33,16 @@ pub struct Running {
 /// Bind the listeners and start serving in front of `origin`.
 pub async fn start(config: &Config, origin: Arc<dyn Origin>) -> std::io::Result<Running> {
     let metrics = Arc::new(Metrics::default());
+    let block_config = BlockStoreConfig {
+        layout: BlockLayout::new(config.block_size.0),
+        memory_capacity: config.memory_capacity.0,
+        read_window: config.read_window,
+        idle_timeout: config.upstream_idle_timeout.0,
+        upstream_concurrency: config.upstream_concurrency,
+    };
     let blocks = Arc::new(BlockStore::new(
-        BlockLayout::new(config.block_size.0),
-        config.memory_capacity.0,
+        block_config,
         origin.clone(),
-        config.read_window,
-        config.upstream_idle_timeout.0,
         metrics.clone(),
     ));
     let app = Arc::new(AppState {
