@@ -13,6 +13,7 @@ if command -v rustup >/dev/null; then
   rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
 fi
 
+[ -x /usr/local/go/bin/go ] && PATH="$PATH:/usr/local/go/bin"
 gobin="$(go env GOPATH 2>/dev/null || echo "$HOME/go")/bin"
 minio="$gobin/minio"
 if [ -x "$minio" ] && go version -m "$minio" 2>/dev/null | grep -q "$MINIO_VERSION"; then
@@ -23,5 +24,8 @@ else
   GOFLAGS=-mod=mod go install "$MINIO_MODULE@$MINIO_VERSION"
 fi
 
-python3 -m pip install -q --disable-pip-version-check -r e2e/requirements.txt
+# A Python whose packages the system manages (PEP 668) gets them in the user's site instead.
+python3 -m pip install -q --disable-pip-version-check -r e2e/requirements.txt 2>/dev/null \
+  || python3 -m pip install -q --disable-pip-version-check --user --break-system-packages -r e2e/requirements.txt
+PATH="$PATH:$HOME/.local/bin"
 command -v aws >/dev/null || { echo "the aws CLI did not install onto PATH" >&2; exit 1; }

@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 e2e/setup.sh
-export PATH="$(go env GOPATH 2>/dev/null || echo "$HOME/go")/bin:$PATH"
+[ -x /usr/local/go/bin/go ] && PATH="$PATH:/usr/local/go/bin"
+export PATH="$(go env GOPATH 2>/dev/null || echo "$HOME/go")/bin:$PATH:$HOME/.local/bin"
 
 echo "== cargo fmt"
 cargo fmt --all -- --check
