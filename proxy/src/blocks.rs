@@ -337,71 +337,29 @@ fn slice_of(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::origin::{BodyStream, ObjectMeta};
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use crate::origin::fake::FakeOrigin;
+    use std::sync::atomic::Ordering;
 
-    /// An origin serving one object from memory in small chunks, counting GETs.
-    struct FakeOrigin {
-        data: Bytes,
-        etag: String,
-        gets: AtomicUsize,
-        delay: Duration,
-    }
-
-    #[async_trait::async_trait]
-    impl Origin for FakeOrigin {
-        async fn head(&self, _: &ObjectId) -> Result<ObjectMeta, OriginError> {
-            Ok(ObjectMeta {
-                size: self.data.len() as u64,
-                etag: self.etag.clone(),
-                last_modified: None,
-                version_id: None,
-                headers: vec![],
-            })
-        }
-        async fn get(
-            &self,
-            _: &ObjectId,
-            if_match: Option<&str>,
-            range: Option<Range<u64>>,
-        ) -> Result<BodyStream, OriginError> {
-            self.gets.fetch_add(1, Ordering::SeqCst);
-            if if_match.is_some_and(|e| e != self.etag) {
-                return Err(OriginError::Changed);
-            }
-            let r = range.unwrap_or(0..self.data.len() as u64);
-            let body = self.data.slice(r.start as usize..r.end as usize);
-            let chunks: Vec<_> = body.chunks(1000).map(Bytes::copy_from_slice).collect();
-            let delay = self.delay;
-            Ok(stream::iter(chunks)
-                .then(move |c| async move {
-                    tokio::time::sleep(delay).await;
-                    Ok(c)
-                })
-                .boxed())
-        }
+    fn data(size: usize, seed: u8) -> Bytes {
+        (0..size)
+            .map(|i| (i % 251) as u8 ^ seed)
+            .collect::<Vec<_>>()
+            .into()
     }
 
     fn setup(
         size: usize,
         delay: Duration,
+        upstream_concurrency: usize,
     ) -> (Arc<BlockStore>, Arc<FakeOrigin>, ObjectId, Arc<str>) {
-        let data: Bytes = (0..size)
-            .map(|i| (i % 251) as u8)
-            .collect::<Vec<_>>()
-            .into();
-        let origin = Arc::new(FakeOrigin {
-            data,
-            etag: "\"e1\"".into(),
-            gets: AtomicUsize::new(0),
-            delay,
-        });
+        let origin = Arc::new(FakeOrigin::with_delay(delay));
+        origin.put("k", data(size, 0), "\"e1\"");
         let config = BlockStoreConfig {
             layout: BlockLayout::new(4096),
             memory_capacity: 1 << 20,
-            read_window: 2,
+            read_window: 4,
             idle_timeout: Duration::from_secs(5),
-            upstream_concurrency: 2,
+            upstream_concurrency,
         };
         let store = Arc::new(BlockStore::new(
             config,
@@ -429,7 +387,8 @@ mod tests {
 
     #[tokio::test]
     async fn ranges_are_exact_and_blocks_fetched_once() {
-        let (store, origin, id, etag) = setup(10_000, Duration::ZERO);
+        let (store, origin, id, etag) = setup(10_000, Duration::ZERO, 2);
+        let want = data(10_000, 0);
         let size = 10_000;
         for (a, b) in [
             (0, 10_000),
@@ -442,7 +401,7 @@ mod tests {
             let got = collect(store.read(id.clone(), etag.clone(), a..b, size))
                 .await
                 .unwrap();
-            assert_eq!(got, origin.data[a as usize..b as usize], "range {a}..{b}");
+            assert_eq!(got, want[a as usize..b as usize], "range {a}..{b}");
         }
         assert_eq!(
             origin.gets.load(Ordering::SeqCst),
@@ -457,7 +416,7 @@ mod tests {
 
     #[tokio::test]
     async fn concurrent_cold_readers_share_fetches() {
-        let (store, origin, id, etag) = setup(20_000, Duration::from_millis(1));
+        let (store, origin, id, etag) = setup(20_000, Duration::from_millis(1), 2);
         let readers: Vec<_> = (0..32)
             .map(|_| {
                 tokio::spawn(collect(store.read(
@@ -469,14 +428,14 @@ mod tests {
             })
             .collect();
         for r in readers {
-            assert_eq!(r.await.unwrap().unwrap(), origin.data[..]);
+            assert_eq!(r.await.unwrap().unwrap(), data(20_000, 0));
         }
         assert_eq!(origin.gets.load(Ordering::SeqCst), 5);
     }
 
     #[tokio::test]
     async fn a_changed_object_fails_instead_of_mixing_versions() {
-        let (store, _origin, id, _) = setup(10_000, Duration::ZERO);
+        let (store, _origin, id, _) = setup(10_000, Duration::ZERO, 2);
         let stale: Arc<str> = "\"old\"".into();
         let err = collect(store.read(id.clone(), stale.clone(), 0..10_000, 10_000))
             .await
@@ -490,7 +449,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_reader_that_leaves_early_still_fills_the_cache() {
-        let (store, origin, id, etag) = setup(4096, Duration::from_millis(1));
+        let (store, origin, id, etag) = setup(4096, Duration::from_millis(1), 2);
         {
             let s = store.read(id.clone(), etag.clone(), 0..4096, 4096);
             futures::pin_mut!(s);
@@ -507,5 +466,25 @@ mod tests {
             CacheResult::HitMemory
         );
         assert_eq!(origin.gets.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn upstream_fetches_never_exceed_the_cap() {
+        let (store, origin, id, etag) = setup(16 * 4096, Duration::from_millis(1), 2);
+        let readers: Vec<_> = (0..4u64)
+            .map(|i| {
+                tokio::spawn(collect(store.read(
+                    id.clone(),
+                    etag.clone(),
+                    i * 4096..16 * 4096,
+                    16 * 4096,
+                )))
+            })
+            .collect();
+        for r in readers {
+            r.await.unwrap().unwrap();
+        }
+        assert_eq!(origin.gets.load(Ordering::SeqCst), 16);
+        assert_eq!(origin.most_open_bodies.load(Ordering::SeqCst), 2);
     }
 }

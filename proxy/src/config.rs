@@ -221,16 +221,25 @@ impl Serialize for ByteSize {
 
 impl<'de> Deserialize<'de> for ByteSize {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Int(u64),
-            Str(String),
-        }
-        match Raw::deserialize(d)? {
-            Raw::Int(n) => Ok(ByteSize(n)),
-            Raw::Str(s) => s.parse().map_err(serde::de::Error::custom),
-        }
+        int_or_text(d, ByteSize)
+    }
+}
+
+/// A value written either as a bare integer (bytes, seconds) or as text with a unit.
+fn int_or_text<'de, D, T>(d: D, from_int: fn(u64) -> T) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: FromStr<Err = String>,
+{
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Int(u64),
+        Text(String),
+    }
+    match Raw::deserialize(d)? {
+        Raw::Int(n) => Ok(from_int(n)),
+        Raw::Text(s) => s.parse().map_err(serde::de::Error::custom),
     }
 }
 
@@ -281,16 +290,7 @@ impl Serialize for HumanDuration {
 
 impl<'de> Deserialize<'de> for HumanDuration {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Int(u64),
-            Str(String),
-        }
-        match Raw::deserialize(d)? {
-            Raw::Int(n) => Ok(HumanDuration(Duration::from_secs(n))),
-            Raw::Str(s) => s.parse().map_err(serde::de::Error::custom),
-        }
+        int_or_text(d, |secs| HumanDuration(Duration::from_secs(secs)))
     }
 }
 

@@ -45,89 +45,89 @@ fn latency_histogram() -> Histogram {
     ))
 }
 
+fn registered<M: prometheus_client::registry::Metric + Clone>(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    metric: M,
+) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}
+
 impl Default for Metrics {
     fn default() -> Self {
-        let mut registry = Registry::with_prefix("larder");
-        let requests = Family::<Labels, Counter>::default();
-        registry.register(
-            "requests",
-            "Client requests by operation and cache result",
-            requests.clone(),
-        );
-        let request_duration =
+        let mut r = Registry::with_prefix("larder");
+        let latency =
             Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram);
-        registry.register(
-            "request_duration_seconds",
-            "Time from request to response headers",
-            request_duration.clone(),
-        );
-        let upstream_requests = Family::<Labels, Counter>::default();
-        registry.register(
-            "upstream_requests",
-            "Requests sent upstream by operation and outcome",
-            upstream_requests.clone(),
-        );
-        let upstream_bytes = Counter::default();
-        registry.register(
-            "upstream_received_bytes",
-            "Body bytes received from upstream",
-            upstream_bytes.clone(),
-        );
-        let served_bytes = Family::<Labels, Counter>::default();
-        registry.register(
-            "served_bytes",
-            "Body bytes sent to clients by the tier they came from",
-            served_bytes.clone(),
-        );
-        let coalesced = Counter::default();
-        registry.register(
-            "singleflight_coalesced",
-            "Block reads that joined a fetch already in flight",
-            coalesced.clone(),
-        );
-        let cache_writes_dropped = Family::<Labels, Counter>::default();
-        registry.register(
-            "cache_writes_dropped",
-            "Fetched blocks not written to the cache, by reason",
-            cache_writes_dropped.clone(),
-        );
-        let memory_capacity = Gauge::default();
-        registry.register(
-            "memory_capacity_bytes",
-            "Memory tier capacity",
-            memory_capacity.clone(),
-        );
-        let memory_used = Gauge::default();
-        registry.register(
-            "memory_used_bytes",
-            "Memory tier bytes held",
-            memory_used.clone(),
-        );
-        let memory_entries = Gauge::default();
-        registry.register(
-            "memory_entries",
-            "Memory tier entries held",
-            memory_entries.clone(),
-        );
-        let memory_evictions = Gauge::default();
-        registry.register(
-            "memory_evictions",
-            "Memory tier evictions, including admission rejections",
-            memory_evictions.clone(),
-        );
         Self {
-            registry,
-            requests,
-            request_duration,
-            upstream_requests,
-            upstream_bytes,
-            served_bytes,
-            coalesced,
-            cache_writes_dropped,
-            memory_capacity,
-            memory_used,
-            memory_entries,
-            memory_evictions,
+            requests: registered(
+                &mut r,
+                "requests",
+                "Client requests by operation and cache result",
+                Family::default(),
+            ),
+            request_duration: registered(
+                &mut r,
+                "request_duration_seconds",
+                "Time from request to response headers",
+                latency,
+            ),
+            upstream_requests: registered(
+                &mut r,
+                "upstream_requests",
+                "Requests sent upstream by operation and outcome",
+                Family::default(),
+            ),
+            upstream_bytes: registered(
+                &mut r,
+                "upstream_received_bytes",
+                "Body bytes received from upstream",
+                Counter::default(),
+            ),
+            served_bytes: registered(
+                &mut r,
+                "served_bytes",
+                "Body bytes sent to clients by the tier they came from",
+                Family::default(),
+            ),
+            coalesced: registered(
+                &mut r,
+                "singleflight_coalesced",
+                "Block reads that joined a fetch already in flight",
+                Counter::default(),
+            ),
+            cache_writes_dropped: registered(
+                &mut r,
+                "cache_writes_dropped",
+                "Fetched blocks not written to the cache, by reason",
+                Family::default(),
+            ),
+            memory_capacity: registered(
+                &mut r,
+                "memory_capacity_bytes",
+                "Memory tier capacity",
+                Gauge::default(),
+            ),
+            memory_used: registered(
+                &mut r,
+                "memory_used_bytes",
+                "Memory tier bytes held",
+                Gauge::default(),
+            ),
+            memory_entries: registered(
+                &mut r,
+                "memory_entries",
+                "Memory tier entries held",
+                Gauge::default(),
+            ),
+            memory_evictions: registered(
+                &mut r,
+                "memory_evictions",
+                "Memory tier evictions, including admission rejections",
+                Gauge::default(),
+            ),
+            registry: r,
         }
     }
 }

@@ -290,3 +290,93 @@ struct Retry;
 fn request_id() -> String {
     format!("{:016X}", rand::random::<u64>())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::blocks::BlockStoreConfig;
+    use crate::origin::fake::FakeOrigin;
+    use bytes::Bytes;
+    use cache_core::BlockLayout;
+    use http_body_util::BodyExt;
+    use std::time::Duration;
+
+    fn app(origin: Arc<FakeOrigin>) -> Arc<AppState> {
+        let metrics = Arc::new(Metrics::default());
+        let config = BlockStoreConfig {
+            layout: BlockLayout::new(4096),
+            memory_capacity: 1 << 20,
+            read_window: 2,
+            idle_timeout: Duration::from_secs(5),
+            upstream_concurrency: 8,
+        };
+        Arc::new(AppState {
+            base_domain: None,
+            metadata: MetadataCache::new(
+                origin.clone(),
+                Duration::from_secs(3600),
+                100,
+                metrics.clone(),
+            ),
+            blocks: Arc::new(BlockStore::new(config, origin.clone(), metrics.clone())),
+            origin,
+            metrics,
+        })
+    }
+
+    async fn get(app: &Arc<AppState>, range: &str) -> (StatusCode, HeaderMap, Bytes) {
+        let req = Request::builder()
+            .uri("/bucket/k")
+            .header(header::RANGE, range)
+            .body(Body::empty())
+            .unwrap();
+        let response = handle(State(app.clone()), req).await;
+        let (parts, body) = response.into_parts();
+        (
+            parts.status,
+            parts.headers,
+            body.collect().await.unwrap().to_bytes(),
+        )
+    }
+
+    #[tokio::test]
+    async fn an_object_changed_under_cached_metadata_is_served_whole_from_the_new_version() {
+        let v1: Bytes = vec![1u8; 3 * 4096].into();
+        let v2: Bytes = vec![2u8; 3 * 4096].into();
+        let origin = Arc::new(FakeOrigin::default());
+        origin.put("k", v1.clone(), "\"v1\"");
+        let app = app(origin.clone());
+        let (status, headers, body) = get(&app, "bytes=0-9").await;
+        assert_eq!(
+            (status, &body[..]),
+            (StatusCode::PARTIAL_CONTENT, &v1[..10])
+        );
+        assert_eq!(headers[header::ETAG], "\"v1\"");
+
+        // Overwritten upstream while v1's metadata is still trusted; block 2 was never fetched.
+        origin.put("k", v2.clone(), "\"v2\"");
+        let (status, headers, body) = get(&app, "bytes=8192-8201").await;
+        assert_eq!(
+            (status, &body[..]),
+            (StatusCode::PARTIAL_CONTENT, &v2[8192..8202])
+        );
+        assert_eq!(
+            headers[header::ETAG],
+            "\"v2\"",
+            "headers and bytes come from the same version"
+        );
+        assert_eq!(origin.heads.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn errors_are_s3_xml_with_a_request_id() {
+        let app = app(Arc::new(FakeOrigin::default()));
+        let (status, headers, body) = get(&app, "bytes=0-1").await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert!(!headers["x-amz-request-id"].is_empty());
+        assert_eq!(headers["x-cache"], "error");
+        assert!(std::str::from_utf8(&body)
+            .unwrap()
+            .contains("<Code>NoSuchKey</Code>"));
+    }
+}

@@ -3,6 +3,8 @@
 //! [`Origin`] is the seam between Larder's read path and the upstream S3 API: the real
 //! implementation is [`s3::S3Origin`] (aws-sdk-s3); unit tests plug in fakes.
 
+#[cfg(test)]
+pub(crate) mod fake;
 pub mod s3;
 
 use std::fmt;
