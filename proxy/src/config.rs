@@ -20,6 +20,12 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Address of the admin listener (`/healthz`, `/readyz`, `/metrics`). Default: `127.0.0.1:9001`.
     pub admin_listen: SocketAddr,
+    /// Most client connections the S3 listener holds open at once; further clients wait in the
+    /// listen backlog until one closes. Default: `4096`.
+    pub max_connections: usize,
+    /// Longest a client may take to send a request's headers before its connection is closed
+    /// (guards against slowloris clients). Default: `10s`.
+    pub client_header_timeout: HumanDuration,
     /// Base domain for virtual-hosted-style requests (`bucket.<base_domain>`). Default: none, so
     /// only path-style requests (`/bucket/key`) are understood.
     pub base_domain: Option<String>,
@@ -54,6 +60,8 @@ impl Default for Config {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 9000)),
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9001)),
+            max_connections: 4096,
+            client_header_timeout: HumanDuration(Duration::from_secs(10)),
             base_domain: None,
             upstream_endpoint: None,
             upstream_region: "us-east-1".to_owned(),
@@ -73,6 +81,8 @@ impl Default for Config {
 pub const OPTION_NAMES: &[&str] = &[
     "listen",
     "admin_listen",
+    "max_connections",
+    "client_header_timeout",
     "base_domain",
     "upstream_endpoint",
     "upstream_region",
@@ -146,6 +156,12 @@ impl Config {
         }
         if self.read_window == 0 || self.read_window > 64 {
             return invalid("read_window", "must be between 1 and 64");
+        }
+        if self.max_connections == 0 {
+            return invalid("max_connections", "must be positive");
+        }
+        if self.client_header_timeout.0.is_zero() {
+            return invalid("client_header_timeout", "must be positive");
         }
         if self.upstream_concurrency == 0 || self.upstream_concurrency > 4096 {
             return invalid("upstream_concurrency", "must be between 1 and 4096");

@@ -45,6 +45,14 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     admin_listen: Option<String>,
+    /// Most client connections held open at once [default: 4096].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_connections: Option<usize>,
+    /// Longest a client may take to send request headers, e.g. 10s [default: 10s].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    client_header_timeout: Option<String>,
     /// Base domain for virtual-hosted-style requests.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]

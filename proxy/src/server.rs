@@ -4,6 +4,13 @@ use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder as ConnBuilder;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::sync::Semaphore;
 
 use cache_core::BlockLayout;
 use tokio::net::TcpListener;
@@ -68,11 +75,12 @@ pub async fn start(config: &Config, origin: Arc<dyn Origin>) -> std::io::Result<
     let (s3_addr, admin_addr) = (s3_listener.local_addr()?, admin_listener.local_addr()?);
     let shutdown = CancellationToken::new();
     let tasks = vec![
-        tokio::spawn(
-            axum::serve(s3_listener, routes::router(app).into_make_service())
-                .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-                .into_future(),
-        ),
+        tokio::spawn(serve_clients(
+            s3_listener,
+            routes::router(app),
+            ClientLimits::from(config),
+            shutdown.clone(),
+        )),
         tokio::spawn(
             axum::serve(
                 admin_listener,
@@ -115,4 +123,73 @@ impl Running {
     pub fn shutdown_token(&self) -> CancellationToken {
         self.shutdown.clone()
     }
+}
+
+/// What one client may hold of the S3 listener.
+#[derive(Debug, Clone, Copy)]
+struct ClientLimits {
+    max_connections: usize,
+    header_timeout: Duration,
+}
+
+impl From<&Config> for ClientLimits {
+    fn from(config: &Config) -> Self {
+        Self {
+            max_connections: config.max_connections,
+            header_timeout: config.client_header_timeout.0,
+        }
+    }
+}
+
+/// The S3 listener's accept loop. Unlike `axum::serve` it caps open connections (a permit per
+/// connection, taken before accepting, so at the cap new clients wait in the backlog) and closes
+/// connections whose headers do not arrive in time.
+async fn serve_clients(
+    listener: TcpListener,
+    router: axum::Router,
+    limits: ClientLimits,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let graceful = GracefulShutdown::new();
+    let mut http = ConnBuilder::new(TokioExecutor::new());
+    http.http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
+    loop {
+        let permit = tokio::select! {
+            permit = slots.clone().acquire_owned() => match permit {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+            () = shutdown.cancelled() => break,
+        };
+        let socket = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((socket, _)) => socket,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off rather than spin.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = shutdown.cancelled() => break,
+        };
+        let _ = socket.set_nodelay(true);
+        let service = TowerToHyperService::new(router.clone());
+        let conn = graceful.watch(
+            http.serve_connection(TokioIo::new(socket), service)
+                .into_owned(),
+        );
+        tokio::spawn(async move {
+            let _ = conn.await;
+            drop(permit);
+        });
+    }
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(Duration::from_secs(30)) => tracing::warn!("responses still running after 30s; closing them"),
+    }
+    Ok(())
 }
