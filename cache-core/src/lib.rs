@@ -12,6 +12,7 @@
 #![warn(missing_docs)]
 
 mod block;
+pub mod disk;
 mod memory;
 mod single_flight;
 

@@ -1,0 +1,465 @@
+//! The on-disk format, byte for byte. `docs/disk-format.md` describes the same layout for humans;
+//! change both together and bump [`FORMAT_VERSION`] whenever an old reader could misread new bytes.
+//!
+//! Every structure carries a magic, the format version and a CRC32C over its own bytes, so a torn
+//! write, a stale region or a foreign file reads as "not there", never as data.
+
+use thiserror::Error;
+
+/// The unit of every I/O and every on-disk offset.
+pub(crate) const PAGE: usize = 4096;
+/// Values are checksummed in chunks of this size, so a range read verifies only what it reads.
+pub(crate) const CHUNK: usize = 64 * 1024;
+/// Version of everything below. A reader refuses (or, if told to, reformats) any other version.
+pub(crate) const FORMAT_VERSION: u32 = 1;
+/// Where region 0 starts. The first MiB holds the superblock; keeping regions 1 MiB-aligned
+/// suits raw devices and RAID stripes.
+pub(crate) const DATA_START: u64 = 1 << 20;
+/// Largest region: an index record holds page offsets and lengths in 16 bits.
+pub(crate) const MAX_REGION_SIZE: u64 = (1 << 16) * PAGE as u64;
+/// Longest key an entry can hold.
+pub(crate) const MAX_KEY_LEN: usize = 2048;
+/// Longest partition name.
+pub(crate) const MAX_PARTITION_NAME: usize = 32;
+/// Most partitions a superblock can describe.
+pub(crate) const MAX_PARTITIONS: usize = 64;
+
+const SUPER_MAGIC: &[u8; 8] = b"LARDERDC";
+const REGION_MAGIC: u32 = u32::from_le_bytes(*b"LRGN");
+const ENTRY_MAGIC: u32 = u32::from_le_bytes(*b"LENT");
+const ENTRY_FIXED: usize = 32;
+const REGION_HEADER_LEN: usize = 40;
+/// Bytes per region-summary record: key hash, page offset, page length.
+pub(crate) const SUMMARY_RECORD: usize = 16;
+
+/// Why bytes read from the device are not a valid structure.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum FormatError {
+    /// No structure of this kind was ever written here (or it was overwritten).
+    #[error("bad magic")]
+    Magic,
+    /// Written by another format version.
+    #[error("format version {found}, this build reads {FORMAT_VERSION}")]
+    Version {
+        /// The version found on disk.
+        found: u32,
+    },
+    /// The bytes do not match their checksum: a torn write or media corruption.
+    #[error("checksum mismatch")]
+    Checksum,
+    /// A length or offset field is impossible.
+    #[error("malformed: {0}")]
+    Malformed(&'static str),
+}
+
+pub(crate) fn round_up(n: u64, to: u64) -> u64 {
+    n.div_ceil(to) * to
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(a)
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+
+/// One named slice of the device's regions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PartitionExtent {
+    pub(crate) name: String,
+    pub(crate) first_region: u32,
+    pub(crate) regions: u32,
+}
+
+/// The first page of the device: its geometry and the cache generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Superblock {
+    pub(crate) region_size: u64,
+    /// Bumping it empties the cache lazily: regions of another generation read as free.
+    pub(crate) generation: u64,
+    pub(crate) partitions: Vec<PartitionExtent>,
+}
+
+impl Superblock {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; PAGE];
+        b[0..8].copy_from_slice(SUPER_MAGIC);
+        b[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        b[12..16].copy_from_slice(&(PAGE as u32).to_le_bytes());
+        b[16..24].copy_from_slice(&self.region_size.to_le_bytes());
+        b[24..32].copy_from_slice(&self.generation.to_le_bytes());
+        b[32..36].copy_from_slice(&(self.partitions.len() as u32).to_le_bytes());
+        let mut at = 36;
+        for p in &self.partitions {
+            let name = p.name.as_bytes();
+            b[at] = name.len() as u8;
+            b[at + 1..at + 1 + name.len()].copy_from_slice(name);
+            at += 1 + MAX_PARTITION_NAME;
+            b[at..at + 4].copy_from_slice(&p.first_region.to_le_bytes());
+            b[at + 4..at + 8].copy_from_slice(&p.regions.to_le_bytes());
+            at += 8;
+        }
+        let crc = crc32c::crc32c(&b[..PAGE - 4]);
+        b[PAGE - 4..].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    pub(crate) fn decode(b: &[u8]) -> Result<Self, FormatError> {
+        if b.len() < PAGE || &b[0..8] != SUPER_MAGIC {
+            return Err(FormatError::Magic);
+        }
+        // The version is checked before the checksum: another version may checksum differently,
+        // and "written by version N" is the more useful error.
+        let version = u32_at(b, 8);
+        if version != FORMAT_VERSION {
+            return Err(FormatError::Version { found: version });
+        }
+        if crc32c::crc32c(&b[..PAGE - 4]) != u32_at(b, PAGE - 4) {
+            return Err(FormatError::Checksum);
+        }
+        if u32_at(b, 12) as usize != PAGE {
+            return Err(FormatError::Malformed("page size"));
+        }
+        let count = u32_at(b, 32) as usize;
+        if count > MAX_PARTITIONS {
+            return Err(FormatError::Malformed("partition count"));
+        }
+        let mut partitions = Vec::with_capacity(count);
+        let mut at = 36;
+        for _ in 0..count {
+            let len = b[at] as usize;
+            if len > MAX_PARTITION_NAME {
+                return Err(FormatError::Malformed("partition name"));
+            }
+            let name = std::str::from_utf8(&b[at + 1..at + 1 + len])
+                .map_err(|_| FormatError::Malformed("partition name"))?
+                .to_owned();
+            at += 1 + MAX_PARTITION_NAME;
+            partitions.push(PartitionExtent {
+                name,
+                first_region: u32_at(b, at),
+                regions: u32_at(b, at + 4),
+            });
+            at += 8;
+        }
+        Ok(Self {
+            region_size: u64_at(b, 16),
+            generation: u64_at(b, 24),
+            partitions,
+        })
+    }
+}
+
+/// The first page of a region: which write epoch it holds and, once sealed, where its summary is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RegionHeader {
+    pub(crate) generation: u64,
+    /// Unique, increasing per activation of any region: orders regions for FIFO eviction and
+    /// tells this use of the region from every earlier one.
+    pub(crate) epoch: u64,
+    /// Byte offset of the summary within the region, 0 while the region is open.
+    pub(crate) summary_offset: u32,
+    pub(crate) summary_entries: u32,
+    pub(crate) summary_crc: u32,
+}
+
+impl RegionHeader {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; PAGE];
+        b[0..4].copy_from_slice(&REGION_MAGIC.to_le_bytes());
+        b[4..8].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        b[8..16].copy_from_slice(&self.generation.to_le_bytes());
+        b[16..24].copy_from_slice(&self.epoch.to_le_bytes());
+        b[24..28].copy_from_slice(&self.summary_offset.to_le_bytes());
+        b[28..32].copy_from_slice(&self.summary_entries.to_le_bytes());
+        b[32..36].copy_from_slice(&self.summary_crc.to_le_bytes());
+        let crc = crc32c::crc32c(&b[..36]);
+        b[36..40].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    pub(crate) fn decode(b: &[u8]) -> Result<Self, FormatError> {
+        if b.len() < REGION_HEADER_LEN || u32_at(b, 0) != REGION_MAGIC {
+            return Err(FormatError::Magic);
+        }
+        let version = u32_at(b, 4);
+        if version != FORMAT_VERSION {
+            return Err(FormatError::Version { found: version });
+        }
+        if crc32c::crc32c(&b[..36]) != u32_at(b, 36) {
+            return Err(FormatError::Checksum);
+        }
+        Ok(Self {
+            generation: u64_at(b, 8),
+            epoch: u64_at(b, 16),
+            summary_offset: u32_at(b, 24),
+            summary_entries: u32_at(b, 28),
+            summary_crc: u32_at(b, 32),
+        })
+    }
+}
+
+/// One record of a region summary: enough to rebuild the index without reading the entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SummaryRecord {
+    pub(crate) hash: u64,
+    pub(crate) page: u32,
+    pub(crate) pages: u32,
+}
+
+pub(crate) fn encode_summary(records: &[SummaryRecord]) -> (Vec<u8>, u32) {
+    let len = round_up((records.len() * SUMMARY_RECORD) as u64, PAGE as u64).max(PAGE as u64);
+    let mut b = vec![0u8; len as usize];
+    for (i, r) in records.iter().enumerate() {
+        let at = i * SUMMARY_RECORD;
+        b[at..at + 8].copy_from_slice(&r.hash.to_le_bytes());
+        b[at + 8..at + 12].copy_from_slice(&r.page.to_le_bytes());
+        b[at + 12..at + 16].copy_from_slice(&r.pages.to_le_bytes());
+    }
+    let crc = crc32c::crc32c(&b[..records.len() * SUMMARY_RECORD]);
+    (b, crc)
+}
+
+pub(crate) fn decode_summary(
+    b: &[u8],
+    entries: u32,
+    crc: u32,
+) -> Result<Vec<SummaryRecord>, FormatError> {
+    let len = entries as usize * SUMMARY_RECORD;
+    if b.len() < len {
+        return Err(FormatError::Malformed("summary length"));
+    }
+    if crc32c::crc32c(&b[..len]) != crc {
+        return Err(FormatError::Checksum);
+    }
+    Ok((0..entries as usize)
+        .map(|i| {
+            let at = i * SUMMARY_RECORD;
+            SummaryRecord {
+                hash: u64_at(b, at),
+                page: u32_at(b, at + 8),
+                pages: u32_at(b, at + 12),
+            }
+        })
+        .collect())
+}
+
+/// Bytes a summary of `entries` records occupies on disk.
+pub(crate) fn summary_len(entries: usize) -> u64 {
+    round_up((entries * SUMMARY_RECORD) as u64, PAGE as u64).max(PAGE as u64)
+}
+
+/// Where an entry's parts lie, computed from its key and value lengths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct EntryLayout {
+    pub(crate) header_len: usize,
+    pub(crate) value_len: usize,
+}
+
+impl EntryLayout {
+    pub(crate) fn new(key_len: usize, value_len: usize) -> Self {
+        let chunks = value_len.div_ceil(CHUNK);
+        let header_len = round_up((ENTRY_FIXED + key_len + 4 * chunks + 4) as u64, PAGE as u64);
+        Self {
+            header_len: header_len as usize,
+            value_len,
+        }
+    }
+
+    /// Bytes the entry occupies on disk: header pages, then the value padded to a page.
+    pub(crate) fn total_len(&self) -> usize {
+        self.header_len + round_up(self.value_len as u64, PAGE as u64) as usize
+    }
+
+    pub(crate) fn chunks(&self) -> usize {
+        self.value_len.div_ceil(CHUNK)
+    }
+}
+
+/// Write an entry (header, key, per-chunk CRCs, value) into `out`, which is `total_len` long.
+pub(crate) fn encode_entry(out: &mut [u8], epoch: u64, key: &[u8], value: &[u8]) {
+    let layout = EntryLayout::new(key.len(), value.len());
+    let h = &mut out[..layout.header_len];
+    h[0..4].copy_from_slice(&ENTRY_MAGIC.to_le_bytes());
+    h[4..6].copy_from_slice(&(FORMAT_VERSION as u16).to_le_bytes());
+    h[6..8].copy_from_slice(&(key.len() as u16).to_le_bytes());
+    h[8..16].copy_from_slice(&epoch.to_le_bytes());
+    h[16..24].copy_from_slice(&(value.len() as u64).to_le_bytes());
+    h[24..28].copy_from_slice(&(layout.header_len as u32).to_le_bytes());
+    h[ENTRY_FIXED..ENTRY_FIXED + key.len()].copy_from_slice(key);
+    let mut at = ENTRY_FIXED + key.len();
+    for chunk in value.chunks(CHUNK) {
+        h[at..at + 4].copy_from_slice(&crc32c::crc32c(chunk).to_le_bytes());
+        at += 4;
+    }
+    let crc = crc32c::crc32c(&h[..at]);
+    h[at..at + 4].copy_from_slice(&crc.to_le_bytes());
+    out[layout.header_len..layout.header_len + value.len()].copy_from_slice(value);
+}
+
+/// A parsed, checksum-verified entry header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct EntryHeader {
+    pub(crate) epoch: u64,
+    pub(crate) layout: EntryLayout,
+    key_at: usize,
+    key_len: usize,
+    crcs_at: usize,
+}
+
+impl EntryHeader {
+    /// Header bytes needed to decode, known from the first page alone.
+    pub(crate) fn peek_len(first_page: &[u8]) -> Result<usize, FormatError> {
+        if first_page.len() < ENTRY_FIXED || u32_at(first_page, 0) != ENTRY_MAGIC {
+            return Err(FormatError::Magic);
+        }
+        let len = u32_at(first_page, 24) as usize;
+        if len == 0 || !len.is_multiple_of(PAGE) || len > 64 * PAGE {
+            return Err(FormatError::Malformed("header length"));
+        }
+        Ok(len)
+    }
+
+    pub(crate) fn decode(b: &[u8]) -> Result<Self, FormatError> {
+        let header_len = Self::peek_len(b)?;
+        let version = u16_at(b, 4) as u32;
+        if version != FORMAT_VERSION {
+            return Err(FormatError::Version { found: version });
+        }
+        if b.len() < header_len {
+            return Err(FormatError::Malformed("short header"));
+        }
+        let key_len = u16_at(b, 6) as usize;
+        let value_len = u64_at(b, 16);
+        if key_len > MAX_KEY_LEN || value_len > MAX_REGION_SIZE {
+            return Err(FormatError::Malformed("lengths"));
+        }
+        let layout = EntryLayout::new(key_len, value_len as usize);
+        if layout.header_len != header_len {
+            return Err(FormatError::Malformed("header length"));
+        }
+        let crcs_at = ENTRY_FIXED + key_len;
+        let end = crcs_at + 4 * layout.chunks();
+        if crc32c::crc32c(&b[..end]) != u32_at(b, end) {
+            return Err(FormatError::Checksum);
+        }
+        Ok(Self {
+            epoch: u64_at(b, 8),
+            layout,
+            key_at: ENTRY_FIXED,
+            key_len,
+            crcs_at,
+        })
+    }
+
+    pub(crate) fn key<'a>(&self, header: &'a [u8]) -> &'a [u8] {
+        &header[self.key_at..self.key_at + self.key_len]
+    }
+
+    /// Check chunks `first..` of the value against their CRCs; `data` starts at chunk `first`'s
+    /// first byte and covers whole chunks (the last one may be the value's short tail).
+    pub(crate) fn verify(&self, header: &[u8], first: usize, data: &[u8]) -> bool {
+        data.chunks(CHUNK).enumerate().all(|(i, chunk)| {
+            let at = self.crcs_at + 4 * (first + i);
+            at + 4 <= self.crcs_at + 4 * self.layout.chunks()
+                && crc32c::crc32c(chunk) == u32_at(header, at)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn superblock_round_trips_and_rejects_damage() {
+        let sb = Superblock {
+            region_size: 64 << 20,
+            generation: 7,
+            partitions: vec![
+                PartitionExtent {
+                    name: "default".into(),
+                    first_region: 0,
+                    regions: 10,
+                },
+                PartitionExtent {
+                    name: "logs".into(),
+                    first_region: 10,
+                    regions: 3,
+                },
+            ],
+        };
+        let mut b = sb.encode();
+        assert_eq!(Superblock::decode(&b), Ok(sb));
+        b[100] ^= 1;
+        assert_eq!(Superblock::decode(&b), Err(FormatError::Checksum));
+        b[8] = 2;
+        assert_eq!(
+            Superblock::decode(&b),
+            Err(FormatError::Version { found: 2 })
+        );
+        assert_eq!(
+            Superblock::decode(&vec![0u8; PAGE]),
+            Err(FormatError::Magic)
+        );
+    }
+
+    #[test]
+    fn region_header_and_summary_round_trip() {
+        let recs: Vec<_> = (0..300)
+            .map(|i| SummaryRecord {
+                hash: i * 31,
+                page: i as u32,
+                pages: 2,
+            })
+            .collect();
+        let (bytes, crc) = encode_summary(&recs);
+        assert_eq!(bytes.len() as u64, summary_len(recs.len()));
+        assert_eq!(decode_summary(&bytes, 300, crc), Ok(recs));
+        let h = RegionHeader {
+            generation: 1,
+            epoch: 99,
+            summary_offset: 8192,
+            summary_entries: 300,
+            summary_crc: crc,
+        };
+        assert_eq!(RegionHeader::decode(&h.encode()), Ok(h));
+        let mut damaged = bytes.clone();
+        damaged[5] ^= 0x10;
+        assert_eq!(
+            decode_summary(&damaged, 300, crc),
+            Err(FormatError::Checksum)
+        );
+    }
+
+    #[test]
+    fn entry_round_trips_and_verifies_per_chunk() {
+        let key = b"bucket/key/etag/3";
+        let value: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        let layout = EntryLayout::new(key.len(), value.len());
+        let mut buf = vec![0u8; layout.total_len()];
+        encode_entry(&mut buf, 42, key, &value);
+        let header = EntryHeader::decode(&buf).expect("valid header");
+        assert_eq!(header.epoch, 42);
+        assert_eq!(header.key(&buf), key);
+        let data = &buf[layout.header_len..layout.header_len + value.len()];
+        assert!(header.verify(&buf, 0, data));
+        assert!(header.verify(&buf, 2, &data[2 * CHUNK..]));
+        let mut bad = data.to_vec();
+        bad[CHUNK + 5] ^= 1;
+        assert!(!header.verify(&buf, 0, &bad));
+        // The damaged chunk is not read by a range read of chunk 2 onwards.
+        assert!(header.verify(&buf, 2, &bad[2 * CHUNK..]));
+        buf[40] ^= 1;
+        assert_eq!(EntryHeader::decode(&buf), Err(FormatError::Checksum));
+    }
+}

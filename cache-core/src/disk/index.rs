@@ -1,0 +1,238 @@
+//! The in-memory index: key hash → packed disk address, 16 bytes of payload per entry.
+//!
+//! A record is one `u64`: region (24 bits), page offset in the region (16 bits), length in
+//! pages (16 bits) and a hit bit. The full key lives only on disk and is compared on every read,
+//! so two keys sharing a hash cost a miss, never wrong bytes. Races between a reader, a writer
+//! replacing an entry and reclaim are settled by comparing the whole record ("remove only if it
+//! still points where I think"), not by per-entry sequence numbers.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use parking_lot::Mutex;
+
+const SHARDS: usize = 64;
+const REGION_BITS: u32 = 24;
+const PAGE_BITS: u32 = 16;
+const HIT: u64 = 1 << 63;
+
+/// Where an entry lives: region, first page and page count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Addr {
+    pub(crate) region: u32,
+    pub(crate) page: u32,
+    pub(crate) pages: u32,
+}
+
+/// Most regions an index can address.
+pub(crate) const MAX_REGIONS: u64 = 1 << REGION_BITS;
+
+impl Addr {
+    fn pack(self) -> u64 {
+        debug_assert!((self.region as u64) < MAX_REGIONS);
+        debug_assert!(self.page < 1 << PAGE_BITS && self.pages < 1 << PAGE_BITS);
+        (self.region as u64) << (2 * PAGE_BITS)
+            | (self.page as u64) << PAGE_BITS
+            | self.pages as u64
+    }
+
+    fn unpack(v: u64) -> Self {
+        let v = v & !HIT;
+        Self {
+            region: (v >> (2 * PAGE_BITS)) as u32 & ((1 << REGION_BITS) - 1),
+            page: (v >> PAGE_BITS) as u32 & ((1 << PAGE_BITS) - 1),
+            pages: v as u32 & ((1 << PAGE_BITS) - 1),
+        }
+    }
+}
+
+/// Keys are already xxh3 hashes; hashing them again would only cost time.
+#[derive(Default)]
+struct PassThrough(u64);
+
+impl Hasher for PassThrough {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+type Shard = HashMap<u64, u64, BuildHasherDefault<PassThrough>>;
+
+pub(crate) struct Index {
+    shards: Box<[Mutex<Shard>]>,
+}
+
+impl Index {
+    pub(crate) fn new() -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+        }
+    }
+
+    fn shard(&self, hash: u64) -> &Mutex<Shard> {
+        // The low bits pick the bucket inside a shard's table; the high bits pick the shard.
+        &self.shards[(hash >> 58) as usize % SHARDS]
+    }
+
+    /// The address of `hash`, marking it hit, and `witness(addr)` taken under the same lock, so
+    /// that anything which removes the record first (reclaim) is ordered before the witness.
+    pub(crate) fn lookup<W>(
+        &self,
+        hash: u64,
+        witness: impl FnOnce(Addr) -> W,
+    ) -> Option<(Addr, W)> {
+        let mut shard = self.shard(hash).lock();
+        let v = shard.get_mut(&hash)?;
+        *v |= HIT;
+        let addr = Addr::unpack(*v);
+        Some((addr, witness(addr)))
+    }
+
+    pub(crate) fn contains(&self, hash: u64) -> bool {
+        self.shard(hash).lock().contains_key(&hash)
+    }
+
+    /// Point `hash` at `addr`; the address it replaces, if any.
+    pub(crate) fn insert(&self, hash: u64, addr: Addr) -> Option<Addr> {
+        self.shard(hash)
+            .lock()
+            .insert(hash, addr.pack())
+            .map(Addr::unpack)
+    }
+
+    /// Remove `hash` whatever it points at.
+    pub(crate) fn remove(&self, hash: u64) -> Option<Addr> {
+        self.shard(hash).lock().remove(&hash).map(Addr::unpack)
+    }
+
+    /// Remove `hash` only if it still points at `addr`; whether it was hit since inserted.
+    pub(crate) fn remove_if(&self, hash: u64, addr: Addr) -> Option<bool> {
+        let mut shard = self.shard(hash).lock();
+        let v = *shard.get(&hash)?;
+        if Addr::unpack(v) != addr {
+            return None;
+        }
+        shard.remove(&hash);
+        Some(v & HIT != 0)
+    }
+
+    /// Whether the record for `hash` still points at `addr` and was hit.
+    pub(crate) fn was_hit(&self, hash: u64, addr: Addr) -> bool {
+        let shard = self.shard(hash).lock();
+        shard
+            .get(&hash)
+            .is_some_and(|v| Addr::unpack(*v) == addr && v & HIT != 0)
+    }
+
+    /// Remove every record in `region`; how many. A full sweep, for a region whose summary
+    /// cannot be read.
+    pub(crate) fn remove_region(&self, region: u32) -> usize {
+        self.shards
+            .iter()
+            .map(|s| {
+                let mut s = s.lock();
+                let before = s.len();
+                s.retain(|_, v| Addr::unpack(*v).region != region);
+                before - s.len()
+            })
+            .sum()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().len()).sum()
+    }
+
+    /// Heap bytes the tables hold: per slot a 16-byte record and a control byte.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| {
+                let cap = s.lock().capacity();
+                // hashbrown allocates buckets = next_pow2(cap * 8 / 7) plus 16 trailing
+                // control bytes; capacity() is 7/8 of the buckets once past 8.
+                let buckets = if cap == 0 {
+                    0
+                } else {
+                    (cap * 8 / 7).next_power_of_two()
+                };
+                buckets * 17 + if buckets > 0 { 16 } else { 0 }
+            })
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_pack_losslessly() {
+        for addr in [
+            Addr {
+                region: 0,
+                page: 0,
+                pages: 1,
+            },
+            Addr {
+                region: (1 << 24) - 1,
+                page: 65535,
+                pages: 65535,
+            },
+            Addr {
+                region: 12345,
+                page: 2049,
+                pages: 2050,
+            },
+        ] {
+            assert_eq!(Addr::unpack(addr.pack()), addr);
+            assert_eq!(Addr::unpack(addr.pack() | HIT), addr);
+        }
+    }
+
+    #[test]
+    fn remove_if_only_removes_the_named_address() {
+        let index = Index::new();
+        let a = Addr {
+            region: 1,
+            page: 1,
+            pages: 3,
+        };
+        let b = Addr { region: 2, ..a };
+        assert_eq!(index.insert(7, a), None);
+        assert_eq!(index.insert(7, b), Some(a));
+        assert_eq!(index.remove_if(7, a), None);
+        assert!(!index.was_hit(7, b));
+        assert_eq!(index.lookup(7, |x| x), Some((b, b)));
+        assert!(index.was_hit(7, b));
+        assert_eq!(index.remove_if(7, b), Some(true));
+        assert!(!index.contains(7));
+    }
+
+    #[test]
+    fn bytes_per_entry_as_the_tables_grow() {
+        let index = Index::new();
+        let n = 200_000;
+        for i in 0..n as u64 {
+            let h = xxhash_rust::xxh3::xxh3_64(&i.to_le_bytes());
+            index.insert(
+                h,
+                Addr {
+                    region: 1,
+                    page: 0,
+                    pages: 1,
+                },
+            );
+        }
+        let per = index.heap_bytes() as f64 / index.len() as f64;
+        // A table grows by doubling at 87.5% full, so it is 44% to 87.5% full: 19.4 to 38.9 B.
+        assert!((17.0..40.0).contains(&per), "{per} B per entry");
+    }
+}

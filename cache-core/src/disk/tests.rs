@@ -1,0 +1,517 @@
+use super::*;
+
+pub(crate) fn value_of(key: &[u8], len: usize) -> Bytes {
+    let seed = store::hash_key(key);
+    (0..len)
+        .map(|i| (seed.rotate_left((i % 64) as u32) as u8) ^ (i / 64) as u8)
+        .collect::<Vec<u8>>()
+        .into()
+}
+
+/// `got` is exactly `want`; prints lengths and the first difference, not the bytes.
+#[track_caller]
+pub(crate) fn assert_value(got: Option<Bytes>, want: &[u8], what: &str) {
+    let got = got.unwrap_or_else(|| panic!("{what}: miss"));
+    if got != want {
+        let at = got.iter().zip(want).position(|(a, b)| a != b);
+        panic!(
+            "{what}: wrong bytes: got {} bytes, want {}, first difference at {at:?}",
+            got.len(),
+            want.len()
+        );
+    }
+}
+
+pub(crate) fn small_config(path: &std::path::Path) -> DiskConfig {
+    let mut cfg = DiskConfig::new(path, (1 << 20) + 8 * (1 << 20));
+    cfg.region_size = 1 << 20;
+    cfg.io_threads = 2;
+    cfg.io_depth = 8;
+    cfg
+}
+
+#[tokio::test]
+async fn round_trip_then_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("cache");
+    let disk = DiskCache::open(small_config(&path)).await.expect("open");
+    assert!(disk.recovery().formatted);
+    let p = disk.partition("default").expect("default partition");
+    for i in 0..20u32 {
+        let key = format!("k{i}");
+        p.insert(
+            key.as_bytes(),
+            value_of(key.as_bytes(), 30_000 + i as usize * 1000),
+        )
+        .expect("accepted");
+    }
+    // Readable while in flight, and after.
+    assert_eq!(p.get(b"k3").await, Some(value_of(b"k3", 33_000)));
+    p.flush().await;
+    assert_eq!(p.get(b"k3").await, Some(value_of(b"k3", 33_000)));
+    // A range past the end of the value is empty, not an error.
+    assert_eq!(
+        p.get_range(b"k19", 70_000..80_000).await,
+        Some(Bytes::new())
+    );
+    assert_eq!(p.get(b"nope").await, None);
+    drop(p);
+    drop(disk);
+    let disk = DiskCache::open(small_config(&path)).await.expect("reopen");
+    assert!(!disk.recovery().formatted);
+    assert_eq!(disk.recovery().entries, 20);
+    let p = disk.partition("default").expect("default partition");
+    for i in 0..20u32 {
+        let key = format!("k{i}");
+        assert_eq!(
+            p.get(key.as_bytes()).await,
+            Some(value_of(key.as_bytes(), 30_000 + i as usize * 1000)),
+            "{key}"
+        );
+    }
+    let v = value_of(b"k10", 40_000);
+    assert_eq!(
+        p.get_range(b"k10", 1000..39_000).await,
+        Some(v.slice(1000..39_000))
+    );
+    assert_eq!(p.stats().corrupt, 0);
+}
+
+#[tokio::test]
+async fn fills_past_capacity_by_reclaiming_oldest_regions() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let disk = DiskCache::open(small_config(&dir.path().join("cache")))
+        .await
+        .expect("open");
+    let p = disk.partition("default").expect("default");
+    let keys: Vec<String> = (0..400).map(|i| format!("fill-{i}")).collect();
+    for (i, key) in keys.iter().enumerate() {
+        p.insert(key.as_bytes(), value_of(key.as_bytes(), 50_000))
+            .expect("accepted");
+        if i % 20 == 19 {
+            p.flush().await;
+        }
+    }
+    p.flush().await;
+    let s = p.stats();
+    assert!(s.reclaimed_regions > 0, "{s:?}");
+    assert!(s.entries < 400 && s.entries > 50, "{s:?}");
+    let mut hits = 0;
+    for key in &keys {
+        if let Some(v) = p.get(key.as_bytes()).await {
+            assert_eq!(v, value_of(key.as_bytes(), 50_000), "{key}");
+            hits += 1;
+        }
+    }
+    // FIFO: the newest entries survive.
+    assert!(p.get(keys[399].as_bytes()).await.is_some());
+    assert!(p.get(keys[0].as_bytes()).await.is_none());
+    assert!(hits > 50);
+    assert_eq!(p.stats().corrupt, 0);
+}
+
+#[tokio::test]
+async fn hit_entries_are_reinserted_by_reclaim() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let disk = DiskCache::open(small_config(&dir.path().join("cache")))
+        .await
+        .expect("open");
+    let p = disk.partition("default").expect("default");
+    p.insert(b"hot", value_of(b"hot", 40_000))
+        .expect("accepted");
+    p.flush().await;
+    for i in 0..300 {
+        let key = format!("cold-{i}");
+        p.insert(key.as_bytes(), value_of(key.as_bytes(), 50_000))
+            .expect("accepted");
+        if i % 10 == 0 {
+            p.flush().await;
+            let got = p.get(b"hot").await;
+            assert_value(
+                got,
+                &value_of(b"hot", 40_000),
+                &format!("{i} {:?}", p.stats()),
+            );
+        }
+    }
+    let s = p.stats();
+    assert!(s.reclaimed_regions >= 8 && s.reinserted > 0, "{s:?}");
+}
+
+#[tokio::test]
+async fn bit_flips_become_counted_misses_never_wrong_bytes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("cache");
+    let disk = DiskCache::open(small_config(&path)).await.expect("open");
+    let p = disk.partition("default").expect("default");
+    let keys: Vec<String> = (0..60).map(|i| format!("c{i}")).collect();
+    for key in &keys {
+        p.insert(key.as_bytes(), value_of(key.as_bytes(), 100_000))
+            .expect("accepted");
+    }
+    disk.close().await;
+    drop((p, disk));
+    // Flip one byte every 37 KiB across the data area (not the superblock).
+    let mut bytes = std::fs::read(&path).expect("read");
+    let mut at = (1 << 20) + 4096 + 100;
+    let mut flips = 0;
+    while at < bytes.len() {
+        bytes[at] ^= 0x5a;
+        at += 37 * 1024;
+        flips += 1;
+    }
+    std::fs::write(&path, &bytes).expect("write");
+    assert!(flips > 100);
+    let disk = DiskCache::open(small_config(&path)).await.expect("reopen");
+    let p = disk.partition("default").expect("default");
+    for key in &keys {
+        if let Some(v) = p.get(key.as_bytes()).await {
+            assert_eq!(v, value_of(key.as_bytes(), 100_000), "{key}");
+        }
+        // Small ranges may dodge the flipped chunks; whatever they return must be right.
+        if let Some(v) = p.get_range(key.as_bytes(), 5000..6000).await {
+            assert_eq!(v, value_of(key.as_bytes(), 100_000).slice(5000..6000));
+        }
+    }
+    let s = disk.stats();
+    assert!(s.corrupt > 0, "{s:?}");
+    assert_eq!(s.hits + s.misses, 120);
+}
+
+#[tokio::test]
+async fn strict_recovery_refuses_a_changed_geometry_quiet_reformats() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("cache");
+    let disk = DiskCache::open(small_config(&path)).await.expect("open");
+    let p = disk.partition("default").expect("default");
+    p.insert(b"a", value_of(b"a", 10)).expect("accepted");
+    disk.close().await;
+    drop((p, disk));
+
+    let mut cfg = small_config(&path);
+    cfg.partitions = vec![PartitionConfig {
+        name: "logs".into(),
+        capacity: 2 << 20,
+    }];
+    cfg.recovery = Recovery::Strict;
+    let err = DiskCache::open(cfg.clone())
+        .await
+        .err()
+        .expect("strict refuses");
+    assert!(err.to_string().contains("partitions changed"), "{err}");
+    cfg.recovery = Recovery::Quiet;
+    let disk = DiskCache::open(cfg).await.expect("quiet reformats");
+    assert!(disk.recovery().formatted);
+    assert_eq!(disk.partition_names(), vec!["logs", "default"]);
+    assert_eq!(disk.partition("logs").expect("logs").stats().regions, 2);
+    assert_eq!(
+        disk.partition("default").expect("default").stats().regions,
+        6
+    );
+    assert_eq!(
+        disk.partition("default").expect("default").get(b"a").await,
+        None
+    );
+}
+
+#[tokio::test]
+async fn recovery_none_starts_empty_and_a_version_change_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("cache");
+    let disk = DiskCache::open(small_config(&path)).await.expect("open");
+    disk.partition("default")
+        .expect("default")
+        .insert(b"a", value_of(b"a", 10))
+        .expect("accepted");
+    disk.close().await;
+    drop(disk);
+    let mut cfg = small_config(&path);
+    cfg.recovery = Recovery::None;
+    let disk = DiskCache::open(cfg).await.expect("open");
+    assert_eq!(disk.recovery().entries, 0);
+    disk.close().await;
+    drop(disk);
+
+    // A superblock of another format version: strict refuses, never misreads.
+    let mut bytes = std::fs::read(&path).expect("read");
+    bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
+    std::fs::write(&path, &bytes).expect("write");
+    let mut cfg = small_config(&path);
+    cfg.recovery = Recovery::Strict;
+    let err = DiskCache::open(cfg).await.err().expect("refused");
+    assert!(err.to_string().contains("format version 2"), "{err}");
+}
+
+#[tokio::test]
+async fn partitions_evict_independently() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = small_config(&dir.path().join("cache"));
+    cfg.partitions = vec![PartitionConfig {
+        name: "tenant-a".into(),
+        capacity: 3 << 20,
+    }];
+    let disk = DiskCache::open(cfg).await.expect("open");
+    let a = disk.partition("tenant-a").expect("a");
+    let b = disk.partition("default").expect("b");
+    a.insert(b"keep", value_of(b"keep", 50_000))
+        .expect("accepted");
+    for i in 0..400 {
+        let key = format!("scan-{i}");
+        b.insert(key.as_bytes(), value_of(key.as_bytes(), 50_000))
+            .expect("accepted");
+        if i % 20 == 0 {
+            b.flush().await;
+        }
+    }
+    b.flush().await;
+    assert!(b.stats().reclaimed_regions > 0);
+    assert_eq!(a.get(b"keep").await, Some(value_of(b"keep", 50_000)));
+}
+
+#[tokio::test]
+async fn write_path_drops_are_bounded_and_counted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = small_config(&dir.path().join("cache"));
+    cfg.write_buffer = 256 * 1024;
+    cfg.admission = Admission::SecondHit;
+    let disk = DiskCache::open(cfg).await.expect("open");
+    let p = disk.partition("default").expect("default");
+    assert_eq!(
+        p.insert(b"x", value_of(b"x", 1000)),
+        Err(DropReason::Admission)
+    );
+    assert_eq!(p.insert(b"x", value_of(b"x", 1000)), Ok(()));
+    assert_eq!(
+        p.insert(b"big", Bytes::from(vec![0u8; 2 << 20])),
+        Err(DropReason::TooLarge)
+    );
+    // Offer far more than the budget at once: what is not accepted is dropped, not queued.
+    let mut budget_drops = 0;
+    for i in 0..200 {
+        let key = format!("burst-{i}");
+        let _ = p.insert(key.as_bytes(), value_of(key.as_bytes(), 60_000));
+        if p.insert(key.as_bytes(), value_of(key.as_bytes(), 60_000)) == Err(DropReason::Budget) {
+            budget_drops += 1;
+        }
+    }
+    assert!(budget_drops > 0);
+    let s = p.stats();
+    assert_eq!(s.dropped(DropReason::Budget), budget_drops);
+    assert!(s.inflight_entries <= 5, "{s:?}");
+    p.flush().await;
+}
+
+mod model {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Insert(u8),
+        Get(u8),
+        GetRange(u8, u32, u32),
+        Remove(u8),
+        Reclaim,
+        Flush,
+        Restart,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (0u8..40).prop_map(Op::Insert),
+            6 => (0u8..40).prop_map(Op::Get),
+            2 => (0u8..40, 0u32..200_000, 0u32..200_000).prop_map(|(k, a, b)| Op::GetRange(k, a.min(b), a.max(b))),
+            1 => (0u8..40).prop_map(Op::Remove),
+            1 => Just(Op::Reclaim),
+            1 => Just(Op::Flush),
+            1 => Just(Op::Restart),
+        ]
+    }
+
+    fn key(k: u8) -> Vec<u8> {
+        format!("model-key-{k}").into_bytes()
+    }
+
+    /// Each key's value is fixed (keys name immutable values), with lengths from one page to
+    /// a few chunks so entries cross 64 KiB boundaries.
+    fn value(k: u8) -> Bytes {
+        let key = key(k);
+        value_of(&key, 1 + (store::hash_key(&key) % 180_000) as usize)
+    }
+
+    #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+    enum Known {
+        /// Inserted and nothing since could have evicted it: a get must hit.
+        Present,
+        /// Removed since the last restart: a get must miss.
+        Absent,
+    }
+
+    async fn run(ops: Vec<Op>) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("cache");
+        let mut disk = DiskCache::open(small_config(&path)).await.expect("open");
+        let mut p = disk.partition("default").expect("default");
+        let mut known: HashMap<u8, Known> = HashMap::new();
+        let mut reclaimed = 0;
+        for op in ops {
+            // Any reclaim (asked for or automatic) may evict anything.
+            let now = p.stats().reclaimed_regions;
+            if now != reclaimed {
+                reclaimed = now;
+                known.retain(|_, k| *k == Known::Absent);
+            }
+            match op {
+                Op::Insert(k) => {
+                    if p.insert(&key(k), value(k)).is_ok() {
+                        known.insert(k, Known::Present);
+                    }
+                }
+                Op::Get(k) => {
+                    let got = p.get(&key(k)).await;
+                    match (known.get(&k), got) {
+                        (Some(Known::Absent), Some(_)) => panic!("removed key {k} served"),
+                        (Some(Known::Present), None) => {
+                            // Only a concurrent automatic reclaim may explain a miss.
+                            assert_ne!(p.stats().reclaimed_regions, reclaimed, "key {k} lost");
+                        }
+                        (_, Some(v)) => assert_value(Some(v), &value(k), &format!("key {k}")),
+                        (_, None) => {}
+                    }
+                }
+                Op::GetRange(k, a, b) => {
+                    if let Some(v) = p.get_range(&key(k), a as u64..b as u64).await {
+                        assert_ne!(
+                            known.get(&k),
+                            Some(&Known::Absent),
+                            "removed key {k} served"
+                        );
+                        let full = value(k);
+                        let (a, b) = ((a as usize).min(full.len()), (b as usize).min(full.len()));
+                        assert_value(Some(v), &full[a..b], &format!("key {k} range {a}..{b}"));
+                    }
+                }
+                Op::Remove(k) => {
+                    p.remove(&key(k));
+                    known.insert(k, Known::Absent);
+                }
+                Op::Reclaim => {
+                    p.reclaim_one().await;
+                }
+                Op::Flush => p.flush().await,
+                Op::Restart => {
+                    disk.close().await;
+                    drop(p);
+                    drop(disk);
+                    disk = DiskCache::open(small_config(&path)).await.expect("reopen");
+                    p = disk.partition("default").expect("default");
+                    reclaimed = 0;
+                    // Removals are not persisted and nothing is promised after a restart,
+                    // except that whatever is served is the key's own bytes.
+                    known.clear();
+                }
+            }
+        }
+        assert_eq!(disk.stats().corrupt, 0);
+        disk.close().await;
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+        #[test]
+        fn never_serves_other_bytes(ops in proptest::collection::vec(op(), 1..120)) {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("runtime")
+                .block_on(run(ops));
+        }
+    }
+}
+
+/// Crash safety: a child process writes as fast as it can and is SIGKILLed at a random moment,
+/// many times; after each kill the cache is reopened and every byte it serves is checked.
+mod crash {
+    use super::*;
+    use std::time::Duration;
+
+    const CHILD_ENV: &str = "LARDER_DISK_CRASH_CHILD";
+
+    fn crash_key(round: u32, i: u32) -> Vec<u8> {
+        format!("crash-{round}-{i}").into_bytes()
+    }
+
+    fn crash_value(key: &[u8]) -> Bytes {
+        value_of(key, 20_000 + (store::hash_key(key) % 120_000) as usize)
+    }
+
+    /// The child side; does nothing unless started by `killed_mid_write_never_serves_wrong_bytes`.
+    #[test]
+    fn crash_child() {
+        let Ok(spec) = std::env::var(CHILD_ENV) else {
+            return;
+        };
+        let (path, round) = spec.split_once('|').expect("path|round");
+        let round: u32 = round.parse().expect("round");
+        tokio::runtime::Runtime::new()
+            .expect("runtime")
+            .block_on(async {
+                let disk = DiskCache::open(small_config(std::path::Path::new(path)))
+                    .await
+                    .expect("child open");
+                let p = disk.partition("default").expect("default");
+                println!("child ready");
+                // Bounded: far more writes than the test waits for, then exit.
+                for i in 0..200_000u32 {
+                    let key = crash_key(round, i);
+                    if p.insert(&key, crash_value(&key)).is_err() {
+                        tokio::time::sleep(Duration::from_micros(200)).await;
+                    }
+                    if i % 7 == 0 {
+                        let k = crash_key(round, i / 2);
+                        if let Some(v) = p.get(&k).await {
+                            assert_value(Some(v), &crash_value(&k), "child read");
+                        }
+                    }
+                }
+            });
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn killed_mid_write_never_serves_wrong_bytes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("cache");
+        let exe = std::env::current_exe().expect("test binary");
+        let mut served = 0u64;
+        for round in 0..12u32 {
+            let mut child = std::process::Command::new(&exe)
+                .args(["--exact", "disk::tests::crash::crash_child", "--nocapture"])
+                .env(CHILD_ENV, format!("{}|{round}", path.display()))
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("spawn child");
+            tokio::time::sleep(Duration::from_millis(150 + 60 * round as u64)).await;
+            child.kill().expect("SIGKILL");
+            child.wait().expect("reap");
+            let disk = DiskCache::open(small_config(&path)).await.expect("reopen");
+            let p = disk.partition("default").expect("default");
+            for r in 0..=round {
+                for i in (0..4000u32).step_by(3) {
+                    let key = crash_key(r, i);
+                    if let Some(v) = p.get(&key).await {
+                        assert_value(Some(v), &crash_value(&key), "after SIGKILL");
+                        served += 1;
+                    }
+                }
+            }
+            // A write torn by the kill may be indexed by the scan; it then reads as corrupt (a
+            // counted miss), which the asserts above already allow.
+            disk.close().await;
+        }
+        eprintln!("served {served} verified entries across 12 SIGKILLs");
+        assert!(served > 0, "recovery found nothing in 12 rounds");
+    }
+}
