@@ -8,6 +8,9 @@ use bytes::Bytes;
 use moka::future::Cache;
 use moka::notification::RemovalCause;
 
+/// Called with each value the memory tier evicts for size.
+pub type EvictionHook<K> = Arc<dyn Fn(&K, &Bytes) + Send + Sync>;
+
 /// A byte-weighted in-memory cache on moka (TinyLFU admission, LRU eviction).
 ///
 /// Values are immutable [`Bytes`]: a hit hands out a reference-counted view, never a copy.
@@ -40,14 +43,28 @@ where
     /// A value larger than 4 GiB cannot be weighed by moka and is never admitted; blocks are far
     /// smaller than that.
     pub fn new(capacity_bytes: u64) -> Self {
+        Self::build(capacity_bytes, None)
+    }
+
+    /// Like [`new`](Self::new), calling `hook` with every value evicted for size (the hybrid
+    /// cache's write-on-evict policy). The hook runs on moka's housekeeping path: it must not
+    /// block.
+    pub fn with_eviction_hook(capacity_bytes: u64, hook: EvictionHook<K>) -> Self {
+        Self::build(capacity_bytes, Some(hook))
+    }
+
+    fn build(capacity_bytes: u64, hook: Option<EvictionHook<K>>) -> Self {
         let evictions = Arc::new(AtomicU64::new(0));
         let counter = evictions.clone();
         let cache = Cache::builder()
             .max_capacity(capacity_bytes)
             .weigher(|_k: &K, v: &Bytes| u32::try_from(v.len()).unwrap_or(u32::MAX))
-            .eviction_listener(move |_k, _v, cause| {
+            .eviction_listener(move |k: Arc<K>, v: Bytes, cause| {
                 if cause == RemovalCause::Size {
                     counter.fetch_add(1, Ordering::Relaxed);
+                    if let Some(hook) = &hook {
+                        hook(&k, &v);
+                    }
                 }
             })
             .build();
