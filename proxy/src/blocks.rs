@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use cache_core::{
-    BlockLayout, BlockSlice, FlightReader, FlightWriter, Joined, MemoryTier, SingleFlight,
+    BlockLayout, BlockSlice, CacheKey, DiskCache, FlightReader, FlightWriter, HybridCache, Joined,
+    MemoryTier, SingleFlight, Tier, WritePolicy,
 };
 use futures::stream::{self, Stream, StreamExt};
 use tokio::sync::Semaphore;
@@ -26,18 +27,40 @@ pub struct BlockId {
     key: Arc<str>,
     etag: Arc<str>,
     index: u64,
+    /// Disk partition of the bucket (a function of `bucket`, so it changes nothing in equality).
+    partition: Arc<str>,
 }
 
 impl BlockId {
-    /// The key of block `index` of `object` at `etag`. The version id is deliberately not part of
-    /// the key: an ETag names the bytes, and `If-Match` pins every fetch to it.
-    pub fn new(object: &ObjectId, etag: &Arc<str>, index: u64) -> Self {
+    /// The key of block `index` of `object` at `etag`, cached in disk partition `partition`. The
+    /// version id is deliberately not part of the key: an ETag names the bytes, and `If-Match`
+    /// pins every fetch to it.
+    pub fn new(object: &ObjectId, etag: &Arc<str>, index: u64, partition: Arc<str>) -> Self {
         Self {
             bucket: object.bucket.clone(),
             key: object.key.clone(),
             etag: etag.clone(),
             index,
+            partition,
         }
+    }
+}
+
+impl CacheKey for BlockId {
+    /// Length-prefixed fields, so no choice of bucket, key or ETag can make two ids collide.
+    fn disk_key(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(24 + self.bucket.len() + self.key.len() + self.etag.len());
+        out.extend_from_slice(b"s3b1");
+        for part in [&self.bucket, &self.key, &self.etag] {
+            out.extend_from_slice(&(part.len() as u32).to_le_bytes());
+            out.extend_from_slice(part.as_bytes());
+        }
+        out.extend_from_slice(&self.index.to_le_bytes());
+        out
+    }
+
+    fn partition(&self) -> &str {
+        &self.partition
     }
 }
 
@@ -46,6 +69,8 @@ impl BlockId {
 pub enum CacheResult {
     /// Every block was in memory.
     HitMemory,
+    /// Every block was in memory or on disk, at least one on disk.
+    HitDisk,
     /// Some blocks were in memory, others fetched.
     Partial,
     /// No block was in memory; the first missing one was already being fetched by another request.
@@ -59,6 +84,7 @@ impl CacheResult {
     pub fn as_str(self) -> &'static str {
         match self {
             CacheResult::HitMemory => "hit-memory",
+            CacheResult::HitDisk => "hit-disk",
             CacheResult::Partial => "partial",
             CacheResult::Coalesced => "coalesced",
             CacheResult::Miss => "miss",
@@ -68,13 +94,15 @@ impl CacheResult {
 
 enum OpenBlock {
     Ready(Bytes),
-    Streaming(FlightReader<OriginError>),
+    Streaming(FlightReader<OriginError>, &'static str),
 }
 
-/// Blocks in memory, blocks in flight, and the origin behind them.
+/// Blocks in memory, on disk, in flight, and the origin behind them.
 pub struct BlockStore {
     layout: BlockLayout,
-    memory: MemoryTier<BlockId>,
+    cache: HybridCache<BlockId>,
+    bucket_partitions: std::collections::HashMap<String, Arc<str>>,
+    default_partition: Arc<str>,
     flights: SingleFlight<BlockId, OriginError>,
     origin: Arc<dyn Origin>,
     read_window: usize,
@@ -84,7 +112,7 @@ pub struct BlockStore {
 }
 
 /// How a [`BlockStore`] reads and fetches.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone)]
 pub struct BlockStoreConfig {
     /// How objects are cut into blocks.
     pub layout: BlockLayout,
@@ -96,6 +124,12 @@ pub struct BlockStoreConfig {
     pub idle_timeout: Duration,
     /// Most block fetches upstream at once.
     pub upstream_concurrency: usize,
+    /// The disk tier, if any.
+    pub disk: Option<DiskCache>,
+    /// When blocks are written to disk.
+    pub write_policy: WritePolicy,
+    /// Bucket → disk partition; other buckets use `default`.
+    pub bucket_partitions: std::collections::HashMap<String, String>,
 }
 
 impl BlockStore {
@@ -103,7 +137,13 @@ impl BlockStore {
     pub fn new(config: BlockStoreConfig, origin: Arc<dyn Origin>, metrics: Arc<Metrics>) -> Self {
         Self {
             layout: config.layout,
-            memory: MemoryTier::new(config.memory_capacity),
+            cache: HybridCache::new(config.memory_capacity, config.disk, config.write_policy),
+            bucket_partitions: config
+                .bucket_partitions
+                .into_iter()
+                .map(|(b, p)| (b, Arc::from(p)))
+                .collect(),
+            default_partition: Arc::from("default"),
             flights: SingleFlight::new(),
             origin,
             read_window: config.read_window,
@@ -115,7 +155,21 @@ impl BlockStore {
 
     /// The memory tier, for metrics.
     pub fn memory(&self) -> &MemoryTier<BlockId> {
-        &self.memory
+        self.cache.memory()
+    }
+
+    /// The disk tier, if configured.
+    pub fn disk(&self) -> Option<&DiskCache> {
+        self.cache.disk()
+    }
+
+    fn id(&self, object: &ObjectId, etag: &Arc<str>, index: u64) -> BlockId {
+        let partition = self
+            .bucket_partitions
+            .get(object.bucket.as_ref())
+            .unwrap_or(&self.default_partition)
+            .clone();
+        BlockId::new(object, etag, index, partition)
     }
 
     /// Where the bytes `[start, end)` of `object` at `etag` would come from right now.
@@ -126,22 +180,29 @@ impl BlockStore {
         range: Range<u64>,
         size: u64,
     ) -> CacheResult {
-        let mut held = 0usize;
-        let mut missing = 0usize;
+        let (mut in_memory, mut on_disk, mut missing) = (0usize, 0usize, 0usize);
         let mut first_missing_in_flight = None;
         for slice in self.layout.slices(range.start, range.end, size) {
-            let id = BlockId::new(object, etag, slice.index);
-            if self.memory.contains(&id) {
-                held += 1;
-            } else {
-                missing += 1;
-                first_missing_in_flight.get_or_insert_with(|| self.flights.contains(&id));
+            let id = self.id(object, etag, slice.index);
+            match self.cache.locate(&id) {
+                Some(Tier::Memory) => in_memory += 1,
+                Some(_) => on_disk += 1,
+                None => {
+                    missing += 1;
+                    first_missing_in_flight.get_or_insert_with(|| self.flights.contains(&id));
+                }
             }
         }
-        match (held, missing, first_missing_in_flight) {
-            (_, 0, _) => CacheResult::HitMemory,
-            (0, _, Some(true)) => CacheResult::Coalesced,
-            (0, _, _) => CacheResult::Miss,
+        match (
+            in_memory + on_disk,
+            on_disk,
+            missing,
+            first_missing_in_flight,
+        ) {
+            (_, 0, 0, _) => CacheResult::HitMemory,
+            (_, _, 0, _) => CacheResult::HitDisk,
+            (0, _, _, Some(true)) => CacheResult::Coalesced,
+            (0, _, _, _) => CacheResult::Miss,
             _ => CacheResult::Partial,
         }
     }
@@ -177,11 +238,11 @@ impl BlockStore {
                             .inc_by(part.len() as u64);
                         stream::once(futures::future::ready(Ok(part))).boxed()
                     }
-                    OpenBlock::Streaming(reader) => {
+                    OpenBlock::Streaming(reader, tier) => {
                         let served = store
                             .metrics
                             .served_bytes
-                            .get_or_create(&vec![("tier", "upstream")])
+                            .get_or_create(&vec![("tier", tier)])
                             .clone();
                         slice_of(reader, slice.from, slice.to)
                             .inspect(move |r| {
@@ -201,29 +262,33 @@ impl BlockStore {
         etag: &Arc<str>,
         slice: BlockSlice,
     ) -> OpenBlock {
-        let id = BlockId::new(object, etag, slice.index);
-        if let Some(bytes) = self.memory.get(&id).await {
+        let id = self.id(object, etag, slice.index);
+        if let Some(bytes) = self.cache.memory().get(&id).await {
             return OpenBlock::Ready(bytes);
         }
         match self.flights.join(id.clone()) {
             Joined::Follower(reader) => {
                 self.metrics.coalesced.inc();
-                OpenBlock::Streaming(reader)
+                OpenBlock::Streaming(reader, "upstream")
             }
             Joined::Leader { mut writer, reader } => {
                 // A flight may have completed between the memory lookup and the join.
-                if let Some(bytes) = self.memory.get(&id).await {
+                if let Some(bytes) = self.cache.memory().get(&id).await {
                     writer.push(bytes);
                     writer.finish();
-                    return OpenBlock::Streaming(reader);
+                    return OpenBlock::Streaming(reader, "memory");
                 }
-                // The fetch runs in a task of its own: a client that goes away does not cancel it
-                // for the readers that joined, and the block still lands in the cache.
+                let tier = match self.cache.locate(&id) {
+                    Some(Tier::Disk) => "disk",
+                    _ => "upstream",
+                };
+                // The read runs in a task of its own: a client that goes away does not cancel
+                // it for the readers that joined, and the block still lands in the cache.
                 let store = self.clone();
                 let object = object.clone();
                 let etag = etag.clone();
                 tokio::spawn(async move { store.fetch(writer, id, object, etag, slice).await });
-                OpenBlock::Streaming(reader)
+                OpenBlock::Streaming(reader, tier)
             }
         }
     }
@@ -236,6 +301,14 @@ impl BlockStore {
         etag: Arc<str>,
         slice: BlockSlice,
     ) {
+        // Disk first: one read, verified, then promoted to memory. A disk miss (evicted since
+        // `locate`, or failed verification) falls through to the origin.
+        if let Some((bytes, tier)) = self.cache.get(&id).await {
+            debug_assert_ne!(tier, Tier::Fetched);
+            writer.push(bytes);
+            writer.finish();
+            return;
+        }
         let range = slice.block_start..slice.block_start + slice.block_len;
         let result = self.fetch_into(&writer, &object, &etag, range).await;
         let outcome = if result.is_ok() { "ok" } else { "error" };
@@ -246,7 +319,7 @@ impl BlockStore {
         match result {
             Ok(()) => {
                 let block = writer.finish();
-                self.memory.insert(id, block).await;
+                self.cache.insert(id, block).await;
                 drop(writer);
             }
             Err(e) => {
@@ -360,6 +433,9 @@ mod tests {
             read_window: 4,
             idle_timeout: Duration::from_secs(5),
             upstream_concurrency,
+            disk: None,
+            write_policy: cache_core::WritePolicy::OnInsert,
+            bucket_partitions: Default::default(),
         };
         let store = Arc::new(BlockStore::new(
             config,
@@ -486,5 +562,83 @@ mod tests {
         }
         assert_eq!(origin.gets.load(Ordering::SeqCst), 16);
         assert_eq!(origin.most_open_bodies.load(Ordering::SeqCst), 2);
+    }
+}
+
+#[cfg(test)]
+mod disk_tests {
+    use super::*;
+    use crate::origin::fake::FakeOrigin;
+    use cache_core::disk::DiskConfig;
+
+    async fn store_over(
+        path: &std::path::Path,
+        origin: Arc<FakeOrigin>,
+    ) -> (Arc<BlockStore>, DiskCache) {
+        let mut cfg = DiskConfig::new(path, 9 << 20);
+        cfg.region_size = 1 << 20;
+        let disk = DiskCache::open(cfg).await.expect("disk");
+        let config = BlockStoreConfig {
+            layout: BlockLayout::new(64 * 1024),
+            memory_capacity: 1 << 20,
+            read_window: 4,
+            idle_timeout: Duration::from_secs(5),
+            upstream_concurrency: 4,
+            disk: Some(disk.clone()),
+            write_policy: WritePolicy::OnInsert,
+            bucket_partitions: Default::default(),
+        };
+        let store = BlockStore::new(config, origin, Arc::new(Metrics::default()));
+        (Arc::new(store), disk)
+    }
+
+    #[tokio::test]
+    async fn a_restarted_store_serves_from_disk_without_the_origin() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("cache");
+        let origin = Arc::new(FakeOrigin::with_delay(Duration::ZERO));
+        let body: Bytes = (0..300_000u32)
+            .map(|i| (i % 241) as u8)
+            .collect::<Vec<_>>()
+            .into();
+        origin.put("k", body.clone(), "\"e1\"");
+        let id = ObjectId {
+            bucket: "b".into(),
+            key: "k".into(),
+            version_id: None,
+        };
+        let etag: Arc<str> = "\"e1\"".into();
+        let (store, disk) = store_over(&path, origin.clone()).await;
+        let got: Vec<Bytes> = store
+            .read(id.clone(), etag.clone(), 0..300_000, 300_000)
+            .map(|r| r.expect("read"))
+            .collect()
+            .await;
+        assert_eq!(got.concat(), body.to_vec());
+        let fetched = origin.gets.load(std::sync::atomic::Ordering::SeqCst);
+        disk.close().await;
+        drop((store, disk));
+
+        let (store, _disk) = store_over(&path, origin.clone()).await;
+        assert_eq!(
+            store.classify(&id, &etag, 1000..250_000, 300_000),
+            CacheResult::HitDisk
+        );
+        let got: Vec<Bytes> = store
+            .read(id.clone(), etag.clone(), 1000..250_000, 300_000)
+            .map(|r| r.expect("read"))
+            .collect()
+            .await;
+        assert_eq!(got.concat(), body[1000..250_000].to_vec());
+        assert_eq!(
+            origin.gets.load(std::sync::atomic::Ordering::SeqCst),
+            fetched,
+            "no upstream GET after restart"
+        );
+        // Promoted: now every touched block is in memory.
+        assert_eq!(
+            store.classify(&id, &etag, 1000..250_000, 300_000),
+            CacheResult::HitMemory
+        );
     }
 }

@@ -53,6 +53,101 @@ pub struct Config {
     /// Most block fetches running upstream at once, across all requests; further fetches wait
     /// their turn. Bounds the memory of fetches in flight to this many blocks. Default: `64`.
     pub upstream_concurrency: usize,
+    /// Cache file or raw block device of the disk tier. Default: none, so Larder caches in
+    /// memory only.
+    pub disk_path: Option<std::path::PathBuf>,
+    /// Bytes of the device the disk tier uses; a file is created and preallocated to this size.
+    /// Default: `10GiB`.
+    pub disk_capacity: ByteSize,
+    /// Region size: the disk tier's unit of append and eviction, 1MiB to 256MiB in whole MiB,
+    /// and larger than a block. Default: `64MiB`.
+    pub disk_region_size: ByteSize,
+    /// I/O engine of the disk tier: `psync` (pread/pwrite on threads) or `uring` (io_uring,
+    /// falling back to psync where the kernel refuses it). Default: `psync`, which measured
+    /// faster on our VMs (docs/benchmarks.md).
+    pub io_engine: IoEngineKind,
+    /// Which fetched blocks are written to disk: `always`, or `second-hit` (only blocks fetched
+    /// twice within the admission window, so one-off scans do not churn the disk). Default:
+    /// `always`.
+    pub disk_admission: DiskAdmission,
+    /// Most bytes per second written to the disk tier; blocks over it are dropped (and counted).
+    /// `0` means no limit. Default: `512MiB`, a quarter of a typical NVMe device's write rate,
+    /// leaving the rest for reads.
+    pub disk_write_rate: ByteSize,
+    /// Bytes of blocks accepted for a disk write and not yet written, per partition; beyond it
+    /// blocks are dropped (and counted), so a slow disk never grows memory. Default: `64MiB`.
+    pub disk_write_buffer: ByteSize,
+    /// What to do with the disk tier's contents at start: `none` (start empty), `quiet` (recover
+    /// what verifies, reformat on a format change), `strict` (recover, but refuse to start on a
+    /// format change or damaged region metadata). Default: `quiet`.
+    pub disk_recovery: DiskRecovery,
+    /// When blocks reach the disk tier: `on-insert` (as soon as they are fetched, so a restart
+    /// keeps them) or `on-evict` (when memory lets them go). Default: `on-insert`.
+    pub disk_write_policy: DiskWritePolicy,
+    /// Named disk partitions, each with its own capacity and the buckets cached in it; other
+    /// buckets use the partition `default` (the capacity left over). TOML only, e.g.
+    /// `[[disk_partitions]] name = "tables", capacity = "100GiB", buckets = ["lake"]`.
+    /// Default: none (one partition).
+    pub disk_partitions: Vec<DiskPartition>,
+}
+
+/// One disk partition and the buckets it caches.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiskPartition {
+    /// Name, 1 to 32 bytes.
+    pub name: String,
+    /// Bytes of the device it holds.
+    pub capacity: ByteSize,
+    /// Buckets cached in it.
+    #[serde(default)]
+    pub buckets: Vec<String>,
+}
+
+/// See [`Config::io_engine`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum IoEngineKind {
+    /// pread/pwrite on threads.
+    #[default]
+    Psync,
+    /// io_uring.
+    Uring,
+}
+
+/// See [`Config::disk_admission`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum DiskAdmission {
+    /// Every block.
+    #[default]
+    Always,
+    /// Blocks offered twice.
+    SecondHit,
+}
+
+/// See [`Config::disk_recovery`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum DiskRecovery {
+    /// Start empty.
+    None,
+    /// Recover what verifies.
+    #[default]
+    Quiet,
+    /// Recover, refuse damage.
+    Strict,
+}
+
+/// See [`Config::disk_write_policy`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum DiskWritePolicy {
+    /// Write when fetched.
+    #[default]
+    OnInsert,
+    /// Write when evicted from memory.
+    OnEvict,
 }
 
 impl Default for Config {
@@ -73,6 +168,16 @@ impl Default for Config {
             read_window: 4,
             upstream_idle_timeout: HumanDuration(Duration::from_secs(30)),
             upstream_concurrency: 64,
+            disk_path: None,
+            disk_capacity: ByteSize(10 << 30),
+            disk_region_size: ByteSize(64 << 20),
+            io_engine: IoEngineKind::default(),
+            disk_admission: DiskAdmission::default(),
+            disk_write_rate: ByteSize(512 << 20),
+            disk_write_buffer: ByteSize(64 << 20),
+            disk_recovery: DiskRecovery::default(),
+            disk_write_policy: DiskWritePolicy::default(),
+            disk_partitions: Vec::new(),
         }
     }
 }
@@ -94,7 +199,20 @@ pub const OPTION_NAMES: &[&str] = &[
     "read_window",
     "upstream_idle_timeout",
     "upstream_concurrency",
+    "disk_path",
+    "disk_capacity",
+    "disk_region_size",
+    "io_engine",
+    "disk_admission",
+    "disk_write_rate",
+    "disk_write_buffer",
+    "disk_recovery",
+    "disk_write_policy",
+    "disk_partitions",
 ];
+
+/// Options that are lists of tables, set in the TOML file only (no flag).
+pub const TOML_ONLY: &[&str] = &["disk_partitions"];
 
 /// Why a configuration was refused. The message names the offending field.
 #[derive(Debug, thiserror::Error)]
@@ -171,6 +289,33 @@ impl Config {
         }
         if self.upstream_idle_timeout.0.is_zero() {
             return invalid("upstream_idle_timeout", "must be positive");
+        }
+        let region = self.disk_region_size.0;
+        if !((1 << 20)..=(256 << 20)).contains(&region) || !region.is_multiple_of(1 << 20) {
+            return invalid("disk_region_size", "must be 1MiB to 256MiB in whole MiB");
+        }
+        if self.disk_path.is_some() && region <= self.block_size.0 {
+            return invalid("disk_region_size", "must be larger than block_size");
+        }
+        if self.disk_path.is_some() && self.disk_capacity.0 < (1 << 20) + 2 * region {
+            return invalid("disk_capacity", "must hold at least 2 regions plus 1MiB");
+        }
+        if self.disk_write_buffer.0 < self.block_size.0 {
+            return invalid(
+                "disk_write_buffer",
+                "must hold at least one block (block_size)",
+            );
+        }
+        let mut seen = std::collections::HashSet::new();
+        for p in &self.disk_partitions {
+            for b in &p.buckets {
+                if !seen.insert(b.as_str()) {
+                    return invalid(
+                        "disk_partitions",
+                        &format!("bucket {b:?} is mapped to two partitions"),
+                    );
+                }
+            }
         }
         if let Some(url) = &self.upstream_endpoint {
             if !(url.starts_with("http://") || url.starts_with("https://")) {
@@ -399,6 +544,7 @@ mod tests {
         let serialized = toml::to_string(&Config {
             base_domain: Some("x".into()),
             upstream_endpoint: Some("http://x".into()),
+            disk_path: Some("/x".into()),
             ..Config::default()
         })
         .unwrap();
@@ -418,6 +564,9 @@ mod tests {
                 doc.contains(&format!("`{name}`")),
                 "docs/configuration.md does not document `{name}`"
             );
+            if TOML_ONLY.contains(name) {
+                continue;
+            }
             let flag = format!("--{}", name.replace('_', "-"));
             assert!(
                 doc.contains(&flag),

@@ -97,6 +97,42 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     upstream_concurrency: Option<usize>,
+    /// Cache file or block device of the disk tier [default: none, memory only].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    disk_path: Option<PathBuf>,
+    /// Bytes of the device the disk tier uses, e.g. 100GiB [default: 10GiB].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    disk_capacity: Option<String>,
+    /// Disk region size, e.g. 64MiB [default: 64MiB].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    disk_region_size: Option<String>,
+    /// Disk I/O engine: psync or uring [default: psync].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    io_engine: Option<String>,
+    /// Disk admission: always or second-hit [default: always].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    disk_admission: Option<String>,
+    /// Most bytes per second written to disk, 0 for no limit [default: 512MiB].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    disk_write_rate: Option<String>,
+    /// Bytes of blocks waiting for a disk write, per partition [default: 64MiB].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    disk_write_buffer: Option<String>,
+    /// Disk recovery at start: none, quiet or strict [default: quiet].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    disk_recovery: Option<String>,
+    /// When blocks reach disk: on-insert or on-evict [default: on-insert].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    disk_write_policy: Option<String>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -126,7 +162,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     .await;
     let running = larder::server::start(&config, Arc::new(origin))
         .await
-        .with_context(|| format!("binding {} and {}", config.listen, config.admin_listen))?;
+        .with_context(|| {
+            format!(
+                "starting larder on {} and {}",
+                config.listen, config.admin_listen
+            )
+        })?;
     let token = running.shutdown_token();
     tokio::spawn(async move {
         shutdown_signal().await;

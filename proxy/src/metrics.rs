@@ -2,11 +2,17 @@
 
 use std::sync::atomic::AtomicU64;
 
+use cache_core::disk::DropReason;
+use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 type Labels = Vec<(&'static str, &'static str)>;
@@ -132,7 +138,142 @@ impl Default for Metrics {
     }
 }
 
+/// Reads the disk tier's counters at each scrape (they live in cache-core, which knows nothing of
+/// Prometheus).
+struct DiskCollector(cache_core::DiskCache);
+
+impl std::fmt::Debug for DiskCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DiskCollector")
+    }
+}
+
+impl Collector for DiskCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let s = self.0.stats();
+        let counters: [(&str, &str, u64); 13] = [
+            (
+                "disk_hits",
+                "Disk tier reads served (including entries still in flight)",
+                s.hits,
+            ),
+            (
+                "disk_misses",
+                "Disk tier reads that found nothing (including the faults below)",
+                s.misses,
+            ),
+            (
+                "disk_hit_bytes",
+                "Value bytes served by the disk tier",
+                s.hit_bytes,
+            ),
+            (
+                "disk_corrupt_reads",
+                "Disk reads that failed a checksum; served as misses",
+                s.corrupt,
+            ),
+            (
+                "disk_raced_reads",
+                "Disk reads that lost a race with region reclaim; served as misses",
+                s.raced,
+            ),
+            (
+                "disk_hash_collisions",
+                "Disk reads that found another key with the same hash",
+                s.collisions,
+            ),
+            (
+                "disk_io_errors",
+                "Disk reads the device failed",
+                s.io_errors,
+            ),
+            ("disk_writes", "Entries written to the disk tier", s.writes),
+            (
+                "disk_written_bytes",
+                "Bytes written to the disk tier, headers and padding included",
+                s.written_bytes,
+            ),
+            (
+                "disk_reclaimed_regions",
+                "Disk regions reclaimed",
+                s.reclaimed_regions,
+            ),
+            (
+                "disk_evicted_entries",
+                "Disk entries evicted by reclaim",
+                s.evicted_entries,
+            ),
+            (
+                "disk_reinserted_entries",
+                "Hit disk entries copied forward by reclaim",
+                s.reinserted,
+            ),
+            (
+                "disk_recovered_entries",
+                "Entries recovered from the disk tier at start",
+                self.0.recovery().entries,
+            ),
+        ];
+        for (name, help, value) in counters {
+            let m = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            ConstCounter::new(value).encode(m)?;
+        }
+        let gauges: [(&str, &str, u64); 7] = [
+            (
+                "disk_capacity_bytes",
+                "Bytes of disk regions",
+                s.capacity_bytes,
+            ),
+            (
+                "disk_live_bytes",
+                "Bytes of indexed disk entries",
+                s.live_bytes,
+            ),
+            ("disk_entries", "Entries in the disk index", s.entries),
+            (
+                "disk_inflight_entries",
+                "Entries accepted for a disk write and not yet written",
+                s.inflight_entries,
+            ),
+            (
+                "disk_index_bytes",
+                "Heap bytes of the disk index",
+                s.index_bytes,
+            ),
+            ("disk_free_regions", "Disk regions free", s.free_regions),
+            (
+                "disk_recovery_milliseconds",
+                "Time the disk tier took to open at start",
+                self.0.recovery().duration.as_millis() as u64,
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let m = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            ConstGauge::new(value as i64).encode(m)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "disk_writes_dropped",
+            "Blocks offered to the disk tier and not written, by reason",
+            None,
+            MetricType::Counter,
+        )?;
+        for reason in DropReason::ALL {
+            let labels = [("reason", reason.as_str())];
+            let m = family.encode_family(&labels)?;
+            ConstCounter::new(s.dropped(reason)).encode(m)?;
+        }
+        Ok(())
+    }
+}
+
 impl Metrics {
+    /// Also export the disk tier's counters.
+    pub fn with_disk(mut self, disk: cache_core::DiskCache) -> Self {
+        self.registry
+            .register_collector(Box::new(DiskCollector(disk)));
+        self
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
         let mut out = String::new();

@@ -299,6 +299,9 @@ mod tests {
             read_window: 2,
             idle_timeout: Duration::from_secs(5),
             upstream_concurrency: 8,
+            disk: None,
+            write_policy: cache_core::WritePolicy::OnInsert,
+            bucket_partitions: Default::default(),
         };
         Arc::new(AppState {
             base_domain: None,

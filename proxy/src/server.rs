@@ -20,10 +20,13 @@ use tokio_util::sync::CancellationToken;
 use crate::admin::{self, AdminState};
 use crate::blocks::{BlockStore, BlockStoreConfig};
 use crate::config::Config;
+use crate::config::{DiskAdmission, DiskRecovery, DiskWritePolicy, IoEngineKind};
 use crate::metadata::MetadataCache;
 use crate::metrics::Metrics;
 use crate::origin::Origin;
 use crate::routes::{self, AppState};
+use cache_core::disk::{Admission, EngineKind, PartitionConfig, Recovery};
+use cache_core::{DiskCache, DiskConfig, WritePolicy};
 
 /// A running Larder.
 pub struct Running {
@@ -35,17 +38,77 @@ pub struct Running {
     pub metrics: Arc<Metrics>,
     shutdown: CancellationToken,
     tasks: Vec<JoinHandle<std::io::Result<()>>>,
+    disk: Option<DiskCache>,
 }
 
-/// Bind the listeners and start serving in front of `origin`.
-pub async fn start(config: &Config, origin: Arc<dyn Origin>) -> std::io::Result<Running> {
-    let metrics = Arc::new(Metrics::default());
+/// Why Larder did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A listener could not be bound.
+    #[error("binding listeners: {0}")]
+    Bind(#[from] std::io::Error),
+    /// The disk tier could not be opened.
+    #[error(transparent)]
+    Disk(#[from] cache_core::disk::DiskError),
+}
+
+/// The disk tier's configuration from Larder's.
+fn disk_config(config: &Config, path: &std::path::Path) -> DiskConfig {
+    let mut d = DiskConfig::new(path, config.disk_capacity.0);
+    d.region_size = config.disk_region_size.0;
+    d.engine = match config.io_engine {
+        IoEngineKind::Psync => EngineKind::Psync,
+        IoEngineKind::Uring => EngineKind::Uring,
+    };
+    d.admission = match config.disk_admission {
+        DiskAdmission::Always => Admission::Always,
+        DiskAdmission::SecondHit => Admission::SecondHit,
+    };
+    d.write_rate = config.disk_write_rate.0;
+    d.write_buffer = config.disk_write_buffer.0;
+    d.recovery = match config.disk_recovery {
+        DiskRecovery::None => Recovery::None,
+        DiskRecovery::Quiet => Recovery::Quiet,
+        DiskRecovery::Strict => Recovery::Strict,
+    };
+    d.partitions = config
+        .disk_partitions
+        .iter()
+        .map(|p| PartitionConfig {
+            name: p.name.clone(),
+            capacity: p.capacity.0,
+        })
+        .collect();
+    d
+}
+
+/// Open the disk tier, if configured, then bind the listeners and start serving in front of
+/// `origin`.
+pub async fn start(config: &Config, origin: Arc<dyn Origin>) -> Result<Running, StartError> {
+    let disk = match &config.disk_path {
+        Some(path) => Some(DiskCache::open(disk_config(config, path)).await?),
+        None => None,
+    };
+    let metrics = Arc::new(match &disk {
+        Some(d) => Metrics::default().with_disk(d.clone()),
+        None => Metrics::default(),
+    });
     let block_config = BlockStoreConfig {
         layout: BlockLayout::new(config.block_size.0),
         memory_capacity: config.memory_capacity.0,
         read_window: config.read_window,
         idle_timeout: config.upstream_idle_timeout.0,
         upstream_concurrency: config.upstream_concurrency,
+        disk: disk.clone(),
+        write_policy: match config.disk_write_policy {
+            DiskWritePolicy::OnInsert => WritePolicy::OnInsert,
+            DiskWritePolicy::OnEvict => WritePolicy::OnEvict,
+        },
+        bucket_partitions: config
+            .disk_partitions
+            .iter()
+            .flat_map(|p| p.buckets.iter().map(|b| (b.clone(), p.name.clone())))
+            .collect(),
     };
     let blocks = Arc::new(BlockStore::new(
         block_config,
@@ -98,6 +161,7 @@ pub async fn start(config: &Config, origin: Arc<dyn Origin>) -> std::io::Result<
         metrics,
         shutdown,
         tasks,
+        disk,
     })
 }
 
@@ -116,6 +180,11 @@ impl Running {
                 Ok(Err(e)) => tracing::error!(error = %e, "listener failed"),
                 Err(e) => tracing::error!(error = %e, "listener task panicked"),
             }
+        }
+        // Finish the disk writes already accepted, so the next start finds them (a crash would
+        // only lose them, never corrupt anything).
+        if let Some(disk) = self.disk {
+            disk.close().await;
         }
     }
 
