@@ -102,8 +102,12 @@ impl<K: CacheKey> HybridCache<K> {
                     memory_bytes,
                     Arc::new(move |k: &K, v: &Bytes| {
                         if let Some(p) = partition_of(&d, k) {
-                            // Dropped writes are counted by the disk tier.
-                            let _ = p.insert(&k.disk_key(), v.clone());
+                            let key = k.disk_key();
+                            // A value promoted from disk is already there. Dropped writes are
+                            // counted by the disk tier.
+                            if !p.contains(&key) {
+                                let _ = p.insert(&key, v.clone());
+                            }
                         }
                     }),
                 )

@@ -300,10 +300,10 @@ impl Config {
         if self.disk_path.is_some() && self.disk_capacity.0 < (1 << 20) + 2 * region {
             return invalid("disk_capacity", "must hold at least 2 regions plus 1MiB");
         }
-        if self.disk_write_buffer.0 < self.block_size.0 {
+        if self.disk_path.is_some() && self.disk_write_buffer.0 < 2 * self.block_size.0 {
             return invalid(
                 "disk_write_buffer",
-                "must hold at least one block (block_size)",
+                "must hold at least two blocks (block_size)",
             );
         }
         let mut seen = std::collections::HashSet::new();

@@ -671,7 +671,7 @@ impl Store {
     /// always frees space), drop the rest from the index, clear the epoch, hand it back.
     pub(crate) async fn reclaim(self: &Arc<Self>, region: u32) {
         let epoch = self.regions[region as usize].epoch.load(Ordering::Acquire);
-        let records = self.read_summary(region).await;
+        let records = self.read_summary(region, epoch).await;
         let mut reinsert_budget = self.cfg.region_size / 2;
         let mut evicted = 0u64;
         match &records {
@@ -722,11 +722,13 @@ impl Store {
         }
     }
 
-    async fn read_summary(&self, region: u32) -> Option<Vec<SummaryRecord>> {
+    /// The summary of `region` as sealed in `epoch`; `None` if what is on disk is anything else
+    /// (never sealed, or a header of an earlier use whose rewrite failed).
+    async fn read_summary(&self, region: u32, epoch: u64) -> Option<Vec<SummaryRecord>> {
         let base = self.region_offset(region);
         let page = self.io.read(base, PAGE, Priority::Background).await.ok()?;
         let h = RegionHeader::decode(page.as_slice()).ok()?;
-        if h.summary_offset == 0 || h.generation != self.cfg.generation {
+        if h.summary_offset == 0 || h.generation != self.cfg.generation || h.epoch != epoch {
             return None;
         }
         let len = format::summary_len(h.summary_entries as usize) as usize;
