@@ -540,6 +540,53 @@ mod tests {
     }
 
     #[test]
+    fn disk_options_parse_from_toml_and_env() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "larder.toml",
+                r#"
+disk_path = "/tmp/larder.cache"
+disk_capacity = "20GiB"
+io_engine = "psync"
+disk_admission = "second-hit"
+disk_write_policy = "on-evict"
+
+[[disk_partitions]]
+name = "tables"
+capacity = "8GiB"
+buckets = ["lake", "warehouse"]
+"#,
+            )?;
+            jail.set_env("LARDER_DISK_RECOVERY", "strict");
+            let path = jail.directory().join("larder.toml");
+            let c = Config::load(Some(&path), Flags::default()).expect("loads");
+            assert_eq!(c.disk_capacity, ByteSize(20 << 30));
+            assert_eq!(c.io_engine, IoEngineKind::Psync);
+            assert_eq!(c.disk_admission, DiskAdmission::SecondHit);
+            assert_eq!(c.disk_write_policy, DiskWritePolicy::OnEvict);
+            assert_eq!(c.disk_recovery, DiskRecovery::Strict);
+            assert_eq!(c.disk_partitions[0].buckets, ["lake", "warehouse"]);
+
+            jail.set_env("LARDER_IO_ENGINE", "spdk");
+            let err = Config::load(Some(&path), Flags::default())
+                .unwrap_err()
+                .to_string();
+            assert!(err.to_lowercase().contains("io_engine"), "{err}");
+            jail.set_env("LARDER_IO_ENGINE", "uring");
+            jail.create_file(
+                "two.toml",
+                "[[disk_partitions]]\nname = \"a\"\ncapacity = \"1GiB\"\nbuckets = [\"x\"]\n\
+                 [[disk_partitions]]\nname = \"b\"\ncapacity = \"1GiB\"\nbuckets = [\"x\"]\n",
+            )?;
+            let err = Config::load(Some(&jail.directory().join("two.toml")), Flags::default())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("mapped to two partitions"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
     fn every_option_is_listed_and_documented() {
         let serialized = toml::to_string(&Config {
             base_domain: Some("x".into()),

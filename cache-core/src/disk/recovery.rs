@@ -145,8 +145,8 @@ async fn read_region(store: &Store, region: u32) -> RegionState {
             summary_crc: crc,
             ..header
         };
-        if write(store, base + end, &summary).await.is_ok() {
-            let _ = write(store, base, &sealed.encode()).await;
+        if store.write_page_buf(base + end, &summary).await.is_ok() {
+            let _ = store.write_page_buf(base, &sealed.encode()).await;
         }
     }
     RegionState::Used {
@@ -154,12 +154,6 @@ async fn read_region(store: &Store, region: u32) -> RegionState {
         records,
         scanned: true,
     }
-}
-
-async fn write(store: &Store, offset: u64, bytes: &[u8]) -> std::io::Result<()> {
-    let mut buf = super::io::AlignedBuf::zeroed(bytes.len());
-    buf.as_mut_slice().copy_from_slice(bytes);
-    store.io.write(offset, buf).await
 }
 
 /// Entry headers of an open region in order, up to the first that is missing, torn or from an

@@ -431,7 +431,7 @@ impl Store {
         }
     }
 
-    async fn write_page_buf(&self, offset: u64, bytes: &[u8]) -> std::io::Result<()> {
+    pub(crate) async fn write_page_buf(&self, offset: u64, bytes: &[u8]) -> std::io::Result<()> {
         let mut buf = AlignedBuf::zeroed(bytes.len());
         buf.as_mut_slice().copy_from_slice(bytes);
         self.io.write(offset, buf).await
