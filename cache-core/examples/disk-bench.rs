@@ -50,6 +50,9 @@ struct Args {
     /// Key distribution for reads: uniform or zipf.
     #[arg(long, default_value = "uniform")]
     keys: String,
+    /// I/O threads (psync workers or io_uring rings), for the ceiling and the engine alike.
+    #[arg(long, default_value_t = 4)]
+    io_threads: usize,
     /// Requests in flight for ceiling and read phases.
     #[arg(long, default_value_t = 32)]
     depth: usize,
@@ -92,16 +95,20 @@ fn open_direct(path: &std::path::Path, len: u64) -> std::fs::File {
     f
 }
 
-fn engine(kind: &str, file: std::fs::File) -> Arc<dyn IoEngine> {
+fn engine(kind: &str, file: std::fs::File, threads: usize) -> Arc<dyn IoEngine> {
     match kind {
-        "uring" => Arc::new(UringEngine::new(file, 4, 64).expect("io_uring")),
-        _ => Arc::new(PsyncEngine::new(file, 4, 64).expect("psync")),
+        "uring" => Arc::new(UringEngine::new(file, threads, 64).expect("io_uring")),
+        _ => Arc::new(PsyncEngine::new(file, threads, 64).expect("psync")),
     }
 }
 
 /// Plain O_DIRECT: sequential 1 MiB writes, then random 1 MiB reads, `depth` in flight.
 async fn ceiling(args: &Args, kind: &str) -> (f64, f64) {
-    let io = engine(kind, open_direct(&args.path, args.capacity));
+    let io = engine(
+        kind,
+        open_direct(&args.path, args.capacity),
+        args.io_threads,
+    );
     let unit = 1u64 << 20;
     let units = args.capacity / unit;
     let next = Arc::new(AtomicU64::new(0));
@@ -161,6 +168,7 @@ fn config(args: &Args, kind: &str, capacity: u64) -> DiskConfig {
         EngineKind::Psync
     };
     cfg.recovery = Recovery::None;
+    cfg.io_threads = args.io_threads;
     cfg
 }
 

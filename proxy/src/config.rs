@@ -63,8 +63,8 @@ pub struct Config {
     /// and larger than a block. Default: `64MiB`.
     pub disk_region_size: ByteSize,
     /// I/O engine of the disk tier: `psync` (pread/pwrite on threads) or `uring` (io_uring,
-    /// falling back to psync where the kernel refuses it). Default: `uring`, which measured
-    /// faster for 1 MiB fills and reads on our VMs (docs/benchmarks.md).
+    /// falling back to psync where the kernel refuses it). Default: `psync`: on our VMs it read as
+    /// fast as io_uring with a lower p99, while io_uring filled faster (docs/benchmarks.md).
     pub io_engine: IoEngineKind,
     /// Which fetched blocks are written to disk: `always`, or `second-hit` (only blocks fetched
     /// twice within the admission window, so one-off scans do not churn the disk). Default:
@@ -109,9 +109,9 @@ pub struct DiskPartition {
 #[serde(rename_all = "kebab-case")]
 pub enum IoEngineKind {
     /// pread/pwrite on threads.
+    #[default]
     Psync,
     /// io_uring.
-    #[default]
     Uring,
 }
 

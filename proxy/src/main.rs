@@ -109,7 +109,7 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     disk_region_size: Option<String>,
-    /// Disk I/O engine: uring or psync [default: uring].
+    /// Disk I/O engine: psync or uring [default: psync].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     io_engine: Option<String>,

@@ -39,9 +39,9 @@ use store::{Store, StoreConfig};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum EngineKind {
     /// pread/pwrite on dedicated threads.
+    #[default]
     Psync,
     /// io_uring (tokio-uring) on dedicated threads; falls back to psync where the kernel refuses.
-    #[default]
     Uring,
 }
 
@@ -77,7 +77,8 @@ pub struct DiskConfig {
     pub capacity: u64,
     /// Region size: the unit of append and eviction. Default 64 MiB, at most 256 MiB.
     pub region_size: u64,
-    /// I/O engine. Default io_uring (measured faster for 1 MiB entries; docs/benchmarks.md).
+    /// I/O engine. Default psync: same read throughput as io_uring on our VMs with a lower p99
+    /// (docs/benchmarks.md).
     pub engine: EngineKind,
     /// I/O threads. Default 4.
     pub io_threads: usize,
@@ -471,6 +472,9 @@ impl DiskCache {
             let _ = r.await;
         }
         self.flush().await;
+        for (_, store) in &self.shared.partitions {
+            store.seal_active().await;
+        }
     }
 }
 

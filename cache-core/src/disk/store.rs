@@ -754,6 +754,29 @@ impl Store {
         }
     }
 
+    /// Seal the open region (after `drain`), so the next start reads its summary instead of
+    /// scanning it entry by entry.
+    pub(crate) async fn seal_active(&self) {
+        let region = {
+            let mut a = self.alloc.lock();
+            let Some(r) = a.active.take() else {
+                return;
+            };
+            match a.open.get_mut(&r) {
+                Some(open) if open.pending == 0 => Some(r),
+                Some(open) => {
+                    // Still being written: the last writer seals it.
+                    open.full = true;
+                    None
+                }
+                None => None,
+            }
+        };
+        if let Some(r) = region {
+            self.seal(r).await;
+        }
+    }
+
     pub(crate) fn wake(&self) {
         self.region_freed.notify_waiters();
         self.reclaim_wanted.notify_one();
