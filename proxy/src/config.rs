@@ -540,6 +540,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's closure must return figment's own error
     fn disk_options_parse_from_toml_and_env() {
         figment::Jail::expect_with(|jail| {
             jail.create_file(
