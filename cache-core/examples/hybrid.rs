@@ -29,13 +29,11 @@ fn config(path: &std::path::Path) -> DiskConfig {
     cfg
 }
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let dir = tempfile::tempdir()?;
-    let path = dir.path().join("pages.larder");
-
-    let disk = DiskCache::open(config(&path)).await?;
-    let cache = HybridCache::new(8 << 20, Some(disk.clone()), WritePolicy::OnInsert);
+/// Read pages 0..32 through `cache`, checking each; prints where page 0 came from.
+async fn read_pages(
+    cache: &HybridCache<Page>,
+    label: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
     let started = Instant::now();
     for page in 0..32 {
         let (bytes, tier) = cache
@@ -43,10 +41,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .await?;
         assert_eq!(bytes[0], page as u8);
         if page == 0 {
-            println!("page 0: {tier:?}");
+            println!("{label}: page 0 from {tier:?}");
         }
     }
-    println!("32 cold pages in {:?}", started.elapsed());
+    println!("{label}: 32 pages in {:?}", started.elapsed());
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("pages.larder");
+
+    let disk = DiskCache::open(config(&path)).await?;
+    let cache = HybridCache::new(8 << 20, Some(disk.clone()), WritePolicy::OnInsert);
+    read_pages(&cache, "cold").await?;
     disk.close().await;
     drop((cache, disk));
 
@@ -58,17 +67,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         disk.recovery().duration
     );
     let cache = HybridCache::new(8 << 20, Some(disk.clone()), WritePolicy::OnInsert);
-    let started = Instant::now();
-    for page in 0..32 {
-        let (bytes, tier) = cache
-            .get_or_fetch(Page(page), move || slow_fetch(page))
-            .await?;
-        assert_eq!(bytes[0], page as u8);
-        if page == 0 {
-            println!("page 0 after restart: {tier:?}");
-        }
-    }
-    println!("32 pages after restart in {:?}", started.elapsed());
+    read_pages(&cache, "after restart").await?;
     let s = disk.stats();
     println!(
         "disk: {} hits, {} writes, {} corrupt",

@@ -249,7 +249,7 @@ impl IoEngine for PsyncEngine {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -261,20 +261,24 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn psync_round_trip() {
-        let file = tempfile::tempfile().expect("tempfile");
-        file.set_len(1 << 20).expect("set_len");
-        let engine = PsyncEngine::new(file, 2, 8).expect("engine");
+    /// Write two pages at page 1, read them back, and read past the end (an error, not zeros).
+    pub(crate) async fn round_trip(engine: &dyn IoEngine, fill: u8) {
         let mut buf = AlignedBuf::zeroed(2 * PAGE);
-        buf.as_mut_slice().fill(7);
+        buf.as_mut_slice().fill(fill);
         engine.write(PAGE as u64, buf).await.expect("write");
         let back = engine
             .read(PAGE as u64, 2 * PAGE, Priority::Demand)
             .await
             .expect("read");
-        assert!(back.as_slice().iter().all(|b| *b == 7));
+        assert!(back.as_slice().iter().all(|b| *b == fill));
         let err = engine.read(1 << 20, PAGE, Priority::Background).await;
         assert!(err.is_err(), "reading past the end is an error, not zeros");
+    }
+
+    #[tokio::test]
+    async fn psync_round_trip() {
+        let file = tempfile::tempfile().expect("tempfile");
+        file.set_len(1 << 20).expect("set_len");
+        round_trip(&PsyncEngine::new(file, 2, 8).expect("engine"), 7).await;
     }
 }

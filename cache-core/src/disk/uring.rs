@@ -157,7 +157,6 @@ impl IoEngine for UringEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::disk::format::PAGE;
 
     #[tokio::test]
     async fn uring_round_trip_when_available() {
@@ -167,14 +166,6 @@ mod tests {
             eprintln!("io_uring unavailable here; the psync engine covers this machine");
             return;
         };
-        let mut buf = AlignedBuf::zeroed(2 * PAGE);
-        buf.as_mut_slice().fill(9);
-        engine.write(PAGE as u64, buf).await.expect("write");
-        let back = engine
-            .read(PAGE as u64, 2 * PAGE, Priority::Demand)
-            .await
-            .expect("read");
-        assert!(back.as_slice().iter().all(|b| *b == 9));
-        assert!(engine.read(1 << 20, PAGE, Priority::Demand).await.is_err());
+        crate::disk::io::tests::round_trip(&engine, 9).await;
     }
 }
