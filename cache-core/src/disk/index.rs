@@ -78,8 +78,9 @@ impl Index {
     }
 
     fn shard(&self, hash: u64) -> &Mutex<Shard> {
-        // The low bits pick the bucket inside a shard's table; the high bits pick the shard.
-        &self.shards[(hash >> 58) as usize % SHARDS]
+        // hashbrown takes a bucket from the low bits and a tag from the top 7: the shard comes
+        // from bits in between, so every table still sees well-spread buckets and tags.
+        &self.shards[(hash >> 40) as usize % SHARDS]
     }
 
     /// The address of `hash`, marking it hit, and `witness(addr)` taken under the same lock, so
