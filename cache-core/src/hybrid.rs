@@ -160,6 +160,22 @@ impl<K: CacheKey> HybridCache<K> {
         Some((v, Tier::Disk))
     }
 
+    /// Bytes `range` of the value of `key`: sliced from memory, or read from disk verifying only
+    /// the 64 KiB chunks the range touches. A disk hit is not promoted (a small read should not
+    /// pull a whole value into memory).
+    pub async fn get_range(&self, key: &K, range: std::ops::Range<u64>) -> Option<(Bytes, Tier)> {
+        if let Some(v) = self.memory.get(key).await {
+            let len = v.len() as u64;
+            let (from, to) = (range.start.min(len), range.end.min(len));
+            return Some((v.slice(from as usize..to.max(from) as usize), Tier::Memory));
+        }
+        let v = self
+            .partition(key)?
+            .get_range(&key.disk_key(), range)
+            .await?;
+        Some((v, Tier::Disk))
+    }
+
     /// Store `value` in memory and, under [`WritePolicy::OnInsert`], offer it to disk.
     pub async fn insert(&self, key: K, value: Bytes) {
         if self.policy == WritePolicy::OnInsert {
@@ -288,6 +304,13 @@ mod tests {
         assert_eq!(cache.get(&K(1)).await.map(|(_, t)| t), Some(Tier::Memory));
         cache.memory().remove(&K(1)).await;
         assert_eq!(cache.locate(&K(1)), Some(Tier::Disk));
+        let (part, tier) = cache.get_range(&K(1), 70_000..70_010).await.expect("range");
+        assert_eq!((part.len(), tier), (10, Tier::Disk));
+        assert_eq!(
+            cache.locate(&K(1)),
+            Some(Tier::Disk),
+            "a range read does not promote"
+        );
         let (v, tier) = cache.get(&K(1)).await.expect("disk hit");
         assert_eq!((v.len(), tier), (100_000, Tier::Disk));
         assert_eq!(cache.locate(&K(1)), Some(Tier::Memory), "promoted");
