@@ -237,21 +237,9 @@ impl BlockStore {
                 move |(slice, open)| match open {
                     OpenBlock::Ready(bytes) => {
                         let part = bytes.slice(slice.from as usize..slice.to as usize);
-                        store
-                            .metrics
-                            .served_bytes
-                            .get_or_create(&vec![("tier", "memory")])
-                            .inc_by(part.len() as u64);
-                        stream::once(futures::future::ready(Ok(part))).boxed()
+                        store.whole_part("memory", part)
                     }
-                    OpenBlock::Part(part) => {
-                        store
-                            .metrics
-                            .served_bytes
-                            .get_or_create(&vec![("tier", "disk")])
-                            .inc_by(part.len() as u64);
-                        stream::once(futures::future::ready(Ok(part))).boxed()
-                    }
+                    OpenBlock::Part(part) => store.whole_part("disk", part),
                     OpenBlock::Streaming(reader, tier) => {
                         let served = store
                             .metrics
@@ -268,6 +256,19 @@ impl BlockStore {
                     }
                 }
             })
+    }
+
+    /// A part already in hand, as a one-item stream, counted as served from `tier`.
+    fn whole_part(
+        &self,
+        tier: &'static str,
+        part: Bytes,
+    ) -> stream::BoxStream<'static, Result<Bytes, OriginError>> {
+        self.metrics
+            .served_bytes
+            .get_or_create(&vec![("tier", tier)])
+            .inc_by(part.len() as u64);
+        stream::once(futures::future::ready(Ok(part))).boxed()
     }
 
     async fn open(

@@ -78,15 +78,7 @@ pub(crate) async fn recover(store: &Arc<Store>) -> Recovered {
                 page: rec.page,
                 pages: rec.pages,
             };
-            if let Some(old) = store.index.insert(rec.hash, addr) {
-                store.regions[old.region as usize]
-                    .live
-                    .fetch_sub(old.pages as u64 * PAGE as u64, Ordering::Relaxed);
-            }
-            store.regions[*r as usize]
-                .live
-                .fetch_add(addr.pages as u64 * PAGE as u64, Ordering::Relaxed);
-            report.entries += 1;
+            store.index_insert(rec.hash, addr);
         }
         alloc.fifo.push_back(*r);
         alloc.next_epoch = alloc.next_epoch.max(epoch + 1);

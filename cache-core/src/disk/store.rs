@@ -293,14 +293,7 @@ impl Store {
             return None;
         }
         // Index first, then leave the in-flight table, so a reader always finds one of them.
-        if let Some(old) = self.index.insert(hash, addr) {
-            self.regions[old.region as usize]
-                .live
-                .fetch_sub(old.pages as u64 * PAGE as u64, Ordering::Relaxed);
-        }
-        self.regions[addr.region as usize]
-            .live
-            .fetch_add(addr.pages as u64 * PAGE as u64, Ordering::Relaxed);
+        self.index_insert(hash, addr);
         inflight.remove(&hash);
         Some(SummaryRecord {
             hash,
@@ -497,9 +490,7 @@ impl Store {
                 self.counters.corrupt();
                 // Drop the record so the next read refetches instead of failing again.
                 if self.index.remove_if(hash, addr).is_some() {
-                    self.regions[addr.region as usize]
-                        .live
-                        .fetch_sub(addr.pages as u64 * PAGE as u64, Ordering::Relaxed);
+                    self.dead(addr);
                 }
             }
             Fault::Raced => self.counters.raced(),
@@ -628,10 +619,25 @@ impl Store {
         let hash = hash_key(key);
         self.inflight.lock().remove(&hash);
         if let Some(old) = self.index.remove(hash) {
-            self.regions[old.region as usize]
-                .live
-                .fetch_sub(old.pages as u64 * PAGE as u64, Ordering::Relaxed);
+            self.dead(old);
         }
+    }
+
+    /// Point `hash` at `addr`, moving the live-bytes count from the entry it replaces.
+    pub(crate) fn index_insert(&self, hash: u64, addr: Addr) {
+        if let Some(old) = self.index.insert(hash, addr) {
+            self.dead(old);
+        }
+        self.regions[addr.region as usize]
+            .live
+            .fetch_add(addr.pages as u64 * PAGE as u64, Ordering::Relaxed);
+    }
+
+    /// `addr`'s bytes no longer count as live in its region.
+    fn dead(&self, addr: Addr) {
+        self.regions[addr.region as usize]
+            .live
+            .fetch_sub(addr.pages as u64 * PAGE as u64, Ordering::Relaxed);
     }
 
     /// Reclaim regions until `reserve` are free; runs until the store closes.
