@@ -281,11 +281,12 @@ impl BlockStore {
         if let Some(bytes) = self.cache.memory().get(&id).await {
             return OpenBlock::Ready(bytes);
         }
+        let on_disk = self.cache.locate(&id) == Some(Tier::Disk);
         // A small slice of a block on disk (a Parquet footer, a column chunk index) reads only
         // the 64 KiB chunks it touches, instead of the whole block through a flight.
-        if (slice.to - slice.from) * SMALL_SLICE_DIVISOR <= slice.block_len
+        if on_disk
+            && (slice.to - slice.from) * SMALL_SLICE_DIVISOR <= slice.block_len
             && !self.flights.contains(&id)
-            && self.cache.locate(&id) == Some(Tier::Disk)
         {
             if let Some((part, _)) = self.cache.get_range(&id, slice.from..slice.to).await {
                 if part.len() as u64 == slice.to - slice.from {
@@ -305,10 +306,7 @@ impl BlockStore {
                     writer.finish();
                     return OpenBlock::Streaming(reader, "memory");
                 }
-                let tier = match self.cache.locate(&id) {
-                    Some(Tier::Disk) => "disk",
-                    _ => "upstream",
-                };
+                let tier = if on_disk { "disk" } else { "upstream" };
                 // The read runs in a task of its own: a client that goes away does not cancel
                 // it for the readers that joined, and the block still lands in the cache.
                 let store = self.clone();
