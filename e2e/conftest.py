@@ -21,6 +21,11 @@ from counting_proxy import CountingProxy
 ROOT = Path(__file__).resolve().parent.parent
 ACCESS_KEY = "larder-e2e"
 SECRET_KEY = "larder-e2e-secret-key"
+# What clients of Larder sign with: Larder's own client keys, not the upstream's.
+CLIENT_KEY = "larder-client"
+CLIENT_SECRET = "larder-client-secret/with+odd=chars"
+READER_KEY = "larder-reader"
+READER_SECRET = "larder-reader-secret"
 REGION = "us-east-1"
 
 
@@ -52,13 +57,13 @@ def binary(name: str) -> str:
     return str(path)
 
 
-def s3_client(endpoint: str, **config):
+def s3_client(endpoint: str, key: str = ACCESS_KEY, secret: str = SECRET_KEY, **config):
     config = {"s3": {"addressing_style": "path"}, "retries": {"max_attempts": 1}, **config}
     return boto3.client(
         "s3",
         endpoint_url=endpoint,
-        aws_access_key_id=ACCESS_KEY,
-        aws_secret_access_key=SECRET_KEY,
+        aws_access_key_id=key,
+        aws_secret_access_key=secret,
         region_name=REGION,
         config=Config(**config),
     )
@@ -95,6 +100,8 @@ class Larder:
         self.admin = f"http://127.0.0.1:{self.admin_port}"
         self.log_path = workdir / f"{name}.log"
         self.log = open(self.log_path, "wb")
+        self.credentials = workdir / f"{name}.keys"
+        self.credentials.write_text(f"# e2e client keys\n{CLIENT_KEY}:{CLIENT_SECRET}\n{READER_KEY}:{READER_SECRET}\n")
         env = {**os.environ, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "RUST_LOG": "info", **(env or {})}
         for k in [k for k in env if k.startswith("LARDER_")]:
             del env[k]
@@ -104,6 +111,7 @@ class Larder:
             "--admin-listen", f"127.0.0.1:{self.admin_port}",
             "--upstream-endpoint", upstream,
             "--upstream-path-style",
+            *([] if "--auth" in extra else ["--auth-credentials", str(self.credentials)]),
             *extra,
         ]
         self.proc = subprocess.Popen(args, env=env, stdout=self.log, stderr=subprocess.STDOUT)
@@ -113,8 +121,13 @@ class Larder:
         with urllib.request.urlopen(f"{self.admin}/metrics", timeout=5) as r:
             return r.read().decode()
 
-    def client(self, **config):
-        return s3_client(self.endpoint, **config)
+    def client(self, key: str = CLIENT_KEY, secret: str = CLIENT_SECRET, **config):
+        return s3_client(self.endpoint, key, secret, **config)
+
+    def cli_env(self, key: str = CLIENT_KEY, secret: str = CLIENT_SECRET) -> dict:
+        """Environment for the aws CLI and aws-sdk-rust, signing with Larder's client keys."""
+        return dict(os.environ, AWS_ACCESS_KEY_ID=key, AWS_SECRET_ACCESS_KEY=secret, AWS_DEFAULT_REGION=REGION,
+                    AWS_REGION=REGION, AWS_EC2_METADATA_DISABLED="true")
 
     def stop(self):
         self.proc.terminate()

@@ -46,3 +46,59 @@ def test_connections_beyond_the_cap_wait_until_one_closes(make_larder, direct, b
     assert not t.is_alive()
     assert (result["status"], result["body"]) == (200, b"eventually")
     idle[1].close()
+
+
+def exchange(port, data: bytes, timeout=10) -> bytes:
+    """Send `data` on a fresh connection; everything the server answers until it closes."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    s.sendall(data)
+    got = b""
+    try:
+        while chunk := s.recv(65536):
+            got += chunk
+    except (ConnectionResetError, socket.timeout):
+        pass
+    s.close()
+    return got
+
+
+def test_hostile_requests_get_an_error_or_a_closed_connection(make_larder, direct, bucket):
+    direct.put_object(Bucket=bucket, Key="k", Body=b"still serving")
+    larder = make_larder("--client-header-timeout", "3s")
+    get = f"GET /{bucket}/k HTTP/1.1\r\nHost: 127.0.0.1\r\n".encode()
+    cases = {
+        "a 1 MiB header": get + b"X-Big: " + b"a" * (1 << 20) + b"\r\n\r\n",
+        "a 1 MiB URL": f"GET /{bucket}/{'k' * (1 << 20)} HTTP/1.1\r\nHost: x\r\n\r\n".encode(),
+        "10000 headers": get + b"".join(b"X-%d: 1\r\n" % i for i in range(10000)) + b"\r\n",
+        "Content-Length with Transfer-Encoding": f"PUT /{bucket}/smuggled HTTP/1.1\r\nHost: x\r\n"
+        f"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /{bucket}/k HTTP/1.1\r\nHost: x\r\n\r\n".encode(),
+        "two Content-Lengths": f"PUT /{bucket}/k2 HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab".encode(),
+        "not HTTP": b"\x16\x03\x01\x02\x00" + bytes(range(256)) * 4,
+        "a bad request line": b"GET\r\n\r\n",
+    }
+    for what, data in cases.items():
+        answer = exchange(larder.port, data)
+        first = answer.split(b"\r\n", 1)[0]
+        # Either refused with a 4xx, or the connection was closed without a response; never a 2xx,
+        # and never a second (smuggled) response.
+        assert answer == b"" or first.split(b" ")[1][:1] == b"4", (what, first)
+        assert answer.count(b"HTTP/1.1 ") <= 1, what
+    # Everyone else is still served.
+    assert raw(larder, "GET", f"/{bucket}/k")[2] == b"still serving"
+
+
+def test_an_idle_keep_alive_connection_is_closed(make_larder, direct, bucket):
+    direct.put_object(Bucket=bucket, Key="k", Body=b"x")
+    larder = make_larder("--client-header-timeout", "1s")
+    s = socket.create_connection(("127.0.0.1", larder.port), timeout=15)
+    s.sendall(f"GET /{bucket}/k HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+    started = time.monotonic()
+    got = b""
+    try:
+        while chunk := s.recv(4096):
+            got += chunk
+    except (ConnectionResetError, socket.timeout):
+        pass
+    s.close()
+    assert got.startswith(b"HTTP/1.1 403"), got[:40]  # unsigned: refused, then the connection idles
+    assert time.monotonic() - started < 8, "an idle connection was held open"

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from botocore.exceptions import ClientError
 
-from conftest import ACCESS_KEY, REGION, ROOT, SECRET_KEY, binary
+from conftest import CLIENT_KEY, CLIENT_SECRET, REGION, ROOT, binary
 
 MiB = 1 << 20
 BLOCK = 8 * MiB
@@ -25,7 +25,7 @@ def payload(size: int, seed: int) -> bytes:
 
 
 def cli_env():
-    env = dict(os.environ, AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY, AWS_DEFAULT_REGION=REGION)
+    env = dict(os.environ, AWS_ACCESS_KEY_ID=CLIENT_KEY, AWS_SECRET_ACCESS_KEY=CLIENT_SECRET, AWS_DEFAULT_REGION=REGION)
     env.pop("AWS_PROFILE", None)
     return env
 

@@ -26,6 +26,22 @@ pub struct Config {
     /// Longest a client may take to send a request's headers before its connection is closed
     /// (guards against slowloris clients). Default: `10s`.
     pub client_header_timeout: HumanDuration,
+    /// How clients authenticate: `sigv4` (every request signed with AWS Signature Version 4 by a
+    /// key in `auth_credentials`) or `none` (anyone who reaches the listener reads and writes
+    /// through Larder's upstream credentials; logged as a warning). Default: `sigv4`.
+    pub auth: AuthMode,
+    /// File of client keys, one `access_key_id:secret_access_key` per line, `#` comments.
+    /// Required with `auth = "sigv4"`. Default: none.
+    pub auth_credentials: Option<std::path::PathBuf>,
+    /// Per-key policies: the buckets a key may use and whether it may write. TOML only, e.g.
+    /// `[[auth_policies]] access_key = "analytics", buckets = ["lake", "logs-*"],
+    /// access = "read-only"`. Keys without a policy may do everything. Default: none.
+    pub auth_policies: Vec<crate::auth::KeyPolicy>,
+    /// PEM certificate chain for TLS on the S3 listener; with `tls_key`, the listener speaks
+    /// HTTPS only. Both files are re-read when they change. Default: none (plain HTTP).
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// PEM private key for `tls_cert`. Default: none.
+    pub tls_key: Option<std::path::PathBuf>,
     /// Base domain for virtual-hosted-style requests (`bucket.<base_domain>`). Default: none, so
     /// only path-style requests (`/bucket/key`) are understood.
     pub base_domain: Option<String>,
@@ -104,6 +120,17 @@ pub struct DiskPartition {
     pub buckets: Vec<String>,
 }
 
+/// See [`Config::auth`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum AuthMode {
+    /// AWS Signature Version 4.
+    #[default]
+    Sigv4,
+    /// No authentication.
+    None,
+}
+
 /// See [`Config::io_engine`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "kebab-case")]
@@ -157,6 +184,11 @@ impl Default for Config {
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9001)),
             max_connections: 4096,
             client_header_timeout: HumanDuration(Duration::from_secs(10)),
+            auth: AuthMode::default(),
+            auth_credentials: None,
+            auth_policies: Vec::new(),
+            tls_cert: None,
+            tls_key: None,
             base_domain: None,
             upstream_endpoint: None,
             upstream_region: "us-east-1".to_owned(),
@@ -188,6 +220,11 @@ pub const OPTION_NAMES: &[&str] = &[
     "admin_listen",
     "max_connections",
     "client_header_timeout",
+    "auth",
+    "auth_credentials",
+    "auth_policies",
+    "tls_cert",
+    "tls_key",
     "base_domain",
     "upstream_endpoint",
     "upstream_region",
@@ -212,7 +249,7 @@ pub const OPTION_NAMES: &[&str] = &[
 ];
 
 /// Options that are lists of tables, set in the TOML file only (no flag).
-pub const TOML_ONLY: &[&str] = &["disk_partitions"];
+pub const TOML_ONLY: &[&str] = &["disk_partitions", "auth_policies"];
 
 /// Why a configuration was refused. The message names the offending field.
 #[derive(Debug, thiserror::Error)]
@@ -316,6 +353,18 @@ impl Config {
                     );
                 }
             }
+        }
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            return invalid("tls_cert", "and tls_key must be set together");
+        }
+        if self.auth == AuthMode::Sigv4 && self.auth_credentials.is_none() {
+            return invalid(
+                "auth_credentials",
+                "is required with auth = \"sigv4\" (the default): give a file of access_key_id:secret_access_key lines, or choose auth = \"none\" explicitly",
+            );
+        }
+        if self.auth == AuthMode::None && !self.auth_policies.is_empty() {
+            return invalid("auth_policies", "need auth = \"sigv4\"");
         }
         if let Some(url) = &self.upstream_endpoint {
             if !(url.starts_with("http://") || url.starts_with("https://")) {
@@ -501,6 +550,7 @@ mod tests {
     #[allow(clippy::result_large_err)] // figment::Jail's closure must return figment's own error
     fn layers_apply_in_order_and_errors_name_the_field() {
         figment::Jail::expect_with(|jail| {
+            jail.set_env("LARDER_AUTH", "none");
             jail.create_file(
                 "larder.toml",
                 "block_size = \"1MiB\"\nmetadata_ttl = \"5s\"\nmemory_capacity = \"64MiB\"\n",
@@ -543,6 +593,7 @@ mod tests {
     #[allow(clippy::result_large_err)] // figment::Jail's closure must return figment's own error
     fn disk_options_parse_from_toml_and_env() {
         figment::Jail::expect_with(|jail| {
+            jail.set_env("LARDER_AUTH", "none");
             jail.create_file(
                 "larder.toml",
                 r#"
@@ -588,11 +639,53 @@ buckets = ["lake", "warehouse"]
     }
 
     #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's closure must return figment's own error
+    fn auth_is_on_by_default_and_needs_keys() {
+        figment::Jail::expect_with(|jail| {
+            let err = Config::load(None, Flags::default())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("auth_credentials"), "{err}");
+            jail.create_file(
+                "larder.toml",
+                r#"
+auth_credentials = "/etc/larder/keys"
+tls_cert = "/etc/larder/cert.pem"
+tls_key = "/etc/larder/key.pem"
+
+[[auth_policies]]
+access_key = "analytics"
+buckets = ["lake", "logs-*"]
+access = "read-only"
+
+[[auth_policies]]
+access_key = "etl"
+"#,
+            )?;
+            let path = jail.directory().join("larder.toml");
+            let c = Config::load(Some(&path), Flags::default()).expect("loads");
+            assert_eq!(c.auth, AuthMode::Sigv4);
+            assert_eq!(c.auth_policies[0].access, crate::auth::Access::ReadOnly);
+            assert_eq!(c.auth_policies[1].buckets, ["*"]);
+            assert_eq!(c.auth_policies[1].access, crate::auth::Access::ReadWrite);
+            jail.create_file("half.toml", "auth = \"none\"\ntls_cert = \"c.pem\"\n")?;
+            let err = Config::load(Some(&jail.directory().join("half.toml")), Flags::default())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("tls_cert"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
     fn every_option_is_listed_and_documented() {
         let serialized = toml::to_string(&Config {
             base_domain: Some("x".into()),
             upstream_endpoint: Some("http://x".into()),
             disk_path: Some("/x".into()),
+            auth_credentials: Some("/x".into()),
+            tls_cert: Some("/x".into()),
+            tls_key: Some("/x".into()),
             ..Config::default()
         })
         .unwrap();

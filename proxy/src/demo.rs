@@ -24,13 +24,19 @@ use s3s::service::S3ServiceBuilder;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::{Authenticator, KeyStore};
 use crate::config::{ByteSize, Config, HumanDuration};
 use crate::metrics::Metrics;
+use crate::origin::forward::Forwarder;
 use crate::origin::s3::{S3Origin, S3OriginConfig};
+use crate::server::Upstream;
 
 const BUCKET: &str = "demo-bucket";
 const ACCESS_KEY: &str = "larder-demo";
 const SECRET_KEY: &str = "larder-demo-secret";
+/// The key the demo's clients sign with; Larder re-signs with the origin's key.
+const CLIENT_KEY: &str = "demo-client";
+const CLIENT_SECRET: &str = "demo-client-secret";
 
 /// Options of `larder demo`.
 #[derive(Debug, Clone, clap::Args)]
@@ -57,7 +63,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     let origin_addr = start_origin(dir.path(), args.origin_latency.0, shutdown.clone()).await?;
     let origin_url = format!("http://{origin_addr}");
-    let direct = client(&origin_url);
+    let direct = client(&origin_url, ACCESS_KEY, SECRET_KEY);
 
     direct
         .create_bucket()
@@ -100,10 +106,27 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         )),
     })
     .await;
-    let larder = crate::server::start(&config, Arc::new(origin))
+    // Clients hold their own key, which Larder verifies; only Larder holds the origin's.
+    let auth = Authenticator::SigV4(KeyStore::from_pairs([(CLIENT_KEY, CLIENT_SECRET)]));
+    let forwarder = Forwarder::new(
+        Some(&origin_url),
+        &config.upstream_region,
+        true,
+        origin.credentials(),
+        config.upstream_idle_timeout.0,
+    )?;
+    let upstream = Upstream {
+        origin: Arc::new(origin),
+        forwarder,
+    };
+    let larder = crate::server::start(&config, upstream, auth)
         .await
         .context("starting larder")?;
-    let through = client(&format!("http://{}", larder.s3_addr));
+    let through = client(
+        &format!("http://{}", larder.s3_addr),
+        CLIENT_KEY,
+        CLIENT_SECRET,
+    );
     let samples = Arc::new(samples);
 
     println!(
@@ -139,19 +162,13 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn client(endpoint: &str) -> Client {
+fn client(endpoint: &str, key: &str, secret: &str) -> Client {
     let config = aws_sdk_s3::Config::builder()
         .behavior_version(BehaviorVersion::latest())
         .region(Region::new("us-east-1"))
         .endpoint_url(endpoint)
         .force_path_style(true)
-        .credentials_provider(Credentials::new(
-            ACCESS_KEY,
-            SECRET_KEY,
-            None,
-            None,
-            "larder-demo",
-        ))
+        .credentials_provider(Credentials::new(key, secret, None, None, "larder-demo"))
         .build();
     Client::from_conf(config)
 }

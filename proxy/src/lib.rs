@@ -5,6 +5,7 @@
 //! `cache_core`'s memory tier and single-flight) → [`origin`] (aws-sdk-s3).
 
 pub mod admin;
+pub mod auth;
 pub mod blocks;
 pub mod config;
 pub mod demo;
@@ -14,3 +15,4 @@ pub mod origin;
 pub mod routes;
 pub mod s3;
 pub mod server;
+pub mod tls;

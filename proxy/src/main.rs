@@ -5,8 +5,11 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use larder::auth::Authenticator;
 use larder::config::Config;
+use larder::origin::forward::Forwarder;
 use larder::origin::s3::{S3Origin, S3OriginConfig};
+use larder::server::Upstream;
 use serde::Serialize;
 
 #[derive(Parser)]
@@ -53,6 +56,22 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     client_header_timeout: Option<String>,
+    /// Client authentication: sigv4 or none [default: sigv4].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    auth: Option<String>,
+    /// File of client keys, one access_key_id:secret_access_key per line.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    auth_credentials: Option<PathBuf>,
+    /// PEM certificate chain for TLS on the S3 listener.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key for --tls-cert.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls_key: Option<PathBuf>,
     /// Base domain for virtual-hosted-style requests.
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -152,7 +171,11 @@ fn main() -> anyhow::Result<()> {
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let config = Config::load(args.config.as_deref(), &args)?;
-    tracing::warn!("running without client authentication: any client that reaches the S3 listener can read through Larder's upstream credentials");
+    let auth = Authenticator::from_config(&config)?;
+    match &auth {
+        Authenticator::None => tracing::warn!("auth = none: any client that reaches the S3 listener reads and writes through Larder's upstream credentials"),
+        Authenticator::SigV4(keys) => tracing::info!(keys = keys.len(), "clients must sign requests (SigV4)"),
+    }
     let origin = S3Origin::new(&S3OriginConfig {
         endpoint: config.upstream_endpoint.clone(),
         region: config.upstream_region.clone(),
@@ -160,7 +183,18 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         credentials: None,
     })
     .await;
-    let running = larder::server::start(&config, Arc::new(origin))
+    let forwarder = Forwarder::new(
+        config.upstream_endpoint.as_deref(),
+        &config.upstream_region,
+        config.upstream_path_style,
+        origin.credentials(),
+        config.upstream_idle_timeout.0,
+    )?;
+    let upstream = Upstream {
+        origin: Arc::new(origin),
+        forwarder,
+    };
+    let running = larder::server::start(&config, upstream, auth)
         .await
         .with_context(|| {
             format!(

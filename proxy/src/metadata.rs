@@ -28,6 +28,7 @@ impl MetadataCache {
             Cache::builder()
                 .max_capacity(capacity)
                 .time_to_live(ttl)
+                .support_invalidation_closures()
                 .build()
         });
         Self {
@@ -56,6 +57,15 @@ impl MetadataCache {
     pub async fn invalidate(&self, id: &ObjectId) {
         if let Some(cache) = &self.cache {
             cache.invalidate(id).await;
+        }
+    }
+
+    /// Forget every object of `bucket` (a write that names its keys only in its body).
+    pub fn invalidate_bucket(&self, bucket: &str) {
+        if let Some(cache) = &self.cache {
+            let bucket: Arc<str> = bucket.into();
+            // Fails only if closures were not enabled at build time, which they are.
+            let _ = cache.invalidate_entries_if(move |id, _| id.bucket == bucket);
         }
     }
 

@@ -1,7 +1,10 @@
-//! The S3 front: GetObject and HeadObject through the block cache; S3 errors for the rest.
+//! The S3 front: every request is authenticated and authorised; GetObject and HeadObject go
+//! through the block cache; everything else passes through to the upstream, re-signed.
 //!
-//! A GET goes: [`handle`] → address and query ([`crate::s3::request`]) → metadata
-//! ([`MetadataCache`]) → conditionals and range ([`crate::s3`]) → bytes ([`BlockStore::read`]).
+//! A cached GET goes: [`handle`] → [`crate::auth`] → address and query
+//! ([`crate::s3::request`]) → metadata ([`MetadataCache`]) → conditionals and range
+//! ([`crate::s3`]) → bytes ([`BlockStore::read`]). Anything else goes to [`Forwarder::send`],
+//! and a write that succeeds forgets what was cached of its object.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -9,13 +12,17 @@ use std::time::Instant;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::Response;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use http::request::Parts;
 use http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use parking_lot::Mutex;
 
+use crate::auth::chunked::{self, ChunkError, Decoder};
+use crate::auth::{copy_source_bucket, Authenticator, Payload, Principal};
 use crate::blocks::BlockStore;
 use crate::metadata::MetadataCache;
 use crate::metrics::Metrics;
+use crate::origin::forward::{Forward, ForwardError, Forwarder};
 use crate::origin::{ObjectId, Origin, OriginError};
 use crate::s3::conditional::{self, Outcome};
 use crate::s3::headers::object_headers;
@@ -27,12 +34,16 @@ use crate::s3::S3Error;
 pub struct AppState {
     /// Base domain for virtual-hosted-style requests.
     pub base_domain: Option<String>,
+    /// Who may send requests.
+    pub auth: Authenticator,
     /// Object metadata.
     pub metadata: MetadataCache,
     /// Block data.
     pub blocks: Arc<BlockStore>,
     /// The upstream, for the rare request the caches cannot answer (explaining a 404).
     pub origin: Arc<dyn Origin>,
+    /// The upstream, for every request that is not a cacheable read.
+    pub forwarder: Forwarder,
     /// Metrics.
     pub metrics: Arc<Metrics>,
 }
@@ -46,11 +57,10 @@ pub fn router(state: Arc<AppState>) -> axum::Router {
 pub async fn handle(State(app): State<Arc<AppState>>, req: Request) -> Response {
     let started = Instant::now();
     let request_id = request_id();
-    // Only the head is needed, and unlike the body it is Sync, so it can be held across awaits.
-    let (req, _body) = req.into_parts();
+    let (req, body) = req.into_parts();
     let method = req.method.clone();
     let resource = req.uri.path().to_owned();
-    let (operation, result) = app.dispatch(&req).await;
+    let (operation, result) = app.dispatch(req, body).await;
     let (mut response, cache) = match result {
         Ok((response, cache)) => (response, cache),
         Err(e) => {
@@ -61,8 +71,10 @@ pub async fn handle(State(app): State<Arc<AppState>>, req: Request) -> Response 
         }
     };
     let headers = response.headers_mut();
-    if let Ok(v) = HeaderValue::from_str(&request_id) {
-        headers.insert("x-amz-request-id", v);
+    if !headers.contains_key("x-amz-request-id") {
+        if let Ok(v) = HeaderValue::from_str(&request_id) {
+            headers.insert("x-amz-request-id", v);
+        }
     }
     headers.insert("x-cache", HeaderValue::from_static(cache));
     app.metrics
@@ -79,7 +91,12 @@ pub async fn handle(State(app): State<Arc<AppState>>, req: Request) -> Response 
 type Handled = Result<(Response, &'static str), S3Error>;
 
 impl AppState {
-    async fn dispatch(&self, req: &Parts) -> (&'static str, Handled) {
+    async fn dispatch(&self, req: Parts, body: Body) -> (&'static str, Handled) {
+        // Authenticate before looking at anything else, so an unknown client learns nothing.
+        let principal = match self.auth.authenticate(&req, self.base_domain.as_deref()) {
+            Ok(p) => p,
+            Err(e) => return ("Unauthenticated", Err(e)),
+        };
         let host = req
             .headers
             .get(header::HOST)
@@ -89,47 +106,136 @@ impl AppState {
             Ok(t) => t,
             Err(e) => return ("Unknown", Err(e)),
         };
-        match (&req.method, target) {
-            (&Method::GET, Target::Object { bucket, key }) => {
-                ("GetObject", self.object(req, bucket, key, false).await)
+        let query = ObjectQuery::parse(req.uri.query());
+        let operation = operation_name(&req.method, &target, &query, &req.headers);
+        let copy_source = req
+            .headers
+            .get("x-amz-copy-source")
+            .and_then(|v| v.to_str().ok())
+            .and_then(copy_source_bucket);
+        if let Err(e) = principal.authorize(&req.method, &target, copy_source.as_deref()) {
+            return (operation, Err(e));
+        }
+        let result = match (&req.method, &target) {
+            (&Method::GET | &Method::HEAD, Target::Object { bucket, key })
+                if cacheable(&query, &req.headers) =>
+            {
+                let head = req.method == Method::HEAD;
+                self.object(&req, bucket.clone(), key.clone(), &query, head)
+                    .await
             }
-            (&Method::HEAD, Target::Object { bucket, key }) => {
-                ("HeadObject", self.object(req, bucket, key, true).await)
+            _ => self.pass_through(req, body, target, principal).await,
+        };
+        (operation, result)
+    }
+
+    /// Send the request upstream as it is, re-signed, and stream the answer back.
+    async fn pass_through(
+        &self,
+        req: Parts,
+        body: Body,
+        target: Target,
+        principal: Principal,
+    ) -> Handled {
+        let write = !matches!(req.method, Method::GET | Method::HEAD);
+        let stale = if write {
+            stale_ids(&target, req.uri.query())
+        } else {
+            Vec::new()
+        };
+        // Forget before (readers revalidate while the write runs) and after (anything cached
+        // from the old version in between).
+        self.forget(&stale, &target, &req).await;
+        let failure = Arc::new(Mutex::new(None::<ChunkError>));
+        let (body, decoded_length) = match &principal.payload {
+            Payload::SignedChunks { trailer, signer } => {
+                let length = req
+                    .headers
+                    .get("x-amz-decoded-content-length")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .ok_or(S3Error::MissingContentLength)?;
+                let decoder = Decoder::new(signer.clone(), *trailer, length);
+                let slot = failure.clone();
+                let stream = chunked::decode(body.into_data_stream(), decoder).map_err(move |e| {
+                    *slot.lock() = Some(e.clone());
+                    std::io::Error::other(e)
+                });
+                (Body::from_stream(stream), Some(length))
             }
-            (m, t) => {
-                let what = match t {
-                    Target::Service => "service",
-                    Target::Bucket(_) => "bucket",
-                    Target::Object { .. } => "object",
-                };
-                let msg = format!(
-                    "Larder serves GET and HEAD of objects; {m} on a {what} is not implemented yet"
-                );
-                ("Unsupported", Err(S3Error::NotImplemented(msg)))
+            _ => (body, None),
+        };
+        let forward = Forward {
+            method: req.method.clone(),
+            target: target.clone(),
+            query: req.uri.query().map(str::to_owned),
+            headers: req.headers.clone(),
+            body,
+            payload: principal.payload,
+            decoded_length,
+        };
+        let result = self.forwarder.send(forward).await;
+        let outcome = match &result {
+            Ok(r) if r.status().is_success() || r.status() == StatusCode::NOT_MODIFIED => "ok",
+            _ => "error",
+        };
+        self.metrics
+            .upstream_requests
+            .get_or_create(&vec![("operation", "PassThrough"), ("outcome", outcome)])
+            .inc();
+        match result {
+            Ok(response) => {
+                if write && response.status().is_success() {
+                    self.forget(&stale, &target, &req).await;
+                }
+                Ok((response, "pass"))
+            }
+            Err(e) => {
+                if let Some(chunk_error) = failure.lock().take() {
+                    return Err(match chunk_error {
+                        ChunkError::Signature => S3Error::SignatureDoesNotMatch,
+                        other => S3Error::IncompleteBody(other.to_string()),
+                    });
+                }
+                Err(match e {
+                    ForwardError::Transport(m) => {
+                        S3Error::ServiceUnavailable(format!("upstream unavailable: {m}"))
+                    }
+                    ForwardError::Timeout(_) => S3Error::ServiceUnavailable(e.to_string()),
+                    ForwardError::Credentials(_) | ForwardError::Build(_) => {
+                        tracing::error!(error = %e, "cannot pass a request upstream");
+                        S3Error::InternalError
+                    }
+                })
             }
         }
     }
 
-    async fn object(&self, req: &Parts, bucket: String, key: String, head: bool) -> Handled {
-        let query = ObjectQuery::parse(req.uri.query());
-        if let Some(p) = query.other.first() {
-            return Err(S3Error::NotImplemented(format!(
-                "the `{p}` sub-resource is not implemented yet"
-            )));
+    /// Drop cached metadata a write makes stale. Blocks need no dropping: they are keyed by
+    /// ETag, and a changed object has a new one.
+    async fn forget(&self, stale: &[ObjectId], target: &Target, req: &Parts) {
+        for id in stale {
+            self.metadata.invalidate(id).await;
         }
-        if query.part_number.is_some() {
-            return Err(S3Error::NotImplemented(
-                "partNumber reads are not implemented yet".into(),
-            ));
+        // DeleteObjects names its keys in the body, which streams upstream unread; DeleteBucket
+        // empties nothing but is rare. Both forget the whole bucket.
+        if let Target::Bucket(bucket) = target {
+            if req.method == Method::DELETE
+                || (req.method == Method::POST && has_param(req.uri.query(), "delete"))
+            {
+                self.metadata.invalidate_bucket(bucket);
+            }
         }
-        if req
-            .headers
-            .contains_key("x-amz-server-side-encryption-customer-algorithm")
-        {
-            return Err(S3Error::NotImplemented(
-                "SSE-C reads are not implemented yet".into(),
-            ));
-        }
+    }
+
+    async fn object(
+        &self,
+        req: &Parts,
+        bucket: String,
+        key: String,
+        query: &ObjectQuery,
+        head: bool,
+    ) -> Handled {
         let id = ObjectId {
             bucket: bucket.into(),
             key: key.into(),
@@ -139,7 +245,7 @@ impl AppState {
         // fetch says so (If-Match) before anything was sent, and we start over with fresh metadata.
         let mut retried = false;
         loop {
-            match self.object_once(&req.headers, &id, &query, head).await {
+            match self.object_once(&req.headers, &id, query, head).await {
                 Err(Retry) if !retried => {
                     retried = true;
                     self.metadata.invalidate(&id).await;
@@ -274,6 +380,94 @@ impl AppState {
     }
 }
 
+/// Whether a GET or HEAD of an object can be answered from the cache: no sub-resource
+/// (`?tagging`, `?acl`, `?attributes`...), no `partNumber` (parts are addressed by the upload's
+/// layout, which the cache does not know), and no SSE-C (the key must reach S3, and the bytes must
+/// never be stored).
+fn cacheable(query: &ObjectQuery, headers: &HeaderMap) -> bool {
+    query.other.is_empty()
+        && query.part_number.is_none()
+        && !headers.contains_key("x-amz-server-side-encryption-customer-algorithm")
+}
+
+fn has_param(query: Option<&str>, name: &str) -> bool {
+    form_urlencoded::parse(query.unwrap_or("").as_bytes()).any(|(k, _)| k == name)
+}
+
+/// The cached metadata a write to `target` makes stale: the object, and the version it names.
+fn stale_ids(target: &Target, query: Option<&str>) -> Vec<ObjectId> {
+    let Target::Object { bucket, key } = target else {
+        return Vec::new();
+    };
+    let id = |version: Option<Arc<str>>| ObjectId {
+        bucket: bucket.as_str().into(),
+        key: key.as_str().into(),
+        version_id: version,
+    };
+    let mut ids = vec![id(None)];
+    let version = form_urlencoded::parse(query.unwrap_or("").as_bytes())
+        .find(|(k, _)| k == "versionId")
+        .map(|(_, v)| Arc::from(v.as_ref()));
+    if version.is_some() {
+        ids.push(id(version));
+    }
+    ids
+}
+
+/// The S3 operation, for metrics: a fixed set of names, so label cardinality stays bounded.
+fn operation_name(
+    method: &Method,
+    target: &Target,
+    query: &ObjectQuery,
+    headers: &HeaderMap,
+) -> &'static str {
+    let has = |p: &str| query.other.iter().any(|o| o == p);
+    match (method, target) {
+        (&Method::GET, Target::Service) => "ListBuckets",
+        (&Method::GET, Target::Bucket(_)) if has("list-type") => "ListObjectsV2",
+        (&Method::GET, Target::Bucket(_)) if has("uploads") => "ListMultipartUploads",
+        (&Method::GET, Target::Bucket(_)) if has("versions") => "ListObjectVersions",
+        (&Method::GET, Target::Bucket(_))
+            if query.other.iter().all(|o| {
+                matches!(
+                    o.as_str(),
+                    "prefix" | "delimiter" | "marker" | "max-keys" | "encoding-type"
+                )
+            }) =>
+        {
+            "ListObjects"
+        }
+        (&Method::HEAD, Target::Bucket(_)) => "HeadBucket",
+        (&Method::PUT, Target::Bucket(_)) if query.other.is_empty() => "CreateBucket",
+        (&Method::DELETE, Target::Bucket(_)) if query.other.is_empty() => "DeleteBucket",
+        (&Method::POST, Target::Bucket(_)) if has("delete") => "DeleteObjects",
+        (_, Target::Bucket(_) | Target::Service) => "BucketOther",
+        (&Method::GET, Target::Object { .. }) if has("attributes") => "GetObjectAttributes",
+        (&Method::GET, Target::Object { .. }) if has("uploadId") => "ListParts",
+        (&Method::GET, Target::Object { .. }) if query.other.is_empty() => "GetObject",
+        (&Method::HEAD, Target::Object { .. }) => "HeadObject",
+        (&Method::PUT, Target::Object { .. }) if has("uploadId") => {
+            if headers.contains_key("x-amz-copy-source") {
+                "UploadPartCopy"
+            } else {
+                "UploadPart"
+            }
+        }
+        (&Method::PUT, Target::Object { .. }) if query.other.is_empty() => {
+            if headers.contains_key("x-amz-copy-source") {
+                "CopyObject"
+            } else {
+                "PutObject"
+            }
+        }
+        (&Method::POST, Target::Object { .. }) if has("uploads") => "CreateMultipartUpload",
+        (&Method::POST, Target::Object { .. }) if has("uploadId") => "CompleteMultipartUpload",
+        (&Method::DELETE, Target::Object { .. }) if has("uploadId") => "AbortMultipartUpload",
+        (&Method::DELETE, Target::Object { .. }) if query.other.is_empty() => "DeleteObject",
+        _ => "ObjectOther",
+    }
+}
+
 /// The object changed upstream between reading its metadata and its first block.
 struct Retry;
 
@@ -305,6 +499,16 @@ mod tests {
         };
         Arc::new(AppState {
             base_domain: None,
+            auth: Authenticator::None,
+            // Nothing listens there: these tests never pass a request through.
+            forwarder: Forwarder::new(
+                Some("http://127.0.0.1:9"),
+                "us-east-1",
+                true,
+                None,
+                Duration::from_secs(1),
+            )
+            .unwrap(),
             metadata: MetadataCache::new(
                 origin.clone(),
                 Duration::from_secs(3600),

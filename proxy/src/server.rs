@@ -18,13 +18,16 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{self, AdminState};
+use crate::auth::Authenticator;
 use crate::blocks::{BlockStore, BlockStoreConfig};
 use crate::config::Config;
 use crate::config::{DiskAdmission, DiskRecovery, DiskWritePolicy, IoEngineKind};
 use crate::metadata::MetadataCache;
 use crate::metrics::Metrics;
+use crate::origin::forward::Forwarder;
 use crate::origin::Origin;
 use crate::routes::{self, AppState};
+use crate::tls::{TlsConfig, TlsError};
 use cache_core::disk::{Admission, EngineKind, PartitionConfig, Recovery};
 use cache_core::{DiskCache, DiskConfig, WritePolicy};
 
@@ -50,6 +53,17 @@ pub enum StartError {
     /// The disk tier could not be opened.
     #[error(transparent)]
     Disk(#[from] cache_core::disk::DiskError),
+    /// The TLS certificate or key could not be loaded.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+}
+
+/// The upstream, as the cache reads it and as requests pass through to it.
+pub struct Upstream {
+    /// Object reads (HEAD and ranged GETs) for the cache.
+    pub origin: Arc<dyn Origin>,
+    /// Every other request.
+    pub forwarder: Forwarder,
 }
 
 /// The disk tier's configuration from Larder's.
@@ -83,8 +97,17 @@ fn disk_config(config: &Config, path: &std::path::Path) -> DiskConfig {
 }
 
 /// Open the disk tier, if configured, then bind the listeners and start serving in front of
-/// `origin`.
-pub async fn start(config: &Config, origin: Arc<dyn Origin>) -> Result<Running, StartError> {
+/// `upstream` to the clients `auth` lets in.
+pub async fn start(
+    config: &Config,
+    upstream: Upstream,
+    auth: Authenticator,
+) -> Result<Running, StartError> {
+    let Upstream { origin, forwarder } = upstream;
+    let tls = match (&config.tls_cert, &config.tls_key) {
+        (Some(cert), Some(key)) => Some(TlsConfig::load(cert, key)?),
+        _ => None,
+    };
     let disk = match &config.disk_path {
         Some(path) => Some(DiskCache::open(disk_config(config, path)).await?),
         None => None,
@@ -117,6 +140,8 @@ pub async fn start(config: &Config, origin: Arc<dyn Origin>) -> Result<Running, 
     ));
     let app = Arc::new(AppState {
         base_domain: config.base_domain.clone(),
+        auth,
+        forwarder,
         metadata: MetadataCache::new(
             origin.clone(),
             config.metadata_ttl.0,
@@ -137,11 +162,15 @@ pub async fn start(config: &Config, origin: Arc<dyn Origin>) -> Result<Running, 
     let admin_listener = TcpListener::bind(config.admin_listen).await?;
     let (s3_addr, admin_addr) = (s3_listener.local_addr()?, admin_listener.local_addr()?);
     let shutdown = CancellationToken::new();
+    if let Some(tls) = &tls {
+        tokio::spawn(tls.clone().watch(shutdown.clone()));
+    }
     let tasks = vec![
         tokio::spawn(serve_clients(
             s3_listener,
             routes::router(app),
             ClientLimits::from(config),
+            tls,
             shutdown.clone(),
         )),
         tokio::spawn(
@@ -211,12 +240,13 @@ impl From<&Config> for ClientLimits {
 }
 
 /// The S3 listener's accept loop. Unlike `axum::serve` it caps open connections (a permit per
-/// connection, taken before accepting, so at the cap new clients wait in the backlog) and closes
-/// connections whose headers do not arrive in time.
+/// connection, taken before accepting, so at the cap new clients wait in the backlog), closes
+/// connections whose TLS handshake or headers do not arrive in time, and terminates TLS.
 async fn serve_clients(
     listener: TcpListener,
     router: axum::Router,
     limits: ClientLimits,
+    tls: Option<TlsConfig>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
@@ -247,12 +277,33 @@ async fn serve_clients(
         };
         let _ = socket.set_nodelay(true);
         let service = TowerToHyperService::new(router.clone());
-        let conn = graceful.watch(
-            http.serve_connection(TokioIo::new(socket), service)
-                .into_owned(),
-        );
+        let Some(tls) = &tls else {
+            let conn = graceful.watch(
+                http.serve_connection(TokioIo::new(socket), service)
+                    .into_owned(),
+            );
+            tokio::spawn(async move {
+                let _ = conn.await;
+                drop(permit);
+            });
+            continue;
+        };
+        let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
+        let (http, watcher) = (http.clone(), graceful.watcher());
         tokio::spawn(async move {
-            let _ = conn.await;
+            let handshake = tokio::time::timeout(limits.header_timeout, acceptor.accept(socket));
+            let stream = match handshake.await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => return,
+            };
+            let conn = http
+                .serve_connection(TokioIo::new(stream), service)
+                .into_owned();
+            let _ = watcher.watch(conn).await;
             drop(permit);
         });
     }

@@ -5,6 +5,7 @@
 
 #[cfg(test)]
 pub(crate) mod fake;
+pub mod forward;
 pub mod s3;
 
 use std::fmt;

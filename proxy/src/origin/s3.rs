@@ -31,6 +31,7 @@ pub struct S3OriginConfig {
 /// The upstream S3 API through aws-sdk-s3.
 pub struct S3Origin {
     client: Client,
+    credentials: Option<aws_credential_types::provider::SharedCredentialsProvider>,
 }
 
 impl S3Origin {
@@ -59,7 +60,13 @@ impl S3Origin {
             .build();
         Self {
             client: Client::from_conf(s3),
+            credentials: shared.credentials_provider(),
         }
+    }
+
+    /// The credentials this origin signs with, for the pass-through to sign with too.
+    pub fn credentials(&self) -> Option<aws_credential_types::provider::SharedCredentialsProvider> {
+        self.credentials.clone()
     }
 }
 

@@ -38,6 +38,36 @@ pub enum S3Error {
     /// 405 MethodNotAllowed.
     #[error("The specified method is not allowed against this resource.")]
     MethodNotAllowed,
+    /// 403 InvalidAccessKeyId: the access key is not one Larder knows.
+    #[error("The AWS Access Key Id you provided does not exist in our records.")]
+    InvalidAccessKeyId,
+    /// 403 SignatureDoesNotMatch.
+    #[error("The request signature we calculated does not match the signature you provided. Check your key and signing method.")]
+    SignatureDoesNotMatch,
+    /// 403 AccessDenied: unsigned, expired, or not allowed by the key's policy.
+    #[error("{0}")]
+    AccessDenied(String),
+    /// 400 AuthorizationHeaderMalformed.
+    #[error("{0}")]
+    AuthorizationHeaderMalformed(String),
+    /// 400 AuthorizationQueryParametersError: a presigned URL's parameters are malformed.
+    #[error("{0}")]
+    AuthorizationQueryParametersError(String),
+    /// 403 RequestTimeTooSkewed.
+    #[error("The difference between the request time and the current time is too large.")]
+    RequestTimeTooSkewed,
+    /// 400 InvalidRequest.
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// 400 IncompleteBody: a streamed upload's framing or length is wrong.
+    #[error("{0}")]
+    IncompleteBody(String),
+    /// 411 MissingContentLength.
+    #[error("You must provide the Content-Length HTTP header.")]
+    MissingContentLength,
+    /// 400 MaxMessageLengthExceeded: a body Larder must read itself is over its cap.
+    #[error("Your request was too big.")]
+    MaxMessageLengthExceeded,
     /// 503 ServiceUnavailable: the upstream could not be reached or did not answer in time.
     #[error("{0}")]
     ServiceUnavailable(String),
@@ -71,6 +101,16 @@ impl S3Error {
             S3Error::NotImplemented(_) => "NotImplemented",
             S3Error::MethodNotAllowed => "MethodNotAllowed",
             S3Error::ServiceUnavailable(_) => "ServiceUnavailable",
+            S3Error::InvalidAccessKeyId => "InvalidAccessKeyId",
+            S3Error::SignatureDoesNotMatch => "SignatureDoesNotMatch",
+            S3Error::AccessDenied(_) => "AccessDenied",
+            S3Error::AuthorizationHeaderMalformed(_) => "AuthorizationHeaderMalformed",
+            S3Error::AuthorizationQueryParametersError(_) => "AuthorizationQueryParametersError",
+            S3Error::RequestTimeTooSkewed => "RequestTimeTooSkewed",
+            S3Error::InvalidRequest(_) => "InvalidRequest",
+            S3Error::IncompleteBody(_) => "IncompleteBody",
+            S3Error::MissingContentLength => "MissingContentLength",
+            S3Error::MaxMessageLengthExceeded => "MaxMessageLengthExceeded",
             S3Error::InternalError => "InternalError",
             S3Error::Upstream { code, .. } => code,
         }
@@ -85,7 +125,17 @@ impl S3Error {
             S3Error::InvalidUri
             | S3Error::KeyTooLong
             | S3Error::InvalidBucketName
-            | S3Error::InvalidArgument(_) => StatusCode::BAD_REQUEST,
+            | S3Error::InvalidArgument(_)
+            | S3Error::AuthorizationHeaderMalformed(_)
+            | S3Error::AuthorizationQueryParametersError(_)
+            | S3Error::InvalidRequest(_)
+            | S3Error::IncompleteBody(_)
+            | S3Error::MaxMessageLengthExceeded => StatusCode::BAD_REQUEST,
+            S3Error::InvalidAccessKeyId
+            | S3Error::SignatureDoesNotMatch
+            | S3Error::AccessDenied(_)
+            | S3Error::RequestTimeTooSkewed => StatusCode::FORBIDDEN,
+            S3Error::MissingContentLength => StatusCode::LENGTH_REQUIRED,
             S3Error::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             S3Error::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             S3Error::ServiceUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,

@@ -33,16 +33,7 @@ pub fn target(
     base_domain: Option<&str>,
 ) -> Result<Target, S3Error> {
     let path = raw_path.strip_prefix('/').unwrap_or(raw_path);
-    let virtual_bucket = match (host, base_domain) {
-        (Some(host), Some(domain)) => {
-            let host = strip_port(host);
-            host.strip_suffix(domain)
-                .and_then(|b| b.strip_suffix('.'))
-                .filter(|b| !b.is_empty())
-        }
-        _ => None,
-    };
-    let (bucket, raw_key) = match virtual_bucket {
+    let (bucket, raw_key) = match virtual_bucket(host, base_domain) {
         Some(bucket) => (bucket.to_owned(), Some(path)),
         None => {
             if path.is_empty() {
@@ -65,6 +56,15 @@ pub fn target(
             Ok(Target::Object { bucket, key })
         }
     }
+}
+
+/// The bucket a virtual-hosted-style `host` names (`<bucket>.<base_domain>`), if any.
+pub fn virtual_bucket<'a>(host: Option<&'a str>, base_domain: Option<&str>) -> Option<&'a str> {
+    let (host, domain) = (host?, base_domain?);
+    strip_port(host)
+        .strip_suffix(domain)
+        .and_then(|b| b.strip_suffix('.'))
+        .filter(|b| !b.is_empty())
 }
 
 fn strip_port(host: &str) -> &str {
@@ -146,6 +146,8 @@ impl ObjectQuery {
                 // Added by the AWS SDKs for routing; not a sub-resource.
                 "x-id" => {}
                 n if n.starts_with("X-Amz-") || n.starts_with("x-amz-") => {}
+                // A SigV2 presigned URL's signature.
+                "AWSAccessKeyId" | "Signature" | "Expires" => {}
                 n => match OVERRIDES.iter().find(|(p, _)| *p == n) {
                     Some((_, header)) => q.overrides.push((header, value.into_owned())),
                     None => q.other.push(n.to_owned()),

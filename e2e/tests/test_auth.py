@@ -1,0 +1,124 @@
+"""Clients must sign with a key Larder knows (SigV4, header or presigned URL); each refusal carries
+S3's own code. Larder re-signs upstream with its own credentials, so clients never hold them."""
+
+import datetime
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+import botocore.auth
+import pytest
+from botocore import UNSIGNED
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+from conftest import ACCESS_KEY, CLIENT_KEY, READER_KEY, READER_SECRET, SECRET_KEY, s3_client
+from test_headers_errors import error_of, raw
+
+
+def fetch(url):
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_the_right_key_reads_and_every_wrong_one_gets_s3s_code(larder, direct, bucket):
+    direct.put_object(Bucket=bucket, Key="k", Body=b"signed")
+    assert larder.client().get_object(Bucket=bucket, Key="k")["Body"].read() == b"signed"
+    cases = [
+        # The upstream's own key means nothing to Larder: clients never need it.
+        (larder.client(ACCESS_KEY, SECRET_KEY), (403, "InvalidAccessKeyId")),
+        (larder.client("nobody", "whatever"), (403, "InvalidAccessKeyId")),
+        (larder.client(CLIENT_KEY, "the-wrong-secret"), (403, "SignatureDoesNotMatch")),
+        (larder.client(signature_version=UNSIGNED), (403, "AccessDenied")),
+    ]
+    for client, want in cases:
+        assert error_of(client.get_object, Bucket=bucket, Key="k") == want
+        # A HEAD's error has no body, as with S3: only the status.
+        assert error_of(client.head_object, Bucket=bucket, Key="k")[0] == want[0]
+        assert error_of(client.list_objects_v2, Bucket=bucket) == want
+    status, _, body = raw(larder, "GET", f"/{bucket}/k", sign=False)
+    assert status == 403 and b"<Code>AccessDenied</Code>" in body
+    status, _, body = raw(larder, "GET", f"/{bucket}/k", {"Authorization": "AWS4-HMAC-SHA256 Credential=x"}, sign=False)
+    assert status == 400 and b"<Code>AuthorizationHeaderMalformed</Code>" in body
+
+
+def test_a_skewed_clock_is_refused(larder, direct, bucket, monkeypatch):
+    direct.put_object(Bucket=bucket, Key="k", Body=b"x")
+    real = botocore.auth.get_current_datetime
+    monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda: real() - datetime.timedelta(minutes=20))
+    assert error_of(larder.client().get_object, Bucket=bucket, Key="k") == (403, "RequestTimeTooSkewed")
+    monkeypatch.setattr(botocore.auth, "get_current_datetime", lambda: real() - datetime.timedelta(minutes=10))
+    assert larder.client().get_object(Bucket=bucket, Key="k")["Body"].read() == b"x"
+
+
+def test_presigned_urls_from_boto3_and_the_aws_cli_work_until_they_expire(larder, direct, bucket):
+    direct.put_object(Bucket=bucket, Key="dir/pre signed+1.txt", Body=b"presigned bytes")
+    url = larder.client().generate_presigned_url(
+        "get_object", Params={"Bucket": bucket, "Key": "dir/pre signed+1.txt"}, ExpiresIn=300)
+    assert fetch(url) == (200, b"presigned bytes")
+    cli = subprocess.run(
+        ["aws", "s3", "presign", f"s3://{bucket}/dir/pre signed+1.txt", "--expires-in", "300",
+         "--endpoint-url", larder.endpoint],
+        check=True, env=larder.cli_env(), capture_output=True, text=True, timeout=60)
+    assert fetch(cli.stdout.strip()) == (200, b"presigned bytes")
+    # With response overrides, which are part of what was signed.
+    url = larder.client().generate_presigned_url(
+        "get_object", Params={"Bucket": bucket, "Key": "dir/pre signed+1.txt",
+                              "ResponseContentDisposition": "attachment; filename=\"a b.txt\""}, ExpiresIn=300)
+    with urllib.request.urlopen(url, timeout=10) as r:
+        assert r.headers["Content-Disposition"] == "attachment; filename=\"a b.txt\""
+    # Tampered: another key under the same signature.
+    status, body = fetch(url.replace("pre%20signed", "pre%20signeD"))
+    assert status == 403 and b"SignatureDoesNotMatch" in body
+    short = larder.client().generate_presigned_url(
+        "get_object", Params={"Bucket": bucket, "Key": "dir/pre signed+1.txt"}, ExpiresIn=1)
+    time.sleep(2.1)
+    status, body = fetch(short)
+    assert status == 403 and b"<Code>AccessDenied</Code>" in body and b"expired" in body
+
+
+def test_key_policies_limit_buckets_and_writes(make_larder, direct, bucket, workdir):
+    other = bucket + "-other"
+    direct.create_bucket(Bucket=other)
+    for b in (bucket, other):
+        direct.put_object(Bucket=b, Key="k", Body=b"policy")
+    config = workdir / "policy.toml"
+    config.write_text(f'[[auth_policies]]\naccess_key = "{READER_KEY}"\nbuckets = ["{bucket}"]\naccess = "read-only"\n')
+    l = make_larder("--config", str(config))
+    reader = l.client(READER_KEY, READER_SECRET)
+    assert reader.get_object(Bucket=bucket, Key="k")["Body"].read() == b"policy"
+    assert [o["Key"] for o in reader.list_objects_v2(Bucket=bucket)["Contents"]] == ["k"]
+    assert error_of(reader.put_object, Bucket=bucket, Key="new", Body=b"no") == (403, "AccessDenied")
+    assert error_of(reader.delete_object, Bucket=bucket, Key="k") == (403, "AccessDenied")
+    assert error_of(reader.get_object, Bucket=other, Key="k") == (403, "AccessDenied")
+    assert error_of(reader.list_buckets) == (403, "AccessDenied")
+    assert direct.get_object(Bucket=bucket, Key="k")["Body"].read() == b"policy"
+    # The key without a policy may do everything.
+    writer = l.client()
+    writer.put_object(Bucket=other, Key="new", Body=b"yes")
+    assert direct.get_object(Bucket=other, Key="new")["Body"].read() == b"yes"
+
+
+def test_auth_none_must_be_chosen_and_says_so(make_larder, direct, bucket):
+    direct.put_object(Bucket=bucket, Key="k", Body=b"open")
+    l = make_larder("--auth", "none")
+    anonymous = s3_client(l.endpoint, signature_version=UNSIGNED)
+    assert anonymous.get_object(Bucket=bucket, Key="k")["Body"].read() == b"open"
+    assert "auth = none" in l.log_path.read_text()
+
+
+def test_larder_refuses_to_start_without_client_keys(workdir):
+    from conftest import binary
+    import os
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LARDER_")}
+    r = subprocess.run([binary("larder"), "serve"], capture_output=True, text=True, env=env, timeout=30)
+    assert r.returncode != 0 and "auth_credentials" in r.stderr, r.stderr
+    keys = workdir / "bad.keys"
+    keys.write_text("no colon here\n")
+    r = subprocess.run([binary("larder"), "serve", "--auth-credentials", str(keys)], capture_output=True, text=True,
+                       env=env, timeout=30)
+    assert r.returncode != 0 and "bad.keys:1" in r.stderr, r.stderr

@@ -1,0 +1,56 @@
+"""TLS on the S3 listener (rustls): real clients verify Larder's certificate, and a renewed
+certificate is served without a restart."""
+
+import ssl
+import subprocess
+import time
+
+import pytest
+
+from conftest import s3_client, CLIENT_KEY, CLIENT_SECRET
+
+
+def make_cert(directory, name):
+    cert, key = directory / f"{name}.crt", directory / f"{name}.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-days", "2", "-subj", f"/CN={name}", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True, timeout=60)
+    return cert, key
+
+
+def served_cert(port):
+    return ssl.get_server_certificate(("127.0.0.1", port), timeout=5)
+
+
+def test_clients_read_over_tls_and_a_renewed_certificate_is_picked_up(make_larder, direct, bucket, tmp_path):
+    direct.put_object(Bucket=bucket, Key="k", Body=b"over tls")
+    first_cert, first_key = make_cert(tmp_path, "first")
+    live_cert, live_key = tmp_path / "live.crt", tmp_path / "live.key"
+    live_cert.write_bytes(first_cert.read_bytes())
+    live_key.write_bytes(first_key.read_bytes())
+    l = make_larder("--tls-cert", str(live_cert), "--tls-key", str(live_key))
+    endpoint = f"https://127.0.0.1:{l.port}"
+    client = s3_client(endpoint, CLIENT_KEY, CLIENT_SECRET)
+    client._endpoint.http_session._verify = str(first_cert)  # trust exactly this certificate
+    assert client.get_object(Bucket=bucket, Key="k")["Body"].read() == b"over tls"
+    subprocess.run(["aws", "s3", "cp", f"s3://{bucket}/k", str(tmp_path / "out"), "--endpoint-url", endpoint,
+                    "--ca-bundle", str(first_cert)], check=True, env=l.cli_env(), capture_output=True, timeout=60)
+    assert (tmp_path / "out").read_bytes() == b"over tls"
+    # Plain HTTP to the TLS port gets no answer.
+    with pytest.raises(Exception):
+        s3_client(f"http://127.0.0.1:{l.port}", CLIENT_KEY, CLIENT_SECRET,
+                  connect_timeout=3, read_timeout=3).get_object(Bucket=bucket, Key="k")
+
+    assert served_cert(l.port) == first_cert.read_text()
+    second_cert, second_key = make_cert(tmp_path, "second")
+    live_key.write_bytes(second_key.read_bytes())
+    live_cert.write_bytes(second_cert.read_bytes())
+    deadline = time.monotonic() + 20
+    while served_cert(l.port) != second_cert.read_text():
+        assert time.monotonic() < deadline, "the renewed certificate was not picked up"
+        time.sleep(0.5)
+    # A broken renewal keeps the last good certificate.
+    live_cert.write_text("garbage")
+    time.sleep(6)
+    assert served_cert(l.port) == second_cert.read_text()
+    assert "TLS certificate not reloaded" in l.log_path.read_text()

@@ -1,0 +1,408 @@
+//! Decoding `aws-chunked` upload bodies whose chunks are signed, verifying each signature as the
+//! bytes stream through.
+//!
+//! Each chunk is `hex-size;chunk-signature=<sig>\r\n<data>\r\n`; a zero-size chunk ends the data,
+//! followed by signed trailing headers (the `-TRAILER` variant) and an empty line. Data is passed
+//! on as it arrives, except the last byte of each chunk, which is held back until the chunk's
+//! signature verifies: the upstream request carries the decoded length, so it can never complete
+//! with bytes whose signature failed.
+
+use bytes::{Buf, Bytes, BytesMut};
+use futures::{Stream, StreamExt};
+use sha2::{Digest, Sha256};
+
+use super::sigv4::ChunkSigner;
+
+/// Longest chunk header or trailer line accepted.
+const MAX_LINE: usize = 4096;
+/// Most bytes of trailing headers accepted.
+const MAX_TRAILER: usize = 16 * 1024;
+
+/// Why a chunked body was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChunkError {
+    /// The framing is broken.
+    #[error("the aws-chunked body is malformed: {0}")]
+    Framing(&'static str),
+    /// A chunk or trailer signature did not verify.
+    #[error("a chunk signature does not match")]
+    Signature,
+    /// The decoded length differs from `x-amz-decoded-content-length`.
+    #[error("the body holds {got} bytes, x-amz-decoded-content-length says {expected}")]
+    Length {
+        /// Bytes decoded.
+        got: u64,
+        /// Bytes announced.
+        expected: u64,
+    },
+    /// The client's body failed.
+    #[error("the request body broke off: {0}")]
+    Body(String),
+}
+
+enum State {
+    /// Reading a chunk header line.
+    Header,
+    /// Inside a chunk's data, with this many bytes left.
+    Data(u64),
+    /// Expecting the `\r\n` after a chunk's data.
+    DataEnd,
+    /// Reading trailing header lines.
+    Trailer,
+    /// Expecting the final empty line (no trailer).
+    Final,
+    /// Done.
+    Done,
+}
+
+/// A push parser: feed it the body as it arrives, take out decoded data.
+pub struct Decoder {
+    state: State,
+    line: BytesMut,
+    signer: Option<ChunkSigner>,
+    trailer: bool,
+    trailers: Vec<(String, String)>,
+    trailer_bytes: usize,
+    chunk_signature: Option<String>,
+    hasher: Sha256,
+    held: Option<Bytes>,
+    decoded: u64,
+    expected: u64,
+}
+
+impl Decoder {
+    /// A decoder for a body of `expected` decoded bytes; `signer` verifies signatures (`None`:
+    /// framing only), `trailer`: trailing headers follow the data.
+    pub fn new(signer: Option<ChunkSigner>, trailer: bool, expected: u64) -> Self {
+        Self {
+            state: State::Header,
+            line: BytesMut::new(),
+            signer,
+            trailer,
+            trailers: Vec::new(),
+            trailer_bytes: 0,
+            chunk_signature: None,
+            hasher: Sha256::new(),
+            held: None,
+            decoded: 0,
+            expected,
+        }
+    }
+
+    /// Consume `input`, appending decoded data to `out`.
+    pub fn push(&mut self, mut input: Bytes, out: &mut Vec<Bytes>) -> Result<(), ChunkError> {
+        while !input.is_empty() {
+            match self.state {
+                State::Data(left) => {
+                    let take = (input.len() as u64).min(left) as usize;
+                    let data = input.split_to(take);
+                    self.hasher.update(&data);
+                    let left = left - take as u64;
+                    self.state = State::Data(left);
+                    if left == 0 {
+                        self.state = State::DataEnd;
+                        if self.signer.is_some() {
+                            // Hold back the chunk's last byte until its signature verifies.
+                            let mut data = data;
+                            let last = data.split_off(data.len() - 1);
+                            self.held = Some(last);
+                            if !data.is_empty() {
+                                out.push(data);
+                            }
+                            continue;
+                        }
+                    }
+                    if !data.is_empty() {
+                        out.push(data);
+                    }
+                }
+                State::Header | State::Trailer | State::DataEnd | State::Final => {
+                    let Some(line) = self.take_line(&mut input)? else {
+                        continue;
+                    };
+                    self.line_done(line, out)?;
+                }
+                State::Done => return Err(ChunkError::Framing("bytes after the end")),
+            }
+        }
+        Ok(())
+    }
+
+    /// The body ended: check it was complete.
+    pub fn finish(&self) -> Result<(), ChunkError> {
+        if !matches!(self.state, State::Done) {
+            return Err(ChunkError::Framing("the body ended inside a chunk"));
+        }
+        if self.decoded != self.expected {
+            return Err(ChunkError::Length {
+                got: self.decoded,
+                expected: self.expected,
+            });
+        }
+        Ok(())
+    }
+
+    /// Trailing headers received (the signature line excluded).
+    pub fn trailers(&self) -> &[(String, String)] {
+        &self.trailers
+    }
+
+    /// Accumulate up to the next `\r\n`; the line without it once complete.
+    fn take_line(&mut self, input: &mut Bytes) -> Result<Option<Bytes>, ChunkError> {
+        match input.iter().position(|&b| b == b'\n') {
+            Some(i) => {
+                self.line.extend_from_slice(&input[..=i]);
+                input.advance(i + 1);
+                let mut line = self.line.split().freeze();
+                if line.len() < 2 || line[line.len() - 2] != b'\r' {
+                    return Err(ChunkError::Framing("lines must end in CRLF"));
+                }
+                line.truncate(line.len() - 2);
+                Ok(Some(line))
+            }
+            None => {
+                self.line.extend_from_slice(input);
+                input.clear();
+                if self.line.len() > MAX_LINE {
+                    return Err(ChunkError::Framing("a line is too long"));
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    fn line_done(&mut self, line: Bytes, out: &mut Vec<Bytes>) -> Result<(), ChunkError> {
+        match self.state {
+            State::Header => {
+                let text = std::str::from_utf8(&line)
+                    .map_err(|_| ChunkError::Framing("a chunk header is not ASCII"))?;
+                let (size, ext) = match text.split_once(';') {
+                    Some((s, e)) => (s, Some(e)),
+                    None => (text, None),
+                };
+                if size.is_empty() || size.len() > 16 {
+                    return Err(ChunkError::Framing("bad chunk size"));
+                }
+                let size = u64::from_str_radix(size, 16)
+                    .map_err(|_| ChunkError::Framing("bad chunk size"))?;
+                self.chunk_signature = match ext {
+                    Some(e) => Some(
+                        e.strip_prefix("chunk-signature=")
+                            .ok_or(ChunkError::Framing("unknown chunk extension"))?
+                            .to_owned(),
+                    ),
+                    None => None,
+                };
+                if self.signer.is_some() && self.chunk_signature.is_none() {
+                    return Err(ChunkError::Framing("a chunk has no signature"));
+                }
+                self.decoded += size;
+                if self.decoded > self.expected {
+                    return Err(ChunkError::Length {
+                        got: self.decoded,
+                        expected: self.expected,
+                    });
+                }
+                self.hasher = Sha256::new();
+                if size == 0 {
+                    self.verify_chunk()?;
+                    self.state = if self.trailer {
+                        State::Trailer
+                    } else {
+                        State::Final
+                    };
+                } else {
+                    self.state = State::Data(size);
+                }
+            }
+            State::DataEnd => {
+                if !line.is_empty() {
+                    return Err(ChunkError::Framing("chunk data is longer than its size"));
+                }
+                self.verify_chunk()?;
+                if let Some(held) = self.held.take() {
+                    out.push(held);
+                }
+                self.state = State::Header;
+            }
+            State::Final => {
+                if !line.is_empty() {
+                    return Err(ChunkError::Framing("expected the final empty line"));
+                }
+                self.state = State::Done;
+            }
+            State::Trailer => {
+                if line.is_empty() {
+                    self.state = State::Done;
+                    return Ok(());
+                }
+                self.trailer_bytes += line.len();
+                if self.trailer_bytes > MAX_TRAILER {
+                    return Err(ChunkError::Framing("trailing headers are too large"));
+                }
+                let text = std::str::from_utf8(&line)
+                    .map_err(|_| ChunkError::Framing("a trailing header is not ASCII"))?;
+                let (name, value) = text
+                    .split_once(':')
+                    .ok_or(ChunkError::Framing("a trailing header has no ':'"))?;
+                let (name, value) = (name.trim().to_ascii_lowercase(), value.trim().to_owned());
+                if name == "x-amz-trailer-signature" {
+                    self.verify_trailer(&value)?;
+                } else {
+                    self.trailers.push((name, value));
+                }
+            }
+            State::Data(_) | State::Done => unreachable!("lines are read only between chunks"),
+        }
+        Ok(())
+    }
+
+    fn verify_chunk(&mut self) -> Result<(), ChunkError> {
+        let Some(signer) = &mut self.signer else {
+            return Ok(());
+        };
+        let hash = hex::encode(std::mem::take(&mut self.hasher).finalize());
+        let signature = self.chunk_signature.take().unwrap_or_default();
+        if signer.verify_chunk(&hash, &signature) {
+            Ok(())
+        } else {
+            Err(ChunkError::Signature)
+        }
+    }
+
+    fn verify_trailer(&mut self, signature: &str) -> Result<(), ChunkError> {
+        let Some(signer) = &mut self.signer else {
+            return Ok(());
+        };
+        let mut sorted = self.trailers.clone();
+        sorted.sort();
+        let mut canonical = String::new();
+        for (name, value) in &sorted {
+            canonical.push_str(&format!("{name}:{value}\n"));
+        }
+        let hash = hex::encode(Sha256::digest(canonical.as_bytes()));
+        if signer.verify_trailer(&hash, signature) {
+            Ok(())
+        } else {
+            Err(ChunkError::Signature)
+        }
+    }
+}
+
+/// Decode a whole body stream. The stream ends with an error if the body is malformed, fails a
+/// signature, or has the wrong length.
+pub fn decode<S, E>(
+    body: S,
+    decoder: Decoder,
+) -> impl Stream<Item = Result<Bytes, ChunkError>> + Send + 'static
+where
+    S: Stream<Item = Result<Bytes, E>> + Send + Unpin + 'static,
+    E: std::fmt::Display,
+{
+    futures::stream::unfold((body, Some(decoder)), |(mut body, decoder)| async move {
+        let mut decoder = decoder?;
+        loop {
+            match body.next().await {
+                Some(Ok(input)) => {
+                    let mut out = Vec::new();
+                    if let Err(e) = decoder.push(input, &mut out) {
+                        return Some((vec![Err(e)], (body, None)));
+                    }
+                    if !out.is_empty() {
+                        let out = out.into_iter().map(Ok).collect();
+                        return Some((out, (body, Some(decoder))));
+                    }
+                }
+                Some(Err(e)) => {
+                    return Some((vec![Err(ChunkError::Body(e.to_string()))], (body, None)))
+                }
+                None => {
+                    return match decoder.finish() {
+                        Ok(()) => None,
+                        Err(e) => Some((vec![Err(e)], (body, None))),
+                    }
+                }
+            }
+        }
+    })
+    .flat_map(futures::stream::iter)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(chunks: &[&[u8]], trailer: Option<&str>) -> Vec<u8> {
+        let mut out = Vec::new();
+        for c in chunks {
+            out.extend_from_slice(format!("{:x}\r\n", c.len()).as_bytes());
+            out.extend_from_slice(c);
+            out.extend_from_slice(b"\r\n");
+        }
+        out.extend_from_slice(b"0\r\n");
+        if let Some(t) = trailer {
+            out.extend_from_slice(t.as_bytes());
+        }
+        out.extend_from_slice(b"\r\n");
+        out
+    }
+
+    fn run(body: &[u8], piece: usize, trailer: bool, expected: u64) -> Result<Vec<u8>, ChunkError> {
+        let mut d = Decoder::new(None, trailer, expected);
+        let mut out = Vec::new();
+        for p in body.chunks(piece) {
+            d.push(Bytes::copy_from_slice(p), &mut out)?;
+        }
+        d.finish()?;
+        Ok(out.concat())
+    }
+
+    #[test]
+    fn decodes_at_any_split() {
+        let body = frame(&[b"hello ", b"world"], None);
+        for piece in 1..body.len() {
+            assert_eq!(run(&body, piece, false, 11).unwrap(), b"hello world");
+        }
+        let body = frame(&[b"abc"], Some("x-amz-checksum-crc32:AAAAAA==\r\n"));
+        let mut d = Decoder::new(None, true, 3);
+        let mut out = Vec::new();
+        d.push(Bytes::from(body), &mut out).unwrap();
+        d.finish().unwrap();
+        assert_eq!(
+            d.trailers(),
+            &[("x-amz-checksum-crc32".to_owned(), "AAAAAA==".to_owned())]
+        );
+    }
+
+    #[test]
+    fn refuses_broken_framing_and_lengths() {
+        let good = frame(&[b"hello"], None);
+        assert!(matches!(
+            run(&good, 3, false, 4),
+            Err(ChunkError::Length { .. })
+        ));
+        assert!(matches!(
+            run(&good, 3, false, 6),
+            Err(ChunkError::Length { .. })
+        ));
+        assert!(run(&good[..good.len() - 2], 3, false, 5).is_err());
+        for bad in [
+            b"5\r\nhello!\r\n0\r\n\r\n".as_slice(),
+            b"zz\r\nhello\r\n0\r\n\r\n",
+            b"5\nhello\r\n0\r\n\r\n",
+            b"5;foo=bar\r\nhello\r\n0\r\n\r\n",
+            b"0\r\n\r\nextra",
+        ] {
+            assert!(
+                matches!(
+                    run(bad, 4, false, 5),
+                    Err(ChunkError::Framing(_)) | Err(ChunkError::Length { .. })
+                ),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        let long = vec![b'1'; MAX_LINE + 10];
+        assert!(run(&long, 100, false, 5).is_err());
+    }
+}

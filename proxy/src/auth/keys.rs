@@ -1,0 +1,252 @@
+//! Client credentials: the access keys Larder accepts, their secrets, and what each may do.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+/// Access a key's policy grants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Access {
+    /// GET and HEAD only (reads and listings).
+    ReadOnly,
+    /// Every operation.
+    #[default]
+    ReadWrite,
+}
+
+/// What one access key may do. Keys without a policy may do everything on every bucket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyPolicy {
+    /// The access key id this policy is for.
+    pub access_key: String,
+    /// Buckets the key may use: exact names, or a prefix ending in `*`; `["*"]` for all.
+    #[serde(default = "all_buckets")]
+    pub buckets: Vec<String>,
+    /// `read-only` or `read-write`.
+    #[serde(default)]
+    pub access: Access,
+}
+
+fn all_buckets() -> Vec<String> {
+    vec!["*".to_owned()]
+}
+
+impl KeyPolicy {
+    /// Whether the policy lets the key use `bucket`.
+    pub fn allows_bucket(&self, bucket: &str) -> bool {
+        self.buckets
+            .iter()
+            .any(|pattern| match pattern.strip_suffix('*') {
+                Some(prefix) => bucket.starts_with(prefix),
+                None => pattern == bucket,
+            })
+    }
+
+    /// Whether the policy covers every bucket (so listing all buckets reveals nothing withheld).
+    pub fn all_buckets(&self) -> bool {
+        self.buckets.iter().any(|b| b == "*")
+    }
+}
+
+/// A known access key.
+#[derive(Clone)]
+pub struct Key {
+    /// The secret access key.
+    pub secret: String,
+    /// What the key may do; `None`: everything.
+    pub policy: Option<KeyPolicy>,
+}
+
+impl std::fmt::Debug for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Key")
+            .field("secret", &"** redacted **")
+            .field("policy", &self.policy)
+            .finish()
+    }
+}
+
+/// Every access key Larder accepts.
+#[derive(Debug, Clone, Default)]
+pub struct KeyStore {
+    keys: HashMap<String, Key>,
+}
+
+/// Why a credentials file was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum KeysError {
+    /// The file could not be read.
+    #[error("reading {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A line is not `access_key_id:secret_access_key`.
+    #[error("{path}:{line}: {problem}")]
+    Line {
+        /// The file.
+        path: String,
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong (never the secret itself).
+        problem: &'static str,
+    },
+    /// A policy names a key the file does not define.
+    #[error("auth_policies names access key {0:?}, which the credentials file does not define")]
+    UnknownPolicyKey(String),
+    /// No key at all: every request would be refused.
+    #[error("{0} defines no access keys")]
+    Empty(String),
+}
+
+impl KeyStore {
+    /// Read `access_key_id:secret_access_key` lines (`#` starts a comment) and attach policies.
+    pub fn load(path: &Path, policies: &[KeyPolicy]) -> Result<Self, KeysError> {
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| KeysError::Read {
+            path: name.clone(),
+            source,
+        })?;
+        Self::parse(&text, &name, policies)
+    }
+
+    /// Parse the text of a credentials file; `name` is used in errors.
+    pub fn parse(text: &str, name: &str, policies: &[KeyPolicy]) -> Result<Self, KeysError> {
+        let mut keys = HashMap::new();
+        for (i, line) in text.lines().enumerate() {
+            let line = line.split('#').next().unwrap_or("").trim();
+            if line.is_empty() {
+                continue;
+            }
+            let bad = |problem| KeysError::Line {
+                path: name.to_owned(),
+                line: i + 1,
+                problem,
+            };
+            let (id, secret) = line
+                .split_once(':')
+                .ok_or_else(|| bad("expected access_key_id:secret_access_key"))?;
+            let (id, secret) = (id.trim(), secret.trim());
+            if id.is_empty() || secret.is_empty() {
+                return Err(bad("empty access key id or secret"));
+            }
+            if !id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+            {
+                return Err(bad(
+                    "access key ids may hold only letters, digits, '-', '_' and '.'",
+                ));
+            }
+            let key = Key {
+                secret: secret.to_owned(),
+                policy: None,
+            };
+            if keys.insert(id.to_owned(), key).is_some() {
+                return Err(bad("access key id defined twice"));
+            }
+        }
+        if keys.is_empty() {
+            return Err(KeysError::Empty(name.to_owned()));
+        }
+        for policy in policies {
+            let key = keys
+                .get_mut(&policy.access_key)
+                .ok_or_else(|| KeysError::UnknownPolicyKey(policy.access_key.clone()))?;
+            key.policy = Some(policy.clone());
+        }
+        Ok(Self { keys })
+    }
+
+    /// A store of the given keys, without policies (tests and the demo).
+    pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
+        let keys = pairs
+            .into_iter()
+            .map(|(id, secret)| {
+                let key = Key {
+                    secret: secret.to_owned(),
+                    policy: None,
+                };
+                (id.to_owned(), key)
+            })
+            .collect();
+        Self { keys }
+    }
+
+    /// The key with this id.
+    pub fn get(&self, access_key: &str) -> Option<&Key> {
+        self.keys.get(access_key)
+    }
+
+    /// How many keys there are.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_lines_comments_and_policies() {
+        let text = "# clients\nreader:s3cr3t\n\n  writer : other:secret:with:colons # trailing\n";
+        let policy = KeyPolicy {
+            access_key: "reader".into(),
+            buckets: vec!["lake".into(), "logs-*".into()],
+            access: Access::ReadOnly,
+        };
+        let store = KeyStore::parse(text, "f", &[policy]).unwrap();
+        assert_eq!(store.len(), 2);
+        assert_eq!(
+            store.get("writer").unwrap().secret,
+            "other:secret:with:colons"
+        );
+        let reader = store.get("reader").unwrap().policy.clone().unwrap();
+        assert!(reader.allows_bucket("lake"));
+        assert!(reader.allows_bucket("logs-2026"));
+        assert!(!reader.allows_bucket("lakehouse"));
+        assert!(!reader.all_buckets());
+        assert!(store.get("writer").unwrap().policy.is_none());
+    }
+
+    #[test]
+    fn refuses_bad_files_without_echoing_secrets() {
+        for (text, want) in [
+            ("nocolon\n", "f:1: expected"),
+            ("a:b\n:x\n", "f:2: empty"),
+            ("a:b\na:c\n", "f:2: access key id defined twice"),
+            ("a b:c\n", "f:1: access key ids"),
+            ("# nothing\n", "defines no access keys"),
+        ] {
+            let err = KeyStore::parse(text, "f", &[]).unwrap_err().to_string();
+            assert!(err.contains(want), "{text:?}: {err}");
+            assert!(!err.contains(":c"), "{err}");
+        }
+        let policy = KeyPolicy {
+            access_key: "ghost".into(),
+            buckets: all_buckets(),
+            access: Access::ReadWrite,
+        };
+        assert!(matches!(
+            KeyStore::parse("a:b", "f", &[policy]),
+            Err(KeysError::UnknownPolicyKey(_))
+        ));
+    }
+
+    #[test]
+    fn debug_never_shows_a_secret() {
+        let store = KeyStore::from_pairs([("id", "very-secret")]);
+        assert!(!format!("{store:?}").contains("very-secret"));
+    }
+}

@@ -1,0 +1,194 @@
+//! Presigned URLs in the legacy Signature Version 2 query form
+//! (`?AWSAccessKeyId=&Expires=&Signature=`), which boto3's `generate_presigned_url` and
+//! `aws s3 presign` still produce by default. Only this form is accepted: every current SDK signs
+//! requests themselves with SigV4.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use base64::Engine;
+use hmac::{KeyInit, Mac};
+use http::request::Parts;
+use subtle::ConstantTimeEq;
+
+use super::keys::{Key, KeyStore};
+use crate::s3::S3Error;
+
+/// The query parameters that are part of the signed resource (as botocore's `HmacV1Auth` and
+/// S3's SigV2 documentation list them).
+const SUB_RESOURCES: &[&str] = &[
+    "accelerate",
+    "acl",
+    "analytics",
+    "cors",
+    "defaultObjectAcl",
+    "delete",
+    "inventory",
+    "lifecycle",
+    "location",
+    "logging",
+    "metrics",
+    "notification",
+    "object-lock",
+    "partNumber",
+    "policy",
+    "replication",
+    "requestPayment",
+    "response-cache-control",
+    "response-content-disposition",
+    "response-content-encoding",
+    "response-content-language",
+    "response-content-type",
+    "response-expires",
+    "restore",
+    "select",
+    "select-type",
+    "storageClass",
+    "tagging",
+    "torrent",
+    "uploadId",
+    "uploads",
+    "versionId",
+    "versioning",
+    "versions",
+    "website",
+];
+
+/// Whether the query carries a SigV2 presigned signature.
+pub fn is_presigned_v2(query: &str) -> bool {
+    let mut found = (false, false);
+    for (k, _) in form_urlencoded::parse(query.as_bytes()) {
+        match k.as_ref() {
+            "AWSAccessKeyId" => found.0 = true,
+            "Signature" => found.1 = true,
+            _ => {}
+        }
+    }
+    found == (true, true)
+}
+
+/// Verify a SigV2 presigned URL. `bucket_path` is the signed resource's path: the raw path for
+/// path-style requests, `/<bucket>` + the raw path for virtual-hosted ones.
+pub fn verify(
+    parts: &Parts,
+    bucket_path: &str,
+    keys: &KeyStore,
+    now: SystemTime,
+) -> Result<(String, Key), S3Error> {
+    let query = parts.uri.query().unwrap_or("");
+    let (mut access_key, mut signature, mut expires) = (None, None, None);
+    let mut sub = Vec::new();
+    for (k, v) in form_urlencoded::parse(query.as_bytes()) {
+        match k.as_ref() {
+            "AWSAccessKeyId" => access_key = Some(v.into_owned()),
+            "Signature" => signature = Some(v.into_owned()),
+            "Expires" => expires = Some(v.into_owned()),
+            name if SUB_RESOURCES.contains(&name) => sub.push((k.into_owned(), v.into_owned())),
+            _ => {}
+        }
+    }
+    let (Some(access_key), Some(signature), Some(expires)) = (access_key, signature, expires)
+    else {
+        return Err(S3Error::AccessDenied(
+            "Query-string authentication requires the Signature, Expires and AWSAccessKeyId parameters"
+                .into(),
+        ));
+    };
+    let expires_at: u64 = expires.parse().map_err(|_| {
+        S3Error::AccessDenied("Invalid date (should be seconds since epoch)".into())
+    })?;
+    let key = keys.get(&access_key).ok_or(S3Error::InvalidAccessKeyId)?;
+    if now > UNIX_EPOCH + Duration::from_secs(expires_at) {
+        return Err(S3Error::AccessDenied("Request has expired".into()));
+    }
+    let header = |name: &str| {
+        parts
+            .headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .trim()
+            .to_owned()
+    };
+    let mut amz: Vec<(String, String)> = parts
+        .headers
+        .iter()
+        .filter(|(n, _)| n.as_str().starts_with("x-amz-"))
+        .filter_map(|(n, v)| Some((n.as_str().to_owned(), v.to_str().ok()?.trim().to_owned())))
+        .collect();
+    amz.sort();
+    let mut to_sign = format!(
+        "{}\n{}\n{}\n{expires}\n",
+        parts.method,
+        header("content-md5"),
+        header("content-type")
+    );
+    for (name, value) in &amz {
+        to_sign.push_str(&format!("{name}:{value}\n"));
+    }
+    to_sign.push_str(bucket_path);
+    sub.sort();
+    for (i, (k, v)) in sub.iter().enumerate() {
+        to_sign.push(if i == 0 { '?' } else { '&' });
+        to_sign.push_str(k);
+        if !v.is_empty() {
+            to_sign.push('=');
+            to_sign.push_str(v);
+        }
+    }
+    let mut mac = hmac::Hmac::<sha1::Sha1>::new_from_slice(key.secret.as_bytes())
+        .map_err(|_| S3Error::InternalError)?;
+    mac.update(to_sign.as_bytes());
+    let expected = base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes());
+    let ok = expected.len() == signature.len()
+        && bool::from(expected.as_bytes().ct_eq(signature.as_bytes()));
+    if !ok {
+        return Err(S3Error::SignatureDoesNotMatch);
+    }
+    Ok((access_key, key.clone()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The example from the Amazon S3 developer guide, "Query string request authentication
+    // alternative" (Signature Version 2).
+    const URL: &str = "/johnsmith/photos/puppy.jpg?AWSAccessKeyId=AKIAIOSFODNN7EXAMPLE&Signature=NpgCjnDzrM%2BWFzoENXmpNDUsSn8%3D&Expires=1175139620";
+
+    fn parts(uri: &str) -> Parts {
+        http::Request::get(uri).body(()).unwrap().into_parts().0
+    }
+
+    fn keys() -> KeyStore {
+        KeyStore::from_pairs([(
+            "AKIAIOSFODNN7EXAMPLE",
+            "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+        )])
+    }
+
+    #[test]
+    fn the_aws_example_verifies_until_it_expires() {
+        let p = parts(URL);
+        assert!(is_presigned_v2(p.uri.query().unwrap()));
+        let before = UNIX_EPOCH + Duration::from_secs(1_175_139_000);
+        let (id, _) = verify(&p, p.uri.path(), &keys(), before).unwrap();
+        assert_eq!(id, "AKIAIOSFODNN7EXAMPLE");
+        let after = UNIX_EPOCH + Duration::from_secs(1_175_139_621);
+        assert_eq!(
+            verify(&p, p.uri.path(), &keys(), after)
+                .unwrap_err()
+                .to_string(),
+            "Request has expired"
+        );
+        let other = parts(&URL.replace("puppy", "kitten"));
+        assert_eq!(
+            verify(&other, other.uri.path(), &keys(), before).unwrap_err(),
+            S3Error::SignatureDoesNotMatch
+        );
+        let unknown = KeyStore::from_pairs([("someone", "x")]);
+        assert_eq!(
+            verify(&p, p.uri.path(), &unknown, before).unwrap_err(),
+            S3Error::InvalidAccessKeyId
+        );
+    }
+}

@@ -1,0 +1,451 @@
+//! Pass-through: every request the cache does not answer goes upstream as it came, re-signed with
+//! Larder's own credentials, its body and the response streamed both ways.
+
+use std::time::{Duration, SystemTime};
+
+use aws_credential_types::provider::{ProvideCredentials, SharedCredentialsProvider};
+use aws_sigv4::http_request::{
+    sign, PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest, SigningSettings,
+    UriPathNormalizationMode,
+};
+use aws_sigv4::sign::v4;
+use aws_smithy_runtime_api::client::identity::Identity;
+use axum::body::Body;
+use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use crate::auth::Payload;
+use crate::s3::request::Target;
+
+/// Query parameters of a presigned URL: the client's signature, not to be sent upstream.
+const PRESIGN_PARAMS: &[&str] = &[
+    "X-Amz-Algorithm",
+    "X-Amz-Credential",
+    "X-Amz-Date",
+    "X-Amz-Expires",
+    "X-Amz-SignedHeaders",
+    "X-Amz-Signature",
+    "X-Amz-Security-Token",
+    "AWSAccessKeyId",
+    "Signature",
+    "Expires",
+];
+
+/// Request headers never forwarded: connection-level (RFC 9110 §7.6.1), the client's own
+/// signature, and `expect` (the upstream connection does its own flow control).
+const DROPPED: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "authorization",
+    "x-amz-date",
+    "x-amz-content-sha256",
+    "x-amz-security-token",
+    "expect",
+];
+
+/// Response headers not passed back (connection-level).
+const DROPPED_RESPONSE: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Why a request could not be passed upstream.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    /// Larder's own credentials could not be loaded.
+    #[error("loading upstream credentials: {0}")]
+    Credentials(String),
+    /// The request could not be built or signed.
+    #[error("building the upstream request: {0}")]
+    Build(String),
+    /// The upstream could not be reached, or the exchange broke.
+    #[error("upstream request failed: {0}")]
+    Transport(String),
+    /// No response in time.
+    #[error("upstream did not answer within {0:?}")]
+    Timeout(Duration),
+}
+
+/// Where and how to forward.
+pub struct Forwarder {
+    client: Client<HttpsConnector<HttpConnector>, Body>,
+    scheme: String,
+    authority: String,
+    path_style: bool,
+    region: String,
+    credentials: Option<SharedCredentialsProvider>,
+    /// The last credentials loaded: providers such as IMDS or web identity make a network call
+    /// per load, so they are reused until shortly before they expire.
+    cached: parking_lot::Mutex<Option<aws_credential_types::Credentials>>,
+    first_byte_timeout: Duration,
+}
+
+/// Credentials are renewed this long before they expire.
+const CREDENTIALS_MARGIN: Duration = Duration::from_secs(300);
+
+/// A request to pass upstream.
+pub struct Forward {
+    /// Method.
+    pub method: Method,
+    /// What it addresses.
+    pub target: Target,
+    /// The client's raw query string.
+    pub query: Option<String>,
+    /// The client's headers.
+    pub headers: HeaderMap,
+    /// The body to send, already stripped of `aws-chunked` signatures if it had them.
+    pub body: Body,
+    /// How the body is protected; decides the upstream payload hash.
+    pub payload: Payload,
+    /// Length of `body` when it was decoded from `aws-chunked`.
+    pub decoded_length: Option<u64>,
+}
+
+impl Forwarder {
+    /// A forwarder to `endpoint` (`None`: AWS S3 in `region`) signing with `credentials`
+    /// (`None`: requests go unsigned, for anonymous upstreams).
+    pub fn new(
+        endpoint: Option<&str>,
+        region: &str,
+        path_style: bool,
+        credentials: Option<SharedCredentialsProvider>,
+        first_byte_timeout: Duration,
+    ) -> Result<Self, ForwardError> {
+        let endpoint = endpoint
+            .map(str::to_owned)
+            .unwrap_or_else(|| format!("https://s3.{region}.amazonaws.com"));
+        let uri: Uri = endpoint
+            .parse()
+            .map_err(|e| ForwardError::Build(format!("upstream endpoint {endpoint}: {e}")))?;
+        let (Some(scheme), Some(authority)) = (uri.scheme_str(), uri.authority()) else {
+            return Err(ForwardError::Build(format!(
+                "upstream endpoint {endpoint} needs a scheme and host"
+            )));
+        };
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_connect_timeout(Some(Duration::from_secs(5)));
+        http.set_nodelay(true);
+        let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let tls = match hyper_rustls::HttpsConnectorBuilder::new()
+            .with_provider_and_native_roots(provider.clone())
+        {
+            Ok(builder) => builder,
+            Err(e) => {
+                // A minimal image may have no CA bundle; plain-HTTP upstreams still work.
+                tracing::warn!(error = %e, "no system CA certificates: TLS to the upstream will fail");
+                let config = rustls::ClientConfig::builder_with_provider(provider)
+                    .with_safe_default_protocol_versions()
+                    .map_err(|e| ForwardError::Build(e.to_string()))?
+                    .with_root_certificates(rustls::RootCertStore::empty())
+                    .with_no_client_auth();
+                hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(config)
+            }
+        };
+        let https = tls.https_or_http().enable_http1().wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(https);
+        Ok(Self {
+            client,
+            scheme: scheme.to_owned(),
+            authority: authority.as_str().to_owned(),
+            path_style,
+            region: region.to_owned(),
+            credentials,
+            cached: parking_lot::Mutex::new(None),
+            first_byte_timeout,
+        })
+    }
+
+    /// Send `request` upstream and return the upstream's response, its body still streaming.
+    pub async fn send(&self, request: Forward) -> Result<Response<Body>, ForwardError> {
+        let bodiless = matches!(request.method, Method::GET | Method::HEAD | Method::DELETE);
+        let upstream = self.build(request).await?;
+        let pending = self.client.request(upstream);
+        let response = if bodiless {
+            tokio::time::timeout(self.first_byte_timeout, pending)
+                .await
+                .map_err(|_| ForwardError::Timeout(self.first_byte_timeout))?
+        } else {
+            // An upload's answer comes after its whole body, which takes as long as the client
+            // takes to send it.
+            pending.await
+        }
+        .map_err(|e| ForwardError::Transport(error_chain(&e)))?;
+        let (mut parts, body) = response.into_parts();
+        for name in DROPPED_RESPONSE {
+            parts.headers.remove(*name);
+        }
+        Ok(Response::from_parts(parts, Body::new(body)))
+    }
+
+    fn uri(&self, target: &Target, query: Option<&str>) -> (String, String) {
+        let (authority, path) = match target {
+            Target::Service => (self.authority.clone(), "/".to_owned()),
+            Target::Bucket(b) if self.virtual_host(b) => {
+                (format!("{b}.{}", self.authority), "/".to_owned())
+            }
+            Target::Bucket(b) => (self.authority.clone(), format!("/{}", encode(b))),
+            Target::Object { bucket, key } if self.virtual_host(bucket) => (
+                format!("{bucket}.{}", self.authority),
+                format!("/{}", encode(key)),
+            ),
+            Target::Object { bucket, key } => (
+                self.authority.clone(),
+                format!("/{}/{}", encode(bucket), encode(key)),
+            ),
+        };
+        let query = strip_presign(query.unwrap_or(""));
+        let uri = if query.is_empty() {
+            format!("{}://{authority}{path}", self.scheme)
+        } else {
+            format!("{}://{authority}{path}?{query}", self.scheme)
+        };
+        (uri, authority)
+    }
+
+    fn virtual_host(&self, bucket: &str) -> bool {
+        // Dotted names do not fit a TLS wildcard certificate; S3 takes them path-style.
+        !self.path_style && !bucket.contains('.')
+    }
+
+    async fn build(&self, request: Forward) -> Result<Request<Body>, ForwardError> {
+        let (uri, authority) = self.uri(&request.target, request.query.as_deref());
+        let mut headers = HeaderMap::with_capacity(request.headers.len() + 4);
+        for (name, value) in &request.headers {
+            if !DROPPED.contains(&name.as_str()) {
+                headers.append(name.clone(), value.clone());
+            }
+        }
+        let payload_hash = match &request.payload {
+            Payload::Unsigned => "UNSIGNED-PAYLOAD".to_owned(),
+            Payload::Sha256(h) => h.clone(),
+            Payload::UnsignedTrailer => "STREAMING-UNSIGNED-PAYLOAD-TRAILER".to_owned(),
+            Payload::SignedChunks { .. } => {
+                // The body was decoded: it goes up as a plain body of its decoded length.
+                strip_aws_chunked(&mut headers);
+                headers.remove("x-amz-decoded-content-length");
+                headers.remove("x-amz-trailer");
+                if let Some(len) = request.decoded_length {
+                    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+                }
+                "UNSIGNED-PAYLOAD".to_owned()
+            }
+        };
+        if let Ok(v) = HeaderValue::from_str(&authority) {
+            headers.insert(header::HOST, v);
+        }
+        if let Some(provider) = &self.credentials {
+            let credentials = self.credentials(provider).await?;
+            self.sign(
+                &request.method,
+                &uri,
+                &mut headers,
+                &payload_hash,
+                credentials,
+            )?;
+        }
+        let mut builder = Request::builder().method(request.method).uri(&uri);
+        if let Some(h) = builder.headers_mut() {
+            *h = headers;
+        }
+        builder
+            .body(request.body)
+            .map_err(|e| ForwardError::Build(e.to_string()))
+    }
+
+    async fn credentials(
+        &self,
+        provider: &SharedCredentialsProvider,
+    ) -> Result<aws_credential_types::Credentials, ForwardError> {
+        let fresh = |c: &aws_credential_types::Credentials| {
+            c.expiry()
+                .is_none_or(|e| e > SystemTime::now() + CREDENTIALS_MARGIN)
+        };
+        if let Some(c) = self.cached.lock().as_ref().filter(|c| fresh(c)) {
+            return Ok(c.clone());
+        }
+        let credentials = provider
+            .provide_credentials()
+            .await
+            .map_err(|e| ForwardError::Credentials(error_chain(&e)))?;
+        *self.cached.lock() = Some(credentials.clone());
+        Ok(credentials)
+    }
+
+    fn sign(
+        &self,
+        method: &Method,
+        uri: &str,
+        headers: &mut HeaderMap,
+        payload_hash: &str,
+        credentials: aws_credential_types::Credentials,
+    ) -> Result<(), ForwardError> {
+        let identity: Identity = credentials.into();
+        let mut settings = SigningSettings::default();
+        settings.percent_encoding_mode = PercentEncodingMode::Single;
+        settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
+        settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
+        let params = v4::SigningParams::builder()
+            .identity(&identity)
+            .region(&self.region)
+            .name("s3")
+            .time(SystemTime::now())
+            .settings(settings)
+            .build()
+            .map_err(|e| ForwardError::Build(e.to_string()))?
+            .into();
+        let pairs: Vec<(String, String)> = headers
+            .iter()
+            .filter_map(|(k, v)| Some((k.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+            .collect();
+        // Headers that are not visible ASCII cannot be signed; S3 would refuse them anyway.
+        let signable = SignableRequest::new(
+            method.as_str(),
+            uri,
+            pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+            SignableBody::Precomputed(payload_hash.to_owned()),
+        )
+        .map_err(|e| ForwardError::Build(error_chain(&e)))?;
+        let (instructions, _) = sign(signable, &params)
+            .map_err(|e| ForwardError::Build(error_chain(&e)))?
+            .into_parts();
+        let (signing_headers, _) = instructions.into_parts();
+        for h in signing_headers {
+            let name = HeaderName::from_static(h.name());
+            let value =
+                HeaderValue::from_str(h.value()).map_err(|e| ForwardError::Build(e.to_string()))?;
+            headers.insert(name, value);
+        }
+        Ok(())
+    }
+}
+
+/// Remove `aws-chunked` from `Content-Encoding`, keeping any other coding.
+fn strip_aws_chunked(headers: &mut HeaderMap) {
+    let Some(v) = headers
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return;
+    };
+    let rest: Vec<&str> = v
+        .split(',')
+        .map(str::trim)
+        .filter(|c| !c.eq_ignore_ascii_case("aws-chunked") && !c.is_empty())
+        .collect();
+    if rest.is_empty() {
+        headers.remove(header::CONTENT_ENCODING);
+    } else if let Ok(v) = HeaderValue::from_str(&rest.join(",")) {
+        headers.insert(header::CONTENT_ENCODING, v);
+    }
+}
+
+/// The query without the client's presigned-URL signature.
+fn strip_presign(query: &str) -> String {
+    query
+        .split('&')
+        .filter(|pair| {
+            let name = pair.split('=').next().unwrap_or("");
+            !pair.is_empty() && !PRESIGN_PARAMS.contains(&name)
+        })
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+/// Percent-encode a bucket or key for an S3 path: everything but the unreserved characters and
+/// `/`, as S3 canonicalises it.
+pub fn encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for &b in s.as_bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn forwarder(path_style: bool) -> Forwarder {
+        Forwarder::new(
+            Some("http://127.0.0.1:9000"),
+            "us-east-1",
+            path_style,
+            None,
+            Duration::from_secs(1),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn addresses_path_and_virtual_style() {
+        let obj = Target::Object {
+            bucket: "bkt".into(),
+            key: "a b/c+d~".into(),
+        };
+        let (uri, host) = forwarder(true).uri(&obj, Some("tagging&X-Amz-Signature=x"));
+        assert_eq!(uri, "http://127.0.0.1:9000/bkt/a%20b/c%2Bd~?tagging");
+        assert_eq!(host, "127.0.0.1:9000");
+        let (uri, host) = forwarder(false).uri(&obj, None);
+        assert_eq!(uri, "http://bkt.127.0.0.1:9000/a%20b/c%2Bd~");
+        assert_eq!(host, "bkt.127.0.0.1:9000");
+        let dotted = Target::Bucket("a.b.c".into());
+        assert_eq!(
+            forwarder(false).uri(&dotted, Some("list-type=2")).0,
+            "http://127.0.0.1:9000/a.b.c?list-type=2"
+        );
+        assert_eq!(
+            forwarder(true).uri(&Target::Service, None).0,
+            "http://127.0.0.1:9000/"
+        );
+    }
+
+    #[test]
+    fn content_encoding_keeps_other_codings() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONTENT_ENCODING,
+            HeaderValue::from_static("aws-chunked,gzip"),
+        );
+        strip_aws_chunked(&mut h);
+        assert_eq!(h[header::CONTENT_ENCODING], "gzip");
+        h.insert(
+            header::CONTENT_ENCODING,
+            HeaderValue::from_static("aws-chunked"),
+        );
+        strip_aws_chunked(&mut h);
+        assert!(h.get(header::CONTENT_ENCODING).is_none());
+    }
+}
