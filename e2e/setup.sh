@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs on a fresh machine, and reuses what is already there:
-# rustfmt and clippy, MinIO (built with `go install` at a pinned version), and the Python clients.
+# rustfmt and clippy, nightly and cargo-fuzz, openssl, MinIO (built with `go install` at a pinned version), and the Python clients.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +11,22 @@ command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)" >&
 if command -v rustup >/dev/null; then
   rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
   rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
+fi
+
+# The fuzz targets build with nightly (sanitizers) through cargo-fuzz.
+CARGO_FUZZ_VERSION="0.13.2"
+if command -v rustup >/dev/null && ! rustup toolchain list | grep -q '^nightly'; then
+  echo "setup: installing the nightly toolchain for cargo-fuzz"
+  rustup toolchain install nightly --profile minimal
+fi
+if ! cargo fuzz --version 2>/dev/null | grep -q "$CARGO_FUZZ_VERSION"; then
+  echo "setup: installing cargo-fuzz $CARGO_FUZZ_VERSION (about 2 minutes)"
+  cargo install cargo-fuzz --locked --version "$CARGO_FUZZ_VERSION"
+fi
+# The TLS tests make certificates with openssl.
+if ! command -v openssl >/dev/null; then
+  echo "setup: installing openssl"
+  if [ "$(id -u)" = 0 ]; then apt-get install -y -q openssl; else sudo apt-get install -y -q openssl; fi
 fi
 
 [ -x /usr/local/go/bin/go ] && PATH="$PATH:/usr/local/go/bin"

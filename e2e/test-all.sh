@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Larder's whole test suite: formatting, lints, unit and property tests, then the end-to-end
+# Larder's whole test suite: formatting, lints, unit and property tests, a short fuzz run, then the end-to-end
 # tests (real MinIO on loopback, the real `larder` binary, boto3 / aws CLI / aws-sdk-rust).
 # Installs what it needs first (e2e/setup.sh). Extra arguments go to pytest, e.g. `-k ranges`.
 set -euo pipefail
@@ -15,6 +15,8 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
 cargo test --workspace --locked
+echo "== fuzz (short run; LARDER_FUZZ_SECONDS sets the time per target)"
+proxy/fuzz/run.sh
 echo "== cargo build --release (binaries under test)"
 cargo build --release --locked -p larder -p larder-e2e-sdk-client
 echo "== e2e"
