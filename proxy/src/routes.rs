@@ -22,7 +22,7 @@ use crate::auth::{copy_source_bucket, Authenticator, Payload, Principal};
 use crate::blocks::BlockStore;
 use crate::metadata::MetadataCache;
 use crate::metrics::Metrics;
-use crate::origin::forward::{Forward, ForwardError, Forwarder};
+use crate::origin::forward::{Forward, ForwardError, Forwarder, Reshaped};
 use crate::origin::{ObjectId, Origin, OriginError};
 use crate::s3::conditional::{self, Outcome};
 use crate::s3::headers::object_headers;
@@ -147,23 +147,35 @@ impl AppState {
         // from the old version in between).
         self.forget(&stale, &target, &req).await;
         let failure = Arc::new(Mutex::new(None::<ChunkError>));
-        let (body, decoded_length) = match &principal.payload {
+        let (body, reshaped) = match &principal.payload {
             Payload::SignedChunks { trailer, signer } => {
-                let length = req
-                    .headers
-                    .get("x-amz-decoded-content-length")
-                    .and_then(|v| v.to_str().ok())
+                let header = |name: &str| req.headers.get(name).and_then(|v| v.to_str().ok());
+                let length = header("x-amz-decoded-content-length")
                     .and_then(|v| v.parse::<u64>().ok())
                     .ok_or(S3Error::MissingContentLength)?;
-                let decoder = Decoder::new(signer.clone(), *trailer, length);
+                let mut decoder = Decoder::new(signer.clone(), *trailer, length);
+                let reshaped = if *trailer {
+                    let names = header("x-amz-trailer")
+                        .and_then(chunked::trailer_names)
+                        .ok_or_else(|| {
+                            S3Error::InvalidRequest(
+                                "x-amz-trailer must name x-amz-checksum-* headers".into(),
+                            )
+                        })?;
+                    let framed = chunked::framed_length(length, &names);
+                    decoder = decoder.reframed(names);
+                    Reshaped::Reframed(framed)
+                } else {
+                    Reshaped::Decoded(length)
+                };
                 let slot = failure.clone();
                 let stream = chunked::decode(body.into_data_stream(), decoder).map_err(move |e| {
                     *slot.lock() = Some(e.clone());
                     std::io::Error::other(e)
                 });
-                (Body::from_stream(stream), Some(length))
+                (Body::from_stream(stream), reshaped)
             }
-            _ => (body, None),
+            _ => (body, Reshaped::AsSent),
         };
         let forward = Forward {
             method: req.method.clone(),
@@ -172,7 +184,7 @@ impl AppState {
             headers: req.headers.clone(),
             body,
             payload: principal.payload,
-            decoded_length,
+            reshaped,
         };
         let result = self.forwarder.send(forward).await;
         let outcome = match &result {

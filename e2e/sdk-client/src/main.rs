@@ -2,6 +2,8 @@
 //!
 //! `larder-e2e-sdk-client ENDPOINT BUCKET KEY [RANGE...]` reads the object (or each `Range`
 //! header value given, e.g. `bytes=0-99`) and prints `<sha256-hex> <length>` per read.
+//! `larder-e2e-sdk-client ENDPOINT BUCKET KEY --put FILE` uploads FILE as a stream (the SDK then
+//! sends an `aws-chunked` body with a trailing checksum) and prints the ETag.
 //! Credentials come from the standard AWS environment variables.
 
 use anyhow::Context;
@@ -23,6 +25,23 @@ async fn main() -> anyhow::Result<()> {
         .force_path_style(true)
         .build();
     let client = aws_sdk_s3::Client::from_conf(config);
+    if let [flag, file] = ranges {
+        if flag == "--put" {
+            let body = aws_sdk_s3::primitives::ByteStream::from_path(file)
+                .await
+                .with_context(|| format!("opening {file}"))?;
+            let out = client
+                .put_object()
+                .bucket(bucket)
+                .key(key)
+                .body(body)
+                .send()
+                .await
+                .with_context(|| format!("PUT {bucket}/{key}"))?;
+            println!("{}", out.e_tag().unwrap_or_default());
+            return Ok(());
+        }
+    }
     let reads: Vec<Option<&String>> = if ranges.is_empty() {
         vec![None]
     } else {

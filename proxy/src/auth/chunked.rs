@@ -6,6 +6,12 @@
 //! on as it arrives, except the last byte of each chunk, which is held back until the chunk's
 //! signature verifies: the upstream request carries the decoded length, so it can never complete
 //! with bytes whose signature failed.
+//!
+//! A body with trailing checksum headers goes upstream re-framed as an unsigned `aws-chunked`
+//! body (`STREAMING-UNSIGNED-PAYLOAD-TRAILER`) in chunks of [`FRAME`] bytes, with the client's
+//! checksum in its trailer, so the upstream still checks and stores it. Its length is known
+//! before the first byte ([`framed_length`]), and its last bytes, the trailer, are sent only once
+//! the trailer's signature has verified.
 
 use bytes::{Buf, Bytes, BytesMut};
 use futures::{Stream, StreamExt};
@@ -17,6 +23,74 @@ use super::sigv4::ChunkSigner;
 const MAX_LINE: usize = 4096;
 /// Most bytes of trailing headers accepted.
 const MAX_TRAILER: usize = 16 * 1024;
+
+/// Size of the chunks a re-framed body is sent upstream in.
+pub const FRAME: usize = 64 * 1024;
+
+/// Length of the base64 value of a trailing checksum header, by name.
+fn trailer_value_len(name: &str) -> Option<usize> {
+    match name {
+        "x-amz-checksum-crc32" | "x-amz-checksum-crc32c" => Some(8),
+        "x-amz-checksum-crc64nvme" => Some(12),
+        "x-amz-checksum-sha1" => Some(28),
+        "x-amz-checksum-sha256" => Some(44),
+        _ => None,
+    }
+}
+
+/// The trailer names an `x-amz-trailer` header announces, if Larder can re-frame them.
+pub fn trailer_names(header: &str) -> Option<Vec<String>> {
+    let names: Vec<String> = header
+        .split(',')
+        .map(|n| n.trim().to_ascii_lowercase())
+        .filter(|n| !n.is_empty())
+        .collect();
+    names
+        .iter()
+        .all(|n| trailer_value_len(n).is_some())
+        .then_some(names)
+}
+
+/// Bytes of the re-framed body for `decoded` bytes of data and these trailers.
+pub fn framed_length(decoded: u64, trailers: &[String]) -> u64 {
+    let frame = |size: u64| format!("{size:x}").len() as u64 + 2 + size + 2;
+    let full = decoded / FRAME as u64;
+    let rest = decoded % FRAME as u64;
+    let mut total = full * frame(FRAME as u64) + if rest > 0 { frame(rest) } else { 0 };
+    total += 3; // "0\r\n"
+    for name in trailers {
+        total += (name.len() + 1 + trailer_value_len(name).unwrap_or(0) + 2) as u64;
+    }
+    total + 2
+}
+
+/// Re-framing state: data waiting for a full frame, and the trailers to send.
+struct Reframe {
+    buf: BytesMut,
+    trailers: Vec<String>,
+}
+
+impl Reframe {
+    fn push(&mut self, mut data: Bytes, out: &mut Vec<Bytes>) {
+        while !data.is_empty() {
+            let take = (FRAME - self.buf.len()).min(data.len());
+            self.buf.extend_from_slice(&data.split_to(take));
+            if self.buf.len() == FRAME {
+                self.flush(out);
+            }
+        }
+    }
+
+    fn flush(&mut self, out: &mut Vec<Bytes>) {
+        if self.buf.is_empty() {
+            return;
+        }
+        let data = self.buf.split().freeze();
+        out.push(Bytes::from(format!("{:x}\r\n", data.len())));
+        out.push(data);
+        out.push(Bytes::from_static(b"\r\n"));
+    }
+}
 
 /// Why a chunked body was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -68,6 +142,8 @@ pub struct Decoder {
     held: Option<Bytes>,
     decoded: u64,
     expected: u64,
+    reframe: Option<Reframe>,
+    trailer_verified: bool,
 }
 
 impl Decoder {
@@ -86,6 +162,28 @@ impl Decoder {
             held: None,
             decoded: 0,
             expected,
+            reframe: None,
+            trailer_verified: false,
+        }
+    }
+
+    /// Emit the data re-framed as an unsigned `aws-chunked` body ending in `trailers` (which
+    /// [`trailer_names`] accepted), instead of bare.
+    pub fn reframed(mut self, trailers: Vec<String>) -> Self {
+        self.reframe = Some(Reframe {
+            buf: BytesMut::with_capacity(FRAME),
+            trailers,
+        });
+        self
+    }
+
+    fn emit(&mut self, data: Bytes, out: &mut Vec<Bytes>) {
+        if data.is_empty() {
+            return;
+        }
+        match &mut self.reframe {
+            Some(r) => r.push(data, out),
+            None => out.push(data),
         }
     }
 
@@ -106,15 +204,11 @@ impl Decoder {
                             let mut data = data;
                             let last = data.split_off(data.len() - 1);
                             self.held = Some(last);
-                            if !data.is_empty() {
-                                out.push(data);
-                            }
+                            self.emit(data, out);
                             continue;
                         }
                     }
-                    if !data.is_empty() {
-                        out.push(data);
-                    }
+                    self.emit(data, out);
                 }
                 State::Header | State::Trailer | State::DataEnd | State::Final => {
                     let Some(line) = self.take_line(&mut input)? else {
@@ -221,7 +315,7 @@ impl Decoder {
                 }
                 self.verify_chunk()?;
                 if let Some(held) = self.held.take() {
-                    out.push(held);
+                    self.emit(held, out);
                 }
                 self.state = State::Header;
             }
@@ -230,11 +324,15 @@ impl Decoder {
                     return Err(ChunkError::Framing("expected the final empty line"));
                 }
                 self.state = State::Done;
+                return self.end_frame(out);
             }
             State::Trailer => {
                 if line.is_empty() {
+                    if self.signer.is_some() && !self.trailer_verified {
+                        return Err(ChunkError::Framing("the trailer has no signature"));
+                    }
                     self.state = State::Done;
-                    return Ok(());
+                    return self.end_frame(out);
                 }
                 self.trailer_bytes += line.len();
                 if self.trailer_bytes > MAX_TRAILER {
@@ -254,6 +352,36 @@ impl Decoder {
             }
             State::Data(_) | State::Done => unreachable!("lines are read only between chunks"),
         }
+        Ok(())
+    }
+
+    /// After the last line: the rest of a re-framed body, its trailer last.
+    fn end_frame(&mut self, out: &mut Vec<Bytes>) -> Result<(), ChunkError> {
+        if self.decoded != self.expected {
+            return Err(ChunkError::Length {
+                got: self.decoded,
+                expected: self.expected,
+            });
+        }
+        let Some(reframe) = &mut self.reframe else {
+            return Ok(());
+        };
+        reframe.flush(out);
+        let mut end = String::from("0\r\n");
+        for name in &reframe.trailers {
+            let value = self
+                .trailers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_str())
+                .ok_or(ChunkError::Framing("an announced trailer is missing"))?;
+            if Some(value.len()) != trailer_value_len(name) {
+                return Err(ChunkError::Framing("a trailing checksum has the wrong length"));
+            }
+            end.push_str(&format!("{name}:{value}\r\n"));
+        }
+        end.push_str("\r\n");
+        out.push(Bytes::from(end));
         Ok(())
     }
 
@@ -282,6 +410,7 @@ impl Decoder {
         }
         let hash = hex::encode(Sha256::digest(canonical.as_bytes()));
         if signer.verify_trailer(&hash, signature) {
+            self.trailer_verified = true;
             Ok(())
         } else {
             Err(ChunkError::Signature)
@@ -372,6 +501,36 @@ mod tests {
             d.trailers(),
             &[("x-amz-checksum-crc32".to_owned(), "AAAAAA==".to_owned())]
         );
+    }
+
+    #[test]
+    fn reframes_with_the_trailer_last_and_the_announced_length() {
+        let data: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();
+        let client = frame(
+            &[&data[..70_000], &data[70_000..]],
+            Some("x-amz-checksum-crc32:AAAAAA==\r\n"),
+        );
+        let names = trailer_names("x-amz-checksum-crc32").unwrap();
+        let mut d = Decoder::new(None, true, data.len() as u64).reframed(names.clone());
+        let mut out = Vec::new();
+        for piece in client.chunks(777) {
+            d.push(Bytes::copy_from_slice(piece), &mut out).unwrap();
+        }
+        d.finish().unwrap();
+        let framed = out.concat();
+        assert_eq!(framed.len() as u64, framed_length(data.len() as u64, &names));
+        assert!(framed.ends_with(b"0\r\nx-amz-checksum-crc32:AAAAAA==\r\n\r\n"));
+        // Framed again in 64 KiB chunks, it decodes to the same data.
+        let mut again = Decoder::new(None, true, data.len() as u64);
+        let mut plain = Vec::new();
+        again.push(Bytes::from(framed), &mut plain).unwrap();
+        again.finish().unwrap();
+        assert_eq!(plain.concat(), data);
+        assert!(trailer_names("x-amz-checksum-md7").is_none());
+        // A trailer value of the wrong length is refused rather than sent.
+        let bad = frame(&[b"abc"], Some("x-amz-checksum-crc32:AAAA\r\n"));
+        let mut d = Decoder::new(None, true, 3).reframed(trailer_names("x-amz-checksum-crc32").unwrap());
+        assert!(d.push(Bytes::from(bad), &mut Vec::new()).is_err());
     }
 
     #[test]

@@ -108,12 +108,23 @@ pub struct Forward {
     pub query: Option<String>,
     /// The client's headers.
     pub headers: HeaderMap,
-    /// The body to send, already stripped of `aws-chunked` signatures if it had them.
+    /// The body to send.
     pub body: Body,
-    /// How the body is protected; decides the upstream payload hash.
+    /// How the client protected the body; decides the upstream payload hash.
     pub payload: Payload,
-    /// Length of `body` when it was decoded from `aws-chunked`.
-    pub decoded_length: Option<u64>,
+    /// What Larder did to the body on the way.
+    pub reshaped: Reshaped,
+}
+
+/// What became of a client's signed `aws-chunked` body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reshaped {
+    /// Sent as it came.
+    AsSent,
+    /// Decoded to plain data of this length.
+    Decoded(u64),
+    /// Re-framed as unsigned `aws-chunked` with its trailer, this many bytes long.
+    Reframed(u64),
 }
 
 impl Forwarder {
@@ -233,18 +244,21 @@ impl Forwarder {
                 headers.append(name.clone(), value.clone());
             }
         }
-        let payload_hash = match &request.payload {
-            Payload::Unsigned => "UNSIGNED-PAYLOAD".to_owned(),
-            Payload::Sha256(h) => h.clone(),
-            Payload::UnsignedTrailer => "STREAMING-UNSIGNED-PAYLOAD-TRAILER".to_owned(),
-            Payload::SignedChunks { .. } => {
-                // The body was decoded: it goes up as a plain body of its decoded length.
+        let payload_hash = match (&request.payload, request.reshaped) {
+            (Payload::Sha256(h), _) => h.clone(),
+            (Payload::UnsignedTrailer, _) => "STREAMING-UNSIGNED-PAYLOAD-TRAILER".to_owned(),
+            (_, Reshaped::Decoded(length)) => {
                 strip_aws_chunked(&mut headers);
                 headers.remove("x-amz-decoded-content-length");
                 headers.remove("x-amz-trailer");
-                if let Some(len) = request.decoded_length {
-                    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
-                }
+                headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+                "UNSIGNED-PAYLOAD".to_owned()
+            }
+            (_, Reshaped::Reframed(length)) => {
+                headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+                "STREAMING-UNSIGNED-PAYLOAD-TRAILER".to_owned()
+            }
+            (Payload::Unsigned | Payload::SignedChunks { .. }, Reshaped::AsSent) => {
                 "UNSIGNED-PAYLOAD".to_owned()
             }
         };
