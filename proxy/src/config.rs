@@ -58,7 +58,9 @@ pub struct Config {
     pub block_size: ByteSize,
     /// How long object metadata (size, ETag, headers) is trusted before it is fetched again; an
     /// object overwritten upstream is served with its old contents for at most this long.
-    /// `0s` revalidates on every request. Default: `60s`.
+    /// `0s` revalidates on every request. Metadata of a named version (`versionId`) does not
+    /// expire: versions are immutable. Writes through Larder drop what they change at once.
+    /// Default: `60s`.
     pub metadata_ttl: HumanDuration,
     /// Most object-metadata entries held. Default: `100000`.
     pub metadata_capacity: u64,

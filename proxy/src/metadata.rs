@@ -8,6 +8,27 @@ use moka::future::Cache;
 use crate::metrics::Metrics;
 use crate::origin::{ObjectId, ObjectMeta, Origin, OriginError};
 
+/// Metadata of a named version never changes (S3 versions are immutable), so it stays until
+/// evicted for space or the version is deleted through Larder; everything else expires after the
+/// TTL.
+struct VersionsKeep {
+    ttl: Duration,
+}
+
+impl moka::Expiry<ObjectId, Arc<ObjectMeta>> for VersionsKeep {
+    fn expire_after_create(
+        &self,
+        id: &ObjectId,
+        _meta: &Arc<ObjectMeta>,
+        _created_at: std::time::Instant,
+    ) -> Option<Duration> {
+        match id.version_id {
+            Some(_) => None,
+            None => Some(self.ttl),
+        }
+    }
+}
+
 /// Cached HeadObject answers.
 pub struct MetadataCache {
     cache: Option<Cache<ObjectId, Arc<ObjectMeta>>>,
@@ -27,7 +48,7 @@ impl MetadataCache {
         let cache = (!ttl.is_zero()).then(|| {
             Cache::builder()
                 .max_capacity(capacity)
-                .time_to_live(ttl)
+                .expire_after(VersionsKeep { ttl })
                 .support_invalidation_closures()
                 .build()
         });
@@ -77,5 +98,42 @@ impl MetadataCache {
             .get_or_create(&vec![("operation", "HeadObject"), ("outcome", outcome)])
             .inc();
         result.map(Arc::new)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::origin::fake::FakeOrigin;
+    use std::sync::atomic::Ordering;
+
+    #[tokio::test]
+    async fn a_named_version_outlives_the_ttl_and_the_latest_does_not() {
+        let origin = Arc::new(FakeOrigin::default());
+        origin.put("k", bytes::Bytes::from_static(b"data"), "\"e\"");
+        let cache = MetadataCache::new(
+            origin.clone(),
+            Duration::from_millis(50),
+            100,
+            Arc::new(Metrics::default()),
+        );
+        let id = |version: Option<&str>| ObjectId {
+            bucket: "b".into(),
+            key: "k".into(),
+            version_id: version.map(Arc::from),
+        };
+        for v in [None, Some("v1")] {
+            assert!(!cache.get(&id(v)).await.unwrap().1);
+            assert!(cache.get(&id(v)).await.unwrap().1);
+        }
+        assert_eq!(origin.heads.load(Ordering::SeqCst), 2);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(cache.get(&id(Some("v1"))).await.unwrap().1, "a version is immutable");
+        assert!(!cache.get(&id(None)).await.unwrap().1, "the latest expires");
+        assert_eq!(origin.heads.load(Ordering::SeqCst), 3);
+        cache.invalidate(&id(Some("v1"))).await;
+        assert!(!cache.get(&id(Some("v1"))).await.unwrap().1);
+        cache.invalidate_bucket("b");
+        assert!(!cache.get(&id(None)).await.unwrap().1);
     }
 }
