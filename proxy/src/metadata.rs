@@ -128,7 +128,10 @@ mod tests {
         }
         assert_eq!(origin.heads.load(Ordering::SeqCst), 2);
         tokio::time::sleep(Duration::from_millis(200)).await;
-        assert!(cache.get(&id(Some("v1"))).await.unwrap().1, "a version is immutable");
+        assert!(
+            cache.get(&id(Some("v1"))).await.unwrap().1,
+            "a version is immutable"
+        );
         assert!(!cache.get(&id(None)).await.unwrap().1, "the latest expires");
         assert_eq!(origin.heads.load(Ordering::SeqCst), 3);
         cache.invalidate(&id(Some("v1"))).await;

@@ -255,6 +255,14 @@ async fn serve_clients(
     http.http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout);
+    // HTTP/2 has no header timeout of its own: bound streams per connection, and ping idle
+    // connections so dead peers give their slot back.
+    http.http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(256)
+        .max_header_list_size(64 * 1024)
+        .keep_alive_interval(Some(Duration::from_secs(30)))
+        .keep_alive_timeout(limits.header_timeout);
     loop {
         let permit = tokio::select! {
             permit = slots.clone().acquire_owned() => match permit {

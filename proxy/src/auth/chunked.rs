@@ -376,7 +376,9 @@ impl Decoder {
                 .map(|(_, v)| v.as_str())
                 .ok_or(ChunkError::Framing("an announced trailer is missing"))?;
             if Some(value.len()) != trailer_value_len(name) {
-                return Err(ChunkError::Framing("a trailing checksum has the wrong length"));
+                return Err(ChunkError::Framing(
+                    "a trailing checksum has the wrong length",
+                ));
             }
             end.push_str(&format!("{name}:{value}\r\n"));
         }
@@ -518,7 +520,10 @@ mod tests {
         }
         d.finish().unwrap();
         let framed = out.concat();
-        assert_eq!(framed.len() as u64, framed_length(data.len() as u64, &names));
+        assert_eq!(
+            framed.len() as u64,
+            framed_length(data.len() as u64, &names)
+        );
         assert!(framed.ends_with(b"0\r\nx-amz-checksum-crc32:AAAAAA==\r\n\r\n"));
         // Framed again in 64 KiB chunks, it decodes to the same data.
         let mut again = Decoder::new(None, true, data.len() as u64);
@@ -529,7 +534,8 @@ mod tests {
         assert!(trailer_names("x-amz-checksum-md7").is_none());
         // A trailer value of the wrong length is refused rather than sent.
         let bad = frame(&[b"abc"], Some("x-amz-checksum-crc32:AAAA\r\n"));
-        let mut d = Decoder::new(None, true, 3).reframed(trailer_names("x-amz-checksum-crc32").unwrap());
+        let mut d =
+            Decoder::new(None, true, 3).reframed(trailer_names("x-amz-checksum-crc32").unwrap());
         assert!(d.push(Bytes::from(bad), &mut Vec::new()).is_err());
     }
 
