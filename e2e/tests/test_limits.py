@@ -48,10 +48,8 @@ def test_connections_beyond_the_cap_wait_until_one_closes(make_larder, direct, b
     idle[1].close()
 
 
-def exchange(port, data: bytes, timeout=10) -> bytes:
-    """Send `data` on a fresh connection; everything the server answers until it closes."""
-    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-    s.sendall(data)
+def until_closed(s: socket.socket) -> bytes:
+    """Everything the server sends on `s` until it closes the connection (or the socket times out)."""
     got = b""
     try:
         while chunk := s.recv(65536):
@@ -60,6 +58,13 @@ def exchange(port, data: bytes, timeout=10) -> bytes:
         pass
     s.close()
     return got
+
+
+def exchange(port, data: bytes, timeout=10) -> bytes:
+    """Send `data` on a fresh connection; everything the server answers until it closes."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    s.sendall(data)
+    return until_closed(s)
 
 
 def test_hostile_requests_get_an_error_or_a_closed_connection(make_larder, direct, bucket):
@@ -93,12 +98,6 @@ def test_an_idle_keep_alive_connection_is_closed(make_larder, direct, bucket):
     s = socket.create_connection(("127.0.0.1", larder.port), timeout=15)
     s.sendall(f"GET /{bucket}/k HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
     started = time.monotonic()
-    got = b""
-    try:
-        while chunk := s.recv(4096):
-            got += chunk
-    except (ConnectionResetError, socket.timeout):
-        pass
-    s.close()
+    got = until_closed(s)
     assert got.startswith(b"HTTP/1.1 403"), got[:40]  # unsigned: refused, then the connection idles
     assert time.monotonic() - started < 8, "an idle connection was held open"

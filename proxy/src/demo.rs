@@ -27,8 +27,7 @@ use tokio_util::sync::CancellationToken;
 use crate::auth::{Authenticator, KeyStore};
 use crate::config::{ByteSize, Config, HumanDuration};
 use crate::metrics::Metrics;
-use crate::origin::forward::Forwarder;
-use crate::origin::s3::{S3Origin, S3OriginConfig};
+use crate::origin::s3::S3OriginConfig;
 use crate::server::Upstream;
 
 const BUCKET: &str = "demo-bucket";
@@ -93,32 +92,24 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         memory_capacity: ByteSize(256 << 20),
         ..Config::default()
     };
-    let origin = S3Origin::new(&S3OriginConfig {
-        endpoint: config.upstream_endpoint.clone(),
-        region: config.upstream_region.clone(),
-        path_style: true,
-        credentials: Some(Credentials::new(
-            ACCESS_KEY,
-            SECRET_KEY,
-            None,
-            None,
-            "larder-demo",
-        )),
-    })
-    .await;
+    let upstream = Upstream::s3(
+        &S3OriginConfig {
+            endpoint: config.upstream_endpoint.clone(),
+            region: config.upstream_region.clone(),
+            path_style: true,
+            credentials: Some(Credentials::new(
+                ACCESS_KEY,
+                SECRET_KEY,
+                None,
+                None,
+                "larder-demo",
+            )),
+        },
+        config.upstream_idle_timeout.0,
+    )
+    .await?;
     // Clients hold their own key, which Larder verifies; only Larder holds the origin's.
     let auth = Authenticator::SigV4(KeyStore::from_pairs([(CLIENT_KEY, CLIENT_SECRET)]));
-    let forwarder = Forwarder::new(
-        Some(&origin_url),
-        &config.upstream_region,
-        true,
-        origin.credentials(),
-        config.upstream_idle_timeout.0,
-    )?;
-    let upstream = Upstream {
-        origin: Arc::new(origin),
-        forwarder,
-    };
     let larder = crate::server::start(&config, upstream, auth)
         .await
         .context("starting larder")?;

@@ -1,14 +1,12 @@
 //! The `larder` command: `serve` runs the proxy; `demo` runs it in front of an embedded origin.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use larder::auth::Authenticator;
 use larder::config::Config;
-use larder::origin::forward::Forwarder;
-use larder::origin::s3::{S3Origin, S3OriginConfig};
+use larder::origin::s3::S3OriginConfig;
 use larder::server::Upstream;
 use serde::Serialize;
 
@@ -176,24 +174,16 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Authenticator::None => tracing::warn!("auth = none: any client that reaches the S3 listener reads and writes through Larder's upstream credentials"),
         Authenticator::SigV4(keys) => tracing::info!(keys = keys.len(), "clients must sign requests (SigV4)"),
     }
-    let origin = S3Origin::new(&S3OriginConfig {
-        endpoint: config.upstream_endpoint.clone(),
-        region: config.upstream_region.clone(),
-        path_style: config.upstream_path_style,
-        credentials: None,
-    })
-    .await;
-    let forwarder = Forwarder::new(
-        config.upstream_endpoint.as_deref(),
-        &config.upstream_region,
-        config.upstream_path_style,
-        origin.credentials(),
+    let upstream = Upstream::s3(
+        &S3OriginConfig {
+            endpoint: config.upstream_endpoint.clone(),
+            region: config.upstream_region.clone(),
+            path_style: config.upstream_path_style,
+            credentials: None,
+        },
         config.upstream_idle_timeout.0,
-    )?;
-    let upstream = Upstream {
-        origin: Arc::new(origin),
-        forwarder,
-    };
+    )
+    .await?;
     let running = larder::server::start(&config, upstream, auth)
         .await
         .with_context(|| {

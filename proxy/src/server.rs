@@ -24,7 +24,8 @@ use crate::config::Config;
 use crate::config::{DiskAdmission, DiskRecovery, DiskWritePolicy, IoEngineKind};
 use crate::metadata::MetadataCache;
 use crate::metrics::Metrics;
-use crate::origin::forward::Forwarder;
+use crate::origin::forward::{ForwardError, Forwarder};
+use crate::origin::s3::{S3Origin, S3OriginConfig};
 use crate::origin::Origin;
 use crate::routes::{self, AppState};
 use crate::tls::{TlsConfig, TlsError};
@@ -64,6 +65,28 @@ pub struct Upstream {
     pub origin: Arc<dyn Origin>,
     /// Every other request.
     pub forwarder: Forwarder,
+}
+
+impl Upstream {
+    /// Both clients of an S3 upstream, signing with the same credentials; `first_byte_timeout`
+    /// bounds the wait for a pass-through answer.
+    pub async fn s3(
+        config: &S3OriginConfig,
+        first_byte_timeout: Duration,
+    ) -> Result<Self, ForwardError> {
+        let origin = S3Origin::new(config).await;
+        let forwarder = Forwarder::new(
+            config.endpoint.as_deref(),
+            &config.region,
+            config.path_style,
+            origin.credentials(),
+            first_byte_timeout,
+        )?;
+        Ok(Self {
+            origin: Arc::new(origin),
+            forwarder,
+        })
+    }
 }
 
 /// The disk tier's configuration from Larder's.

@@ -27,6 +27,15 @@ pub const MAX_SKEW: Duration = Duration::from_secs(15 * 60);
 /// Longest validity of a presigned URL, as S3 allows (7 days).
 pub const MAX_PRESIGNED_EXPIRY: u64 = 7 * 24 * 3600;
 const ALGORITHM: &str = "AWS4-HMAC-SHA256";
+/// The query parameters that carry a presigned URL's signature, in the order parsed.
+pub const PRESIGNED_PARAMS: [&str; 6] = [
+    "X-Amz-Algorithm",
+    "X-Amz-Credential",
+    "X-Amz-Date",
+    "X-Amz-Expires",
+    "X-Amz-SignedHeaders",
+    "X-Amz-Signature",
+];
 const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
 
 /// How the request's body is protected.
@@ -361,14 +370,6 @@ fn verify_presigned(
     keys: &KeyStore,
     now: SystemTime,
 ) -> Result<Verified, S3Error> {
-    const AUTH_PARAMS: &[&str] = &[
-        "X-Amz-Algorithm",
-        "X-Amz-Credential",
-        "X-Amz-Date",
-        "X-Amz-Expires",
-        "X-Amz-SignedHeaders",
-        "X-Amz-Signature",
-    ];
     let mut values: [Option<String>; 6] = Default::default();
     let mut rest = Vec::new();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
@@ -377,7 +378,7 @@ fn verify_presigned(
             .next()
             .map(|(k, _)| k.into_owned())
             .unwrap_or_default();
-        match AUTH_PARAMS.iter().position(|p| *p == name) {
+        match PRESIGNED_PARAMS.iter().position(|p| *p == name) {
             Some(i) => {
                 let value = form_urlencoded::parse(pair.as_bytes())
                     .next()

@@ -17,17 +17,13 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+use crate::auth::sigv4::PRESIGNED_PARAMS;
 use crate::auth::Payload;
 use crate::s3::request::Target;
 
-/// Query parameters of a presigned URL: the client's signature, not to be sent upstream.
-const PRESIGN_PARAMS: &[&str] = &[
-    "X-Amz-Algorithm",
-    "X-Amz-Credential",
-    "X-Amz-Date",
-    "X-Amz-Expires",
-    "X-Amz-SignedHeaders",
-    "X-Amz-Signature",
+/// Query parameters of a presigned URL besides SigV4's own ([`PRESIGNED_PARAMS`]): the client's
+/// session token and SigV2's signature, not to be sent upstream.
+const PRESIGN_EXTRA: &[&str] = &[
     "X-Amz-Security-Token",
     "AWSAccessKeyId",
     "Signature",
@@ -377,7 +373,7 @@ fn strip_presign(query: &str) -> String {
         .split('&')
         .filter(|pair| {
             let name = pair.split('=').next().unwrap_or("");
-            !pair.is_empty() && !PRESIGN_PARAMS.contains(&name)
+            !pair.is_empty() && !PRESIGNED_PARAMS.contains(&name) && !PRESIGN_EXTRA.contains(&name)
         })
         .collect::<Vec<_>>()
         .join("&")
