@@ -500,14 +500,7 @@ fn signed_header_values(parts: &Parts, names: &[&str]) -> Result<Vec<(String, St
 fn candidate_paths(raw: &str) -> Vec<Cow<'_, str>> {
     let mut out = vec![Cow::Borrowed(raw)];
     let decoded = percent_encoding::percent_decode_str(raw).collect::<Vec<u8>>();
-    let mut canonical = String::with_capacity(raw.len());
-    for b in decoded {
-        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
-            canonical.push(b as char);
-        } else {
-            canonical.push_str(&format!("%{b:02X}"));
-        }
-    }
+    let canonical = crate::s3::request::encode_path(&decoded);
     if canonical != raw {
         out.push(Cow::Owned(canonical));
     }

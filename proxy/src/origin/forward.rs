@@ -19,7 +19,7 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::auth::sigv4::PRESIGNED_PARAMS;
 use crate::auth::Payload;
-use crate::s3::request::Target;
+use crate::s3::request::{encode_path, Target};
 
 /// Query parameters of a presigned URL besides SigV4's own ([`PRESIGNED_PARAMS`]): the client's
 /// session token and SigV2's signature, not to be sent upstream.
@@ -208,14 +208,21 @@ impl Forwarder {
             Target::Bucket(b) if self.virtual_host(b) => {
                 (format!("{b}.{}", self.authority), "/".to_owned())
             }
-            Target::Bucket(b) => (self.authority.clone(), format!("/{}", encode(b))),
+            Target::Bucket(b) => (
+                self.authority.clone(),
+                format!("/{}", encode_path(b.as_bytes())),
+            ),
             Target::Object { bucket, key } if self.virtual_host(bucket) => (
                 format!("{bucket}.{}", self.authority),
-                format!("/{}", encode(key)),
+                format!("/{}", encode_path(key.as_bytes())),
             ),
             Target::Object { bucket, key } => (
                 self.authority.clone(),
-                format!("/{}/{}", encode(bucket), encode(key)),
+                format!(
+                    "/{}/{}",
+                    encode_path(bucket.as_bytes()),
+                    encode_path(key.as_bytes())
+                ),
             ),
         };
         let query = strip_presign(query.unwrap_or(""));
@@ -377,20 +384,6 @@ fn strip_presign(query: &str) -> String {
         })
         .collect::<Vec<_>>()
         .join("&")
-}
-
-/// Percent-encode a bucket or key for an S3 path: everything but the unreserved characters and
-/// `/`, as S3 canonicalises it.
-pub fn encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for &b in s.as_bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

@@ -67,6 +67,20 @@ pub fn virtual_bucket<'a>(host: Option<&'a str>, base_domain: Option<&str>) -> O
         .filter(|b| !b.is_empty())
 }
 
+/// Percent-encode decoded path bytes as S3 canonicalises a path: every byte but the unreserved
+/// characters and `/`. Used to address the upstream and to check signatures on the path.
+pub fn encode_path(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len());
+    for &b in bytes {
+        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 fn strip_port(host: &str) -> &str {
     if host.starts_with('[') {
         // An IPv6 literal is never a virtual-hosted bucket; leave it whole so it does not match.
