@@ -1,15 +1,17 @@
-//! The admin listener: `/healthz`, `/readyz`, `/metrics`.
+//! The admin listener: `/healthz`, `/readyz`, `/metrics`, and a live status page at `/` fed by
+//! `/status.json`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
-use axum::response::IntoResponse;
+use axum::response::{Html, IntoResponse};
 use axum::routing::get;
+use serde::Serialize;
 
 use crate::blocks::BlockStore;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, Snapshot, UpstreamHealth};
 
 /// What the admin endpoints report on.
 pub struct AdminState {
@@ -24,11 +26,16 @@ pub struct AdminState {
 /// The admin router.
 pub fn router(state: Arc<AdminState>) -> axum::Router {
     axum::Router::new()
+        .route("/", get(|| async { Html(STATUS_PAGE) }))
+        .route("/status.json", get(status))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .with_state(state)
 }
+
+/// The status page: self-contained HTML, CSS and script, no external resources.
+const STATUS_PAGE: &str = include_str!("admin/status.html");
 
 async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
     if s.ready.load(Ordering::Acquire) {
@@ -39,16 +46,154 @@ async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
 }
 
 async fn metrics(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
-    let stats = s.blocks.memory().stats();
-    s.metrics.memory_capacity.set(stats.capacity_bytes);
-    s.metrics.memory_used.set(stats.used_bytes);
-    s.metrics.memory_entries.set(stats.entries);
-    s.metrics.memory_evictions.set(stats.evictions);
+    // moka updates its weighted size lazily; settle it so the gauges are exact.
+    s.blocks.memory().sync().await;
     (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
+        [(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)],
         s.metrics.render(),
     )
+}
+
+/// The figures the status page shows, all read from the same metrics `/metrics` exports.
+#[derive(Debug, Serialize)]
+pub struct Status {
+    uptime_seconds: u64,
+    requests: u64,
+    cacheable_requests: u64,
+    request_hit_ratio: Option<f64>,
+    served_bytes: u64,
+    served_from_cache_bytes: u64,
+    byte_hit_ratio: Option<f64>,
+    coalesced: u64,
+    ttfb_p50_ms: Option<f64>,
+    ttfb_p99_ms: Option<f64>,
+    dollars_direct: f64,
+    dollars_upstream: f64,
+    dollars_saved: f64,
+    memory: Tier,
+    disk: Option<Tier>,
+    upstream_requests: u64,
+    upstream_failures: u64,
+    upstream_received_bytes: u64,
+    upstream: UpstreamHealth,
+}
+
+#[derive(Debug, Serialize)]
+struct Tier {
+    capacity_bytes: u64,
+    used_bytes: u64,
+    entries: u64,
+}
+
+async fn status(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
+    s.blocks.memory().sync().await;
+    let snap = s.metrics.snapshot();
+    let status = Status::from_snapshot(&snap, &s.metrics, s.blocks.disk().is_some());
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        serde_json::to_string(&status).unwrap_or_default(),
+    )
+}
+
+fn ratio(part: f64, whole: f64) -> Option<f64> {
+    (whole > 0.0).then(|| part / whole)
+}
+
+impl Status {
+    fn from_snapshot(snap: &Snapshot, metrics: &Metrics, disk: bool) -> Self {
+        let by_cache = snap.sum_by("larder_requests_total", "cache");
+        let count = |results: &[&str]| -> f64 {
+            results
+                .iter()
+                .map(|r| by_cache.get(*r).copied().unwrap_or(0.0))
+                .sum()
+        };
+        let hits = count(&["hit-memory", "hit-disk"]);
+        let cacheable = count(&["hit-memory", "hit-disk", "partial", "coalesced", "miss"]);
+        let by_tier = snap.sum_by("larder_served_bytes_total", "tier");
+        let tier = |t: &str| by_tier.get(t).copied().unwrap_or(0.0);
+        let served = tier("memory") + tier("disk") + tier("upstream");
+        let from_cache = tier("memory") + tier("disk");
+        let by_status = snap.sum_by("larder_upstream_requests_total", "status");
+        // Answers that are the upstream working as it should: success, not modified, not
+        // found, precondition failed (the object changed), range not satisfiable.
+        let failures: f64 = by_status
+            .iter()
+            .filter(|(code, _)| {
+                !(code.starts_with('2') || matches!(code.as_str(), "304" | "404" | "412" | "416"))
+            })
+            .map(|(_, n)| n)
+            .sum();
+        let direct = snap.sum("larder_cost_direct_dollars_total", &[]);
+        let upstream = snap.sum("larder_cost_upstream_dollars_total", &[]);
+        let ms = |q| {
+            snap.quantile("larder_request_ttfb_seconds", q)
+                .map(|s| s * 1000.0)
+        };
+        let gauge = |name: &str| snap.sum(name, &[]) as u64;
+        Status {
+            uptime_seconds: metrics.uptime().as_secs(),
+            requests: by_cache.values().sum::<f64>() as u64,
+            cacheable_requests: cacheable as u64,
+            request_hit_ratio: ratio(hits, cacheable),
+            served_bytes: served as u64,
+            served_from_cache_bytes: from_cache as u64,
+            byte_hit_ratio: ratio(from_cache, served),
+            coalesced: gauge("larder_singleflight_coalesced_total"),
+            ttfb_p50_ms: ms(0.5),
+            ttfb_p99_ms: ms(0.99),
+            dollars_direct: direct,
+            dollars_upstream: upstream,
+            dollars_saved: direct - upstream,
+            memory: Tier {
+                capacity_bytes: gauge("larder_memory_capacity_bytes"),
+                used_bytes: gauge("larder_memory_used_bytes"),
+                entries: gauge("larder_memory_entries"),
+            },
+            disk: disk.then(|| Tier {
+                capacity_bytes: gauge("larder_disk_capacity_bytes"),
+                used_bytes: gauge("larder_disk_live_bytes"),
+                entries: gauge("larder_disk_entries"),
+            }),
+            upstream_requests: by_status.values().sum::<f64>() as u64,
+            upstream_failures: failures as u64,
+            upstream_received_bytes: gauge("larder_upstream_received_bytes_total"),
+            upstream: metrics.upstream_health(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::UpstreamStatus;
+    use std::time::Duration;
+
+    #[test]
+    fn status_figures_follow_the_metrics() {
+        let m = Metrics::default();
+        m.observe_memory(cache_core::MemoryTier::<u32>::new(1 << 20));
+        for _ in 0..3 {
+            m.request("GetObject", None, 200, "hit-memory", Duration::from_millis(1));
+            m.served("memory", None, 100);
+        }
+        m.request("GetObject", None, 200, "miss", Duration::from_millis(30));
+        m.served("upstream", None, 100);
+        m.request("ListObjectsV2", None, 200, "pass", Duration::from_millis(30));
+        m.upstream("GetObject", UpstreamStatus::Http(206), Duration::ZERO);
+        m.upstream("GetObject", UpstreamStatus::Http(503), Duration::ZERO);
+        m.upstream("HeadObject", UpstreamStatus::Failed("timeout"), Duration::ZERO);
+        m.upstream("HeadObject", UpstreamStatus::Http(404), Duration::ZERO);
+        let s = Status::from_snapshot(&m.snapshot(), &m, false);
+        assert_eq!(s.requests, 5);
+        assert_eq!(s.cacheable_requests, 4);
+        assert_eq!(s.request_hit_ratio, Some(0.75));
+        assert_eq!(s.byte_hit_ratio, Some(0.75));
+        assert_eq!(s.upstream_requests, 4);
+        assert_eq!(s.upstream_failures, 2);
+        assert_eq!(s.memory.capacity_bytes, 1 << 20);
+        // 4 GETs and a LIST asked of Larder; 2 GETs and 2 HEADs sent upstream.
+        let expected = 4.0 * 0.0004 / 1000.0 + 0.005 / 1000.0 - 4.0 * 0.0004 / 1000.0;
+        assert!((s.dollars_saved - expected).abs() < 1e-12, "{}", s.dollars_saved);
+    }
 }

@@ -7,7 +7,7 @@
 
 use std::ops::Range;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cache_core::{
@@ -17,7 +17,8 @@ use cache_core::{
 use futures::stream::{self, Stream, StreamExt};
 use tokio::sync::Semaphore;
 
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, UpstreamStatus};
+use tracing::Instrument;
 use crate::origin::{ObjectId, Origin, OriginError};
 
 /// A slice at most this fraction of its block (1 MiB of an 8 MiB block) is read from disk by
@@ -226,6 +227,7 @@ impl BlockStore {
     ) -> impl Stream<Item = Result<Bytes, OriginError>> + Send + 'static {
         let store = self.clone();
         let slices: Vec<BlockSlice> = self.layout.slices(range.start, range.end, size).collect();
+        let bucket = object.bucket.clone();
         stream::iter(slices)
             .map(move |slice| {
                 let (store, object, etag) = (store.clone(), object.clone(), etag.clone());
@@ -237,19 +239,15 @@ impl BlockStore {
                 move |(slice, open)| match open {
                     OpenBlock::Ready(bytes) => {
                         let part = bytes.slice(slice.from as usize..slice.to as usize);
-                        store.whole_part("memory", part)
+                        store.whole_part("memory", &bucket, part)
                     }
-                    OpenBlock::Part(part) => store.whole_part("disk", part),
+                    OpenBlock::Part(part) => store.whole_part("disk", &bucket, part),
                     OpenBlock::Streaming(reader, tier) => {
-                        let served = store
-                            .metrics
-                            .served_bytes
-                            .get_or_create(&vec![("tier", tier)])
-                            .clone();
+                        let (metrics, bucket) = (store.metrics.clone(), bucket.clone());
                         slice_of(reader, slice.from, slice.to)
                             .inspect(move |r| {
                                 if let Ok(b) = r {
-                                    served.inc_by(b.len() as u64);
+                                    metrics.served(tier, Some(&bucket), b.len() as u64);
                                 }
                             })
                             .boxed()
@@ -262,12 +260,10 @@ impl BlockStore {
     fn whole_part(
         &self,
         tier: &'static str,
+        bucket: &str,
         part: Bytes,
     ) -> stream::BoxStream<'static, Result<Bytes, OriginError>> {
-        self.metrics
-            .served_bytes
-            .get_or_create(&vec![("tier", tier)])
-            .inc_by(part.len() as u64);
+        self.metrics.served(tier, Some(bucket), part.len() as u64);
         stream::once(futures::future::ready(Ok(part))).boxed()
     }
 
@@ -279,9 +275,14 @@ impl BlockStore {
     ) -> OpenBlock {
         let id = self.id(object, etag, slice.index);
         if let Some(bytes) = self.cache.memory().get(&id).await {
+            self.metrics.lookup("memory", true);
             return OpenBlock::Ready(bytes);
         }
+        self.metrics.lookup("memory", false);
         let on_disk = self.cache.locate(&id) == Some(Tier::Disk);
+        if self.cache.disk().is_some() {
+            self.metrics.lookup("disk", on_disk);
+        }
         // A small slice of a block on disk (a Parquet footer, a column chunk index) reads only
         // the 64 KiB chunks it touches, instead of the whole block through a flight.
         if on_disk
@@ -296,7 +297,7 @@ impl BlockStore {
         }
         match self.flights.join(id.clone()) {
             Joined::Follower(reader) => {
-                self.metrics.coalesced.inc();
+                self.metrics.coalesced();
                 OpenBlock::Streaming(reader, "upstream")
             }
             Joined::Leader { mut writer, reader } => {
@@ -312,7 +313,15 @@ impl BlockStore {
                 let store = self.clone();
                 let object = object.clone();
                 let etag = etag.clone();
-                tokio::spawn(async move { store.fetch(writer, id, object, etag, slice).await });
+                let span = tracing::info_span!(
+                    "block fetch",
+                    larder.block = slice.index,
+                    larder.source = tier
+                );
+                tokio::spawn(
+                    async move { store.fetch(writer, id, object, etag, slice).await }
+                        .instrument(span),
+                );
                 OpenBlock::Streaming(reader, tier)
             }
         }
@@ -336,11 +345,6 @@ impl BlockStore {
         }
         let range = slice.block_start..slice.block_start + slice.block_len;
         let result = self.fetch_into(&writer, &object, &etag, range).await;
-        let outcome = if result.is_ok() { "ok" } else { "error" };
-        self.metrics
-            .upstream_requests
-            .get_or_create(&vec![("operation", "GetObject"), ("outcome", outcome)])
-            .inc();
         match result {
             Ok(()) => {
                 let block = writer.finish();
@@ -349,10 +353,8 @@ impl BlockStore {
             }
             Err(e) => {
                 tracing::warn!(object = %object, block = slice.index, error = %e, "block fetch failed");
-                self.metrics
-                    .cache_writes_dropped
-                    .get_or_create(&vec![("reason", "fetch_failed")])
-                    .inc();
+                self.metrics.upstream_failed(&e);
+                self.metrics.cache_write_dropped("fetch_failed");
                 writer.fail(e);
             }
         }
@@ -372,7 +374,22 @@ impl BlockStore {
             .acquire()
             .await
             .map_err(|_| OriginError::Abandoned)?;
-        let mut body = self.origin.get(object, Some(etag), Some(range)).await?;
+        let started = Instant::now();
+        let got_body = self
+            .origin
+            .get(object, Some(etag), Some(range))
+            .instrument(tracing::info_span!(
+                "upstream",
+                otel.name = "GetObject",
+                otel.kind = "client"
+            ))
+            .await;
+        let status = match &got_body {
+            Ok(_) => UpstreamStatus::Http(206),
+            Err(e) => e.into(),
+        };
+        self.metrics.upstream("GetObject", status, started.elapsed());
+        let mut body = got_body?;
         let mut got = 0u64;
         loop {
             let next = tokio::time::timeout(self.idle_timeout, body.next())
@@ -386,7 +403,7 @@ impl BlockStore {
             if got > expected {
                 return Err(OriginError::BodyLength { got, expected });
             }
-            self.metrics.upstream_bytes.inc_by(chunk.len() as u64);
+            self.metrics.upstream_received(chunk.len() as u64);
             writer.push(chunk);
         }
         if got != expected {

@@ -107,6 +107,64 @@ pub struct Config {
     /// `[[disk_partitions]] name = "tables", capacity = "100GiB", buckets = ["lake"]`.
     /// Default: none (one partition).
     pub disk_partitions: Vec<DiskPartition>,
+    /// Log line format on stderr: `text` or `json` (one object per line). Default: `text`.
+    pub log_format: LogFormat,
+    /// Base URL of an OpenTelemetry collector's OTLP/HTTP receiver (e.g. `http://otel:4318`);
+    /// metrics are pushed to `<url>/v1/metrics` and traces to `<url>/v1/traces`. Default: none
+    /// (metrics on the admin `/metrics` only, no traces).
+    pub otlp_endpoint: Option<String>,
+    /// How often metrics are pushed by OTLP. Default: `10s`.
+    pub otlp_interval: HumanDuration,
+    /// Requests that take at least this long (headers to last byte) have their whole trace
+    /// exported by OTLP; faster ones are dropped unless sampled. Default: `1s`.
+    pub trace_slow_threshold: HumanDuration,
+    /// Share (0 to 1) of the faster requests whose traces are exported too. Default: `0`.
+    pub trace_sample_ratio: f64,
+    /// Buckets whose name appears in a `bucket` label on the request, bytes and cost metrics;
+    /// other buckets are counted as `other`. Empty leaves the label out, so an unbounded set of
+    /// bucket names never reaches the metrics. Default: none.
+    pub metrics_buckets: Vec<String>,
+    /// Dollars per 1,000 GET-class requests (GET, HEAD and all others not listed below), for the
+    /// cost metrics. Default: `0.0004` (S3 Standard, us-east-1).
+    pub price_get_per_1000: f64,
+    /// Dollars per 1,000 PUT-class requests (PUT, COPY, POST, LIST). Default: `0.005`.
+    pub price_put_per_1000: f64,
+    /// Dollars per GB (10^9 bytes) leaving S3 for the internet. Default: `0.09`.
+    pub price_internet_per_gb: f64,
+    /// Dollars per GB from S3 to another AWS region. Default: `0.02`.
+    pub price_cross_region_per_gb: f64,
+    /// Dollars per GB crossing availability zones. Default: `0.01`.
+    pub price_cross_az_per_gb: f64,
+    /// Where bytes from S3 travel to reach Larder (and would travel to reach the clients
+    /// directly), choosing the per-GB price: `same-region` (free), `cross-az`, `cross-region`
+    /// or `internet`. Default: `same-region`.
+    pub upstream_transfer: TransferKind,
+}
+
+/// See [`Config::log_format`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// JSON objects, one per line.
+    Json,
+}
+
+/// See [`Config::upstream_transfer`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum TransferKind {
+    /// Within one region: S3 charges nothing.
+    #[default]
+    SameRegion,
+    /// Across availability zones.
+    CrossAz,
+    /// To another region.
+    CrossRegion,
+    /// To the internet.
+    Internet,
 }
 
 /// One disk partition and the buckets it caches.
@@ -212,6 +270,18 @@ impl Default for Config {
             disk_recovery: DiskRecovery::default(),
             disk_write_policy: DiskWritePolicy::default(),
             disk_partitions: Vec::new(),
+            log_format: LogFormat::default(),
+            otlp_endpoint: None,
+            otlp_interval: HumanDuration(Duration::from_secs(10)),
+            trace_slow_threshold: HumanDuration(Duration::from_secs(1)),
+            trace_sample_ratio: 0.0,
+            metrics_buckets: Vec::new(),
+            price_get_per_1000: 0.0004,
+            price_put_per_1000: 0.005,
+            price_internet_per_gb: 0.09,
+            price_cross_region_per_gb: 0.02,
+            price_cross_az_per_gb: 0.01,
+            upstream_transfer: TransferKind::default(),
         }
     }
 }
@@ -248,6 +318,18 @@ pub const OPTION_NAMES: &[&str] = &[
     "disk_recovery",
     "disk_write_policy",
     "disk_partitions",
+    "log_format",
+    "otlp_endpoint",
+    "otlp_interval",
+    "trace_slow_threshold",
+    "trace_sample_ratio",
+    "metrics_buckets",
+    "price_get_per_1000",
+    "price_put_per_1000",
+    "price_internet_per_gb",
+    "price_cross_region_per_gb",
+    "price_cross_az_per_gb",
+    "upstream_transfer",
 ];
 
 /// Options that are lists of tables, set in the TOML file only (no flag).
@@ -368,12 +450,52 @@ impl Config {
         if self.auth == AuthMode::None && !self.auth_policies.is_empty() {
             return invalid("auth_policies", "need auth = \"sigv4\"");
         }
+        if let Some(url) = &self.otlp_endpoint {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return invalid("otlp_endpoint", "must be an http:// or https:// URL");
+            }
+        }
+        if self.otlp_interval.0.is_zero() {
+            return invalid("otlp_interval", "must be positive");
+        }
+        if !(0.0..=1.0).contains(&self.trace_sample_ratio) {
+            return invalid("trace_sample_ratio", "must be between 0 and 1");
+        }
+        let prices = [
+            ("price_get_per_1000", self.price_get_per_1000),
+            ("price_put_per_1000", self.price_put_per_1000),
+            ("price_internet_per_gb", self.price_internet_per_gb),
+            ("price_cross_region_per_gb", self.price_cross_region_per_gb),
+            ("price_cross_az_per_gb", self.price_cross_az_per_gb),
+        ];
+        for (field, price) in prices {
+            if !(price.is_finite() && price >= 0.0) {
+                return invalid(field, "must be a price of zero or more");
+            }
+        }
         if let Some(url) = &self.upstream_endpoint {
             if !(url.starts_with("http://") || url.starts_with("https://")) {
                 return invalid("upstream_endpoint", "must be an http:// or https:// URL");
             }
         }
         Ok(())
+    }
+}
+
+impl Config {
+    /// The prices the cost metrics use.
+    pub fn prices(&self) -> crate::metrics::Prices {
+        let per_gb = match self.upstream_transfer {
+            TransferKind::SameRegion => 0.0,
+            TransferKind::CrossAz => self.price_cross_az_per_gb,
+            TransferKind::CrossRegion => self.price_cross_region_per_gb,
+            TransferKind::Internet => self.price_internet_per_gb,
+        };
+        crate::metrics::Prices {
+            get_request: self.price_get_per_1000 / 1000.0,
+            put_request: self.price_put_per_1000 / 1000.0,
+            transfer_byte: per_gb / 1e9,
+        }
     }
 }
 
@@ -688,6 +810,7 @@ access_key = "etl"
             auth_credentials: Some("/x".into()),
             tls_cert: Some("/x".into()),
             tls_key: Some("/x".into()),
+            otlp_endpoint: Some("http://x".into()),
             ..Config::default()
         })
         .unwrap();

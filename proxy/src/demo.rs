@@ -235,35 +235,43 @@ struct Snapshot(HashMap<&'static str, u64>);
 
 impl Snapshot {
     fn take(m: &Metrics) -> Self {
+        let snap = m.snapshot();
+        let count = |name: &str, labels: &[(&str, &str)]| snap.sum(name, labels) as u64;
         let mut s = HashMap::new();
         for cache in ["hit-memory", "partial", "coalesced", "miss", "error"] {
             s.insert(
                 cache,
-                Metrics::count(&m.requests, &[("operation", "GetObject"), ("cache", cache)]),
+                count(
+                    "larder_requests_total",
+                    &[("operation", "GetObject"), ("cache", cache)],
+                ),
             );
         }
         s.insert(
             "upstream_gets",
-            Metrics::count(
-                &m.upstream_requests,
-                &[("operation", "GetObject"), ("outcome", "ok")],
+            count(
+                "larder_upstream_requests_total",
+                &[("operation", "GetObject"), ("status", "206")],
             ),
         );
         s.insert(
             "upstream_heads",
-            Metrics::count(
-                &m.upstream_requests,
-                &[("operation", "HeadObject"), ("outcome", "ok")],
+            count(
+                "larder_upstream_requests_total",
+                &[("operation", "HeadObject"), ("status", "200")],
             ),
         );
-        s.insert("upstream_bytes", m.upstream_bytes.get());
+        s.insert(
+            "upstream_bytes",
+            count("larder_upstream_received_bytes_total", &[]),
+        );
         s.insert(
             "served_memory",
-            Metrics::count(&m.served_bytes, &[("tier", "memory")]),
+            count("larder_served_bytes_total", &[("tier", "memory")]),
         );
         s.insert(
             "served_upstream",
-            Metrics::count(&m.served_bytes, &[("tier", "upstream")]),
+            count("larder_served_bytes_total", &[("tier", "upstream")]),
         );
         Snapshot(s)
     }

@@ -15,4 +15,5 @@ pub mod origin;
 pub mod routes;
 pub mod s3;
 pub mod server;
+pub mod telemetry;
 pub mod tls;

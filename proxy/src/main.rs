@@ -150,25 +150,74 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     disk_write_policy: Option<String>,
+    /// Log format: text or json [default: text].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    log_format: Option<String>,
+    /// OTLP/HTTP collector base URL for metrics and traces, e.g. http://127.0.0.1:4318.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    otlp_endpoint: Option<String>,
+    /// How often metrics are pushed by OTLP, e.g. 10s [default: 10s].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    otlp_interval: Option<String>,
+    /// Export traces of requests at least this slow, e.g. 1s [default: 1s].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    trace_slow_threshold: Option<String>,
+    /// Share of faster requests whose traces are exported too, 0 to 1 [default: 0].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    trace_sample_ratio: Option<f64>,
+    /// Buckets named in the metrics' bucket label, comma-separated [default: none].
+    #[arg(long, value_delimiter = ',')]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metrics_buckets: Option<Vec<String>>,
+    /// Dollars per 1,000 GET-class requests [default: 0.0004].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    price_get_per_1000: Option<f64>,
+    /// Dollars per 1,000 PUT-class requests [default: 0.005].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    price_put_per_1000: Option<f64>,
+    /// Dollars per GB to the internet [default: 0.09].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    price_internet_per_gb: Option<f64>,
+    /// Dollars per GB to another region [default: 0.02].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    price_cross_region_per_gb: Option<f64>,
+    /// Dollars per GB across availability zones [default: 0.01].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    price_cross_az_per_gb: Option<f64>,
+    /// Where S3's bytes travel: same-region, cross-az, cross-region or internet [default: same-region].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    upstream_transfer: Option<String>,
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
     let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
     match cli.command {
-        Command::Serve(args) => runtime.block_on(serve(*args)),
-        Command::Demo(args) => runtime.block_on(larder::demo::run(args)),
+        Command::Serve(args) => {
+            let config = Config::load(args.config.as_deref(), &args)?;
+            // Logs (and traces) are set up before anything runs, and flushed after it stops.
+            let _telemetry = larder::telemetry::init(&config)?;
+            runtime.block_on(serve(config))
+        }
+        Command::Demo(args) => {
+            let _telemetry = larder::telemetry::init(&Config::default())?;
+            runtime.block_on(larder::demo::run(args))
+        }
     }
 }
 
-async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let config = Config::load(args.config.as_deref(), &args)?;
+async fn serve(config: Config) -> anyhow::Result<()> {
     let auth = Authenticator::from_config(&config)?;
     match &auth {
         Authenticator::None => tracing::warn!("auth = none: any client that reaches the S3 listener reads and writes through Larder's upstream credentials"),

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use moka::future::Cache;
 
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, UpstreamStatus};
+use tracing::Instrument;
 use crate::origin::{ObjectId, ObjectMeta, Origin, OriginError};
 
 /// Metadata of a named version never changes (S3 versions are immutable), so it stays until
@@ -91,12 +92,26 @@ impl MetadataCache {
     }
 
     async fn head(&self, id: &ObjectId) -> Result<Arc<ObjectMeta>, OriginError> {
-        let result = self.origin.head(id).await;
-        let outcome = if result.is_ok() { "ok" } else { "error" };
-        self.metrics
-            .upstream_requests
-            .get_or_create(&vec![("operation", "HeadObject"), ("outcome", outcome)])
-            .inc();
+        let started = std::time::Instant::now();
+        let result = self
+            .origin
+            .head(id)
+            .instrument(tracing::info_span!(
+                "upstream",
+                otel.name = "HeadObject",
+                otel.kind = "client"
+            ))
+            .await;
+        let status = match &result {
+            Ok(_) => UpstreamStatus::Http(200),
+            Err(e) => {
+                if !e.is_not_found() {
+                    self.metrics.upstream_failed(e);
+                }
+                e.into()
+            }
+        };
+        self.metrics.upstream("HeadObject", status, started.elapsed());
         result.map(Arc::new)
     }
 }

@@ -1,289 +1,813 @@
-//! Prometheus metrics for the admin `/metrics` endpoint.
+//! Metrics through OpenTelemetry: instruments on an SDK meter provider, read by a Prometheus
+//! exporter for the admin `/metrics` endpoint and, with `otlp_endpoint`, pushed by OTLP too.
+//!
+//! Label values come from fixed sets (operation names, cache results, status codes, reasons) so
+//! cardinality stays bounded; bucket names appear only for the buckets listed in
+//! `metrics_buckets`. The cost counters price every request with [`Prices`], so that the net
+//! saving is one query: `sum(larder_cost_direct_dollars_total) -
+//! sum(larder_cost_upstream_dollars_total)`.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
 
-use cache_core::disk::DropReason;
-use prometheus_client::collector::Collector;
-use prometheus_client::encoding::text::encode;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
-use prometheus_client::metrics::counter::ConstCounter;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::ConstGauge;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::metrics::MetricType;
-use prometheus_client::registry::Registry;
+use cache_core::disk::{DiskStats, DropReason};
+use cache_core::{DiskCache, MemoryTier};
+use opentelemetry::metrics::{Counter, Histogram, Meter, MeterProvider as _};
+use opentelemetry::KeyValue;
+use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
+use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_sdk::Resource;
+use parking_lot::Mutex;
+use prometheus::proto::MetricFamily;
 
-type Labels = Vec<(&'static str, &'static str)>;
+/// The S3 billing classes a request falls in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestClass {
+    /// GET, HEAD, SELECT and every request not named below.
+    Get,
+    /// PUT, COPY, POST and LIST.
+    Put,
+    /// DELETE and CANCEL (AbortMultipartUpload) are free, as are requests Larder refuses.
+    Free,
+}
+
+impl RequestClass {
+    /// The class of an operation named by [`crate::routes`].
+    pub fn of(operation: &str) -> Self {
+        const PUT: [&str; 6] = ["List", "Put", "Copy", "Create", "Complete", "UploadPart"];
+        if PUT.iter().any(|p| operation.starts_with(p)) {
+            RequestClass::Put
+        } else if operation.starts_with("Delete")
+            || matches!(
+                operation,
+                "AbortMultipartUpload" | "Unauthenticated" | "Unknown"
+            )
+        {
+            RequestClass::Free
+        } else {
+            RequestClass::Get
+        }
+    }
+}
+
+/// What S3 charges, for the cost metrics.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Prices {
+    /// Dollars per GET-class request.
+    pub get_request: f64,
+    /// Dollars per PUT-class request.
+    pub put_request: f64,
+    /// Dollars per byte moved between S3 and its reader.
+    pub transfer_byte: f64,
+}
+
+impl Prices {
+    fn request(&self, class: RequestClass) -> f64 {
+        match class {
+            RequestClass::Get => self.get_request,
+            RequestClass::Put => self.put_request,
+            RequestClass::Free => 0.0,
+        }
+    }
+}
+
+impl Default for Prices {
+    /// S3 Standard in us-east-1, transfer within the region (free); see docs/observability.md.
+    fn default() -> Self {
+        Self {
+            get_request: 0.0004 / 1000.0,
+            put_request: 0.005 / 1000.0,
+            transfer_byte: 0.0,
+        }
+    }
+}
+
+/// How metrics are exported beyond `/metrics`.
+#[derive(Debug, Clone, Default)]
+pub struct MetricsOptions {
+    /// Prices for the cost counters.
+    pub prices: Prices,
+    /// Buckets named in a `bucket` label; others are `other`. Empty: no `bucket` label.
+    pub buckets: Vec<String>,
+    /// OTLP/HTTP collector base URL (`http://collector:4318`) and push interval.
+    pub otlp: Option<(String, Duration)>,
+}
+
+/// Why metrics could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[error("setting up metrics: {0}")]
+pub struct MetricsError(String);
+
+/// The upstream's recent health, for the status page.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct UpstreamHealth {
+    /// The last upstream failure: seconds since the Unix epoch and what happened.
+    pub last_error: Option<(u64, String)>,
+}
 
 /// Every metric Larder records.
 pub struct Metrics {
-    registry: Registry,
-    /// Client requests by `operation` and `cache` result.
-    pub requests: Family<Labels, Counter>,
-    /// Time from request to response headers, by `operation`.
-    pub request_duration: Family<Labels, Histogram, fn() -> Histogram>,
-    /// Requests sent upstream by `operation` and `outcome`.
-    pub upstream_requests: Family<Labels, Counter>,
-    /// Body bytes received from upstream.
-    pub upstream_bytes: Counter,
-    /// Body bytes sent to clients, by the `tier` they came from (`memory` or `upstream`).
-    pub served_bytes: Family<Labels, Counter>,
-    /// Block reads that joined a fetch already in flight instead of starting one.
-    pub coalesced: Counter,
-    /// Blocks fetched but not written to the cache, by `reason`.
-    pub cache_writes_dropped: Family<Labels, Counter>,
-    /// Memory tier capacity in bytes.
-    pub memory_capacity: Gauge<u64, AtomicU64>,
-    /// Memory tier bytes held.
-    pub memory_used: Gauge<u64, AtomicU64>,
-    /// Memory tier entries held.
-    pub memory_entries: Gauge<u64, AtomicU64>,
-    /// Memory tier evictions (including blocks the admission policy turned away).
-    pub memory_evictions: Gauge<u64, AtomicU64>,
+    provider: SdkMeterProvider,
+    registry: prometheus::Registry,
+    meter: Meter,
+    prices: Prices,
+    buckets: Vec<String>,
+    started: Instant,
+    health: Mutex<UpstreamHealth>,
+    requests: Counter<u64>,
+    time_to_first_byte: Histogram<f64>,
+    response_duration: Histogram<f64>,
+    upstream_requests: Counter<u64>,
+    upstream_duration: Histogram<f64>,
+    upstream_bytes: Counter<u64>,
+    served_bytes: Counter<u64>,
+    lookups: Counter<u64>,
+    coalesced: Counter<u64>,
+    cache_writes_dropped: Counter<u64>,
+    cost_direct: Counter<f64>,
+    cost_upstream: Counter<f64>,
 }
 
-fn latency_histogram() -> Histogram {
-    // 100 µs to ~26 s.
-    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
-        0.0001, 2.0, 19,
-    ))
+fn latency_boundaries() -> Vec<f64> {
+    // 100 µs to ~26 s, doubling.
+    (0..19).map(|i| 0.0001 * 2f64.powi(i)).collect()
 }
 
-fn registered<M: prometheus_client::registry::Metric + Clone>(
-    registry: &mut Registry,
-    name: &str,
-    help: &str,
-    metric: M,
-) -> M {
-    registry.register(name, help, metric.clone());
-    metric
+fn kv(key: &'static str, value: &'static str) -> KeyValue {
+    KeyValue::new(key, value)
+}
+
+fn status_value(status: u16) -> opentelemetry::Value {
+    opentelemetry::Value::from(i64::from(status)).to_string().into()
 }
 
 impl Default for Metrics {
     fn default() -> Self {
-        let mut r = Registry::with_prefix("larder");
-        let latency =
-            Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(latency_histogram);
-        Self {
-            requests: registered(
-                &mut r,
-                "requests",
-                "Client requests by operation and cache result",
-                Family::default(),
-            ),
-            request_duration: registered(
-                &mut r,
-                "request_duration_seconds",
-                "Time from request to response headers",
-                latency,
-            ),
-            upstream_requests: registered(
-                &mut r,
-                "upstream_requests",
-                "Requests sent upstream by operation and outcome",
-                Family::default(),
-            ),
-            upstream_bytes: registered(
-                &mut r,
-                "upstream_received_bytes",
-                "Body bytes received from upstream",
-                Counter::default(),
-            ),
-            served_bytes: registered(
-                &mut r,
-                "served_bytes",
-                "Body bytes sent to clients by the tier they came from",
-                Family::default(),
-            ),
-            coalesced: registered(
-                &mut r,
-                "singleflight_coalesced",
-                "Block reads that joined a fetch already in flight",
-                Counter::default(),
-            ),
-            cache_writes_dropped: registered(
-                &mut r,
-                "cache_writes_dropped",
-                "Fetched blocks not written to the cache, by reason",
-                Family::default(),
-            ),
-            memory_capacity: registered(
-                &mut r,
-                "memory_capacity_bytes",
-                "Memory tier capacity",
-                Gauge::default(),
-            ),
-            memory_used: registered(
-                &mut r,
-                "memory_used_bytes",
-                "Memory tier bytes held",
-                Gauge::default(),
-            ),
-            memory_entries: registered(
-                &mut r,
-                "memory_entries",
-                "Memory tier entries held",
-                Gauge::default(),
-            ),
-            memory_evictions: registered(
-                &mut r,
-                "memory_evictions",
-                "Memory tier evictions, including admission rejections",
-                Gauge::default(),
-            ),
-            registry: r,
-        }
-    }
-}
-
-/// Reads the disk tier's counters at each scrape (they live in cache-core, which knows nothing of
-/// Prometheus).
-struct DiskCollector(cache_core::DiskCache);
-
-impl std::fmt::Debug for DiskCollector {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("DiskCollector")
-    }
-}
-
-impl Collector for DiskCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let s = self.0.stats();
-        let counters: [(&str, &str, u64); 13] = [
-            (
-                "disk_hits",
-                "Disk tier reads served (including entries still in flight)",
-                s.hits,
-            ),
-            (
-                "disk_misses",
-                "Disk tier reads that found nothing (including the faults below)",
-                s.misses,
-            ),
-            (
-                "disk_hit_bytes",
-                "Value bytes served by the disk tier",
-                s.hit_bytes,
-            ),
-            (
-                "disk_corrupt_reads",
-                "Disk reads that failed a checksum; served as misses",
-                s.corrupt,
-            ),
-            (
-                "disk_raced_reads",
-                "Disk reads that lost a race with region reclaim; served as misses",
-                s.raced,
-            ),
-            (
-                "disk_hash_collisions",
-                "Disk reads that found another key with the same hash",
-                s.collisions,
-            ),
-            (
-                "disk_io_errors",
-                "Disk reads the device failed",
-                s.io_errors,
-            ),
-            ("disk_writes", "Entries written to the disk tier", s.writes),
-            (
-                "disk_written_bytes",
-                "Bytes written to the disk tier, headers and padding included",
-                s.written_bytes,
-            ),
-            (
-                "disk_reclaimed_regions",
-                "Disk regions reclaimed",
-                s.reclaimed_regions,
-            ),
-            (
-                "disk_evicted_entries",
-                "Disk entries evicted by reclaim",
-                s.evicted_entries,
-            ),
-            (
-                "disk_reinserted_entries",
-                "Hit disk entries copied forward by reclaim",
-                s.reinserted,
-            ),
-            (
-                "disk_recovered_entries",
-                "Entries recovered from the disk tier at start",
-                self.0.recovery().entries,
-            ),
-        ];
-        for (name, help, value) in counters {
-            let m = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-            ConstCounter::new(value).encode(m)?;
-        }
-        let gauges: [(&str, &str, u64); 7] = [
-            (
-                "disk_capacity_bytes",
-                "Bytes of disk regions",
-                s.capacity_bytes,
-            ),
-            (
-                "disk_live_bytes",
-                "Bytes of indexed disk entries",
-                s.live_bytes,
-            ),
-            ("disk_entries", "Entries in the disk index", s.entries),
-            (
-                "disk_inflight_entries",
-                "Entries accepted for a disk write and not yet written",
-                s.inflight_entries,
-            ),
-            (
-                "disk_index_bytes",
-                "Heap bytes of the disk index",
-                s.index_bytes,
-            ),
-            ("disk_free_regions", "Disk regions free", s.free_regions),
-            (
-                "disk_recovery_milliseconds",
-                "Time the disk tier took to open at start",
-                self.0.recovery().duration.as_millis() as u64,
-            ),
-        ];
-        for (name, help, value) in gauges {
-            let m = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
-            ConstGauge::new(value as i64).encode(m)?;
-        }
-        let mut family = encoder.encode_descriptor(
-            "disk_writes_dropped",
-            "Blocks offered to the disk tier and not written, by reason",
-            None,
-            MetricType::Counter,
-        )?;
-        for reason in DropReason::ALL {
-            let labels = [("reason", reason.as_str())];
-            let m = family.encode_family(&labels)?;
-            ConstCounter::new(s.dropped(reason)).encode(m)?;
-        }
-        Ok(())
+        // Without OTLP nothing can fail.
+        Self::new(MetricsOptions::default()).unwrap_or_else(|e| panic!("{e}"))
     }
 }
 
 impl Metrics {
-    /// Also export the disk tier's counters.
-    pub fn with_disk(mut self, disk: cache_core::DiskCache) -> Self {
-        self.registry
-            .register_collector(Box::new(DiskCollector(disk)));
-        self
+    /// Instruments on a meter provider of their own (not the global one, so tests stay apart).
+    pub fn new(options: MetricsOptions) -> Result<Self, MetricsError> {
+        let registry = prometheus::Registry::new();
+        let exporter = opentelemetry_prometheus::exporter()
+            .with_registry(registry.clone())
+            .without_units()
+            .scope_info_enabled(false)
+            .build()
+            .map_err(|e| MetricsError(e.to_string()))?;
+        let mut builder = SdkMeterProvider::builder()
+            .with_resource(resource())
+            .with_reader(exporter);
+        if let Some((endpoint, interval)) = &options.otlp {
+            let otlp = opentelemetry_otlp::MetricExporter::builder()
+                .with_http()
+                .with_endpoint(otlp_url(endpoint, "metrics"))
+                .build()
+                .map_err(|e| MetricsError(e.to_string()))?;
+            builder = builder.with_reader(
+                PeriodicReader::builder(otlp)
+                    .with_interval(*interval)
+                    .build(),
+            );
+        }
+        let provider = builder.build();
+        let meter = provider.meter("larder");
+        let counter = |name: &'static str, help: &'static str| {
+            meter.u64_counter(name).with_description(help).build()
+        };
+        let dollars = |name: &'static str, help: &'static str| {
+            meter.f64_counter(name).with_description(help).build()
+        };
+        let latency = |name: &'static str, help: &'static str| {
+            meter
+                .f64_histogram(name)
+                .with_description(help)
+                .with_boundaries(latency_boundaries())
+                .build()
+        };
+        Ok(Self {
+            requests: counter(
+                "larder.requests",
+                "Client requests by operation, status and cache result",
+            ),
+            time_to_first_byte: latency(
+                "larder.request.ttfb.seconds",
+                "Time from request to response headers, by operation",
+            ),
+            response_duration: latency(
+                "larder.response.duration.seconds",
+                "Time from request to the last body byte sent (or the client leaving), by operation",
+            ),
+            upstream_requests: counter(
+                "larder.upstream.requests",
+                "Requests sent upstream by operation and status",
+            ),
+            upstream_duration: latency(
+                "larder.upstream.duration.seconds",
+                "Upstream response time to headers, by operation",
+            ),
+            upstream_bytes: counter(
+                "larder.upstream.received.bytes",
+                "Object bytes received from upstream for the cache",
+            ),
+            served_bytes: counter(
+                "larder.served.bytes",
+                "Object bytes sent to clients by the tier they came from",
+            ),
+            lookups: counter(
+                "larder.cache.lookups",
+                "Block lookups by tier and result (hit or miss)",
+            ),
+            coalesced: counter(
+                "larder.singleflight.coalesced",
+                "Block reads that joined a fetch already in flight",
+            ),
+            cache_writes_dropped: counter(
+                "larder.cache.writes.dropped",
+                "Fetched blocks not written to the cache, by reason",
+            ),
+            cost_direct: dollars(
+                "larder.cost.direct.dollars",
+                "What the clients' requests would have cost sent straight to S3, by kind",
+            ),
+            cost_upstream: dollars(
+                "larder.cost.upstream.dollars",
+                "What Larder's own upstream requests cost, by kind",
+            ),
+            provider,
+            registry,
+            meter,
+            prices: options.prices,
+            buckets: options.buckets,
+            started: Instant::now(),
+            health: Mutex::new(UpstreamHealth::default()),
+        })
+    }
+
+    /// The label value for `bucket`, if buckets are labelled at all.
+    fn bucket_label(&self, bucket: Option<&str>) -> Option<KeyValue> {
+        if self.buckets.is_empty() {
+            return None;
+        }
+        let value = match bucket {
+            Some(b) if self.buckets.iter().any(|l| l == b) => b.to_owned(),
+            _ => "other".to_owned(),
+        };
+        Some(KeyValue::new("bucket", value))
+    }
+
+    /// A client request answered: its headers are on their way.
+    pub fn request(
+        &self,
+        operation: &'static str,
+        bucket: Option<&str>,
+        status: u16,
+        cache: &'static str,
+        ttfb: Duration,
+    ) {
+        let bucket = self.bucket_label(bucket);
+        let mut labels = vec![
+            kv("operation", operation),
+            KeyValue::new("status", status_value(status)),
+            kv("cache", cache),
+        ];
+        labels.extend(bucket.clone());
+        self.requests.add(1, &labels);
+        self.time_to_first_byte
+            .record(ttfb.as_secs_f64(), &[kv("operation", operation)]);
+        let price = self.prices.request(RequestClass::of(operation));
+        if price > 0.0 {
+            let mut labels = vec![kv("kind", "requests")];
+            labels.extend(bucket);
+            self.cost_direct.add(price, &labels);
+        }
+    }
+
+    /// A client response's body ended (or the client left) `elapsed` after the request came in.
+    pub fn response_done(&self, operation: &'static str, elapsed: Duration) {
+        self.response_duration
+            .record(elapsed.as_secs_f64(), &[kv("operation", operation)]);
+    }
+
+    /// A request upstream answered with `status` (or failed, as `status` says) after `elapsed`.
+    pub fn upstream(&self, operation: &'static str, status: UpstreamStatus, elapsed: Duration) {
+        let status_label = match status {
+            UpstreamStatus::Http(code) => KeyValue::new("status", status_value(code)),
+            UpstreamStatus::Failed(reason) => kv("status", reason),
+        };
+        self.upstream_requests
+            .add(1, &[kv("operation", operation), status_label]);
+        self.upstream_duration
+            .record(elapsed.as_secs_f64(), &[kv("operation", operation)]);
+        let price = self.prices.request(RequestClass::of(operation));
+        if price > 0.0 {
+            self.cost_upstream.add(price, &[kv("kind", "requests")]);
+        }
+    }
+
+    /// Remember an upstream failure for the status page.
+    pub fn upstream_failed(&self, what: &impl std::fmt::Display) {
+        let at = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        self.health.lock().last_error = Some((at, what.to_string()));
+    }
+
+    /// Object bytes received from upstream for the cache.
+    pub fn upstream_received(&self, bytes: u64) {
+        self.upstream_bytes.add(bytes, &[]);
+        if self.prices.transfer_byte > 0.0 {
+            self.cost_upstream.add(
+                bytes as f64 * self.prices.transfer_byte,
+                &[kv("kind", "transfer")],
+            );
+        }
+    }
+
+    /// Object bytes sent to a client, from `tier` (`memory`, `disk` or `upstream`).
+    pub fn served(&self, tier: &'static str, bucket: Option<&str>, bytes: u64) {
+        let bucket = self.bucket_label(bucket);
+        let mut labels = vec![kv("tier", tier)];
+        labels.extend(bucket.clone());
+        self.served_bytes.add(bytes, &labels);
+        if self.prices.transfer_byte > 0.0 {
+            let mut labels = vec![kv("kind", "transfer")];
+            labels.extend(bucket);
+            self.cost_direct
+                .add(bytes as f64 * self.prices.transfer_byte, &labels);
+        }
+    }
+
+    /// A block looked up in `tier` (`memory` or `disk`).
+    pub fn lookup(&self, tier: &'static str, hit: bool) {
+        let result = if hit { "hit" } else { "miss" };
+        self.lookups
+            .add(1, &[kv("tier", tier), kv("result", result)]);
+    }
+
+    /// A block read joined a fetch in flight.
+    pub fn coalesced(&self) {
+        self.coalesced.add(1, &[]);
+    }
+
+    /// A fetched block was not written to the cache.
+    pub fn cache_write_dropped(&self, reason: &'static str) {
+        self.cache_writes_dropped.add(1, &[kv("reason", reason)]);
+    }
+
+    /// The upstream's recent health.
+    pub fn upstream_health(&self) -> UpstreamHealth {
+        self.health.lock().clone()
+    }
+
+    /// How long this process has been recording.
+    pub fn uptime(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Export the memory tier's gauges, read at each collection.
+    pub fn observe_memory<K>(&self, tier: MemoryTier<K>)
+    where
+        K: std::hash::Hash + Eq + Send + Sync + Clone + 'static,
+    {
+        type Read<K> = fn(&MemoryTier<K>) -> u64;
+        let gauges: [(&'static str, &'static str, Read<K>); 3] = [
+            ("larder.memory.capacity.bytes", "Memory tier capacity", |t| {
+                t.stats().capacity_bytes
+            }),
+            ("larder.memory.used.bytes", "Memory tier bytes held", |t| {
+                t.stats().used_bytes
+            }),
+            ("larder.memory.entries", "Memory tier entries held", |t| {
+                t.stats().entries
+            }),
+        ];
+        for (name, help, read) in gauges {
+            let tier = tier.clone();
+            self.meter
+                .u64_observable_gauge(name)
+                .with_description(help)
+                .with_callback(move |o| o.observe(read(&tier), &[]))
+                .build();
+        }
+        self.meter
+            .u64_observable_counter("larder.memory.evictions")
+            .with_description("Memory tier evictions for size")
+            .with_callback(move |o| o.observe(tier.stats().evictions, &[]))
+            .build();
+    }
+
+    /// Export the disk tier's counters and gauges, read at each collection.
+    pub fn observe_disk(&self, disk: DiskCache) {
+        // One read of the disk counters serves every instrument of a collection.
+        let stats = Arc::new(CachedStats {
+            disk: disk.clone(),
+            last: Mutex::new(None),
+        });
+        type Read = fn(&DiskStats) -> u64;
+        let counters: [(&'static str, &'static str, Read); 12] = [
+            (
+                "larder.disk.hits",
+                "Disk tier reads served (including entries still in flight)",
+                |s| s.hits,
+            ),
+            (
+                "larder.disk.misses",
+                "Disk tier reads that found nothing (including the faults below)",
+                |s| s.misses,
+            ),
+            (
+                "larder.disk.hit.bytes",
+                "Value bytes served by the disk tier",
+                |s| s.hit_bytes,
+            ),
+            (
+                "larder.disk.corrupt.reads",
+                "Disk reads that failed a checksum; served as misses",
+                |s| s.corrupt,
+            ),
+            (
+                "larder.disk.raced.reads",
+                "Disk reads that lost a race with region reclaim; served as misses",
+                |s| s.raced,
+            ),
+            (
+                "larder.disk.hash.collisions",
+                "Disk reads that found another key with the same hash",
+                |s| s.collisions,
+            ),
+            (
+                "larder.disk.io.errors",
+                "Disk reads the device failed",
+                |s| s.io_errors,
+            ),
+            (
+                "larder.disk.writes",
+                "Entries written to the disk tier (admissions)",
+                |s| s.writes,
+            ),
+            (
+                "larder.disk.written.bytes",
+                "Bytes written to the disk tier, headers and padding included",
+                |s| s.written_bytes,
+            ),
+            (
+                "larder.disk.reclaimed.regions",
+                "Disk regions reclaimed",
+                |s| s.reclaimed_regions,
+            ),
+            (
+                "larder.disk.evicted.entries",
+                "Disk entries evicted by reclaim",
+                |s| s.evicted_entries,
+            ),
+            (
+                "larder.disk.reinserted.entries",
+                "Hit disk entries copied forward by reclaim",
+                |s| s.reinserted,
+            ),
+        ];
+        for (name, help, read) in counters {
+            let stats = stats.clone();
+            self.meter
+                .u64_observable_counter(name)
+                .with_description(help)
+                .with_callback(move |o| o.observe(read(&stats.get()), &[]))
+                .build();
+        }
+        let gauges: [(&'static str, &'static str, Read); 6] = [
+            (
+                "larder.disk.capacity.bytes",
+                "Bytes of disk regions",
+                |s| s.capacity_bytes,
+            ),
+            (
+                "larder.disk.live.bytes",
+                "Bytes of indexed disk entries",
+                |s| s.live_bytes,
+            ),
+            ("larder.disk.entries", "Entries in the disk index", |s| {
+                s.entries
+            }),
+            (
+                "larder.disk.inflight.entries",
+                "Entries accepted for a disk write and not yet written",
+                |s| s.inflight_entries,
+            ),
+            (
+                "larder.disk.index.bytes",
+                "Heap bytes of the disk index",
+                |s| s.index_bytes,
+            ),
+            ("larder.disk.free.regions", "Disk regions free", |s| {
+                s.free_regions
+            }),
+        ];
+        for (name, help, read) in gauges {
+            let stats = stats.clone();
+            self.meter
+                .u64_observable_gauge(name)
+                .with_description(help)
+                .with_callback(move |o| o.observe(read(&stats.get()), &[]))
+                .build();
+        }
+        let recovered = disk.recovery().entries;
+        let recovery_ms = disk.recovery().duration.as_millis() as u64;
+        self.meter
+            .u64_observable_counter("larder.disk.recovered.entries")
+            .with_description("Entries recovered from the disk tier at start")
+            .with_callback(move |o| o.observe(recovered, &[]))
+            .build();
+        self.meter
+            .u64_observable_gauge("larder.disk.recovery.milliseconds")
+            .with_description("Time the disk tier took to open at start")
+            .with_callback(move |o| o.observe(recovery_ms, &[]))
+            .build();
+        self.meter
+            .u64_observable_counter("larder.disk.writes.dropped")
+            .with_description("Blocks offered to the disk tier and not written, by reason")
+            .with_callback(move |o| {
+                let s = stats.get();
+                for reason in DropReason::ALL {
+                    o.observe(s.dropped(reason), &[kv("reason", reason.as_str())]);
+                }
+            })
+            .build();
+    }
+
+    /// Every metric, as Prometheus families.
+    pub fn gather(&self) -> Vec<MetricFamily> {
+        self.registry.gather()
     }
 
     /// The Prometheus text exposition of every metric.
     pub fn render(&self) -> String {
-        let mut out = String::new();
-        // Writing into a String cannot fail.
-        let _ = encode(&mut out, &self.registry);
+        use prometheus::Encoder;
+        let mut out = Vec::new();
+        // Encoding gathered families into a Vec cannot fail.
+        let _ = prometheus::TextEncoder::new().encode(&self.gather(), &mut out);
+        String::from_utf8(out).unwrap_or_default()
+    }
+
+    /// A point-in-time view of every metric, for sums over labels.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot(self.gather())
+    }
+
+    /// Push what OTLP has not sent yet; called at shutdown.
+    pub fn flush(&self) {
+        if let Err(e) = self.provider.force_flush() {
+            tracing::debug!(error = %e, "metrics flush");
+        }
+    }
+}
+
+/// How an upstream request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamStatus {
+    /// With an HTTP response of this status.
+    Http(u16),
+    /// Without a response: `transport`, `timeout`, `truncated`, `abandoned`.
+    Failed(&'static str),
+}
+
+impl From<&crate::origin::OriginError> for UpstreamStatus {
+    fn from(e: &crate::origin::OriginError) -> Self {
+        use crate::origin::OriginError as E;
+        match e {
+            E::Service { status, .. } => UpstreamStatus::Http(*status),
+            E::Changed => UpstreamStatus::Http(412),
+            E::Transport(_) => UpstreamStatus::Failed("transport"),
+            E::Timeout(_) => UpstreamStatus::Failed("timeout"),
+            E::BodyLength { .. } => UpstreamStatus::Failed("truncated"),
+            E::Abandoned => UpstreamStatus::Failed("abandoned"),
+        }
+    }
+}
+
+/// The disk counters, read at most once per 100 ms (a collection reads ~20 instruments).
+struct CachedStats {
+    disk: DiskCache,
+    last: Mutex<Option<(Instant, DiskStats)>>,
+}
+
+impl CachedStats {
+    fn get(&self) -> DiskStats {
+        let mut last = self.last.lock();
+        match &*last {
+            Some((at, s)) if at.elapsed() < Duration::from_millis(100) => s.clone(),
+            _ => {
+                let s = self.disk.stats();
+                *last = Some((Instant::now(), s.clone()));
+                s
+            }
+        }
+    }
+}
+
+/// Metrics as gathered at one moment.
+pub struct Snapshot(Vec<MetricFamily>);
+
+impl Snapshot {
+    /// The sum of every series of `name` (a Prometheus name, e.g. `larder_requests_total`)
+    /// whose labels include all of `labels`. Histograms sum their counts.
+    pub fn sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let Some(family) = self.0.iter().find(|f| f.name() == name) else {
+            return 0.0;
+        };
+        family
+            .get_metric()
+            .iter()
+            .filter(|m| {
+                labels.iter().all(|(k, v)| {
+                    m.get_label()
+                        .iter()
+                        .any(|l| l.name() == *k && l.value() == *v)
+                })
+            })
+            .map(|m| value_of(family, m))
+            .sum()
+    }
+
+    /// The sums of every series of `name`, by the value of their label `key`.
+    pub fn sum_by(&self, name: &str, key: &str) -> std::collections::BTreeMap<String, f64> {
+        let mut out = std::collections::BTreeMap::new();
+        let Some(family) = self.0.iter().find(|f| f.name() == name) else {
+            return out;
+        };
+        for m in family.get_metric() {
+            let Some(label) = m.get_label().iter().find(|l| l.name() == key) else {
+                continue;
+            };
+            *out.entry(label.value().to_owned()).or_insert(0.0) += value_of(family, m);
+        }
         out
     }
 
-    /// Total of a labelled counter family over the label sets given.
-    pub fn count(family: &Family<Labels, Counter>, labels: &[(&'static str, &'static str)]) -> u64 {
-        family.get_or_create(&labels.to_vec()).get()
+    /// The `q` quantile (0..1) of histogram `name`, estimated from its buckets as Prometheus'
+    /// `histogram_quantile` does; `None` without observations.
+    pub fn quantile(&self, name: &str, q: f64) -> Option<f64> {
+        let family = self.0.iter().find(|f| f.name() == name)?;
+        let mut bounds: Vec<(f64, u64)> = Vec::new();
+        for m in family.get_metric() {
+            for (i, b) in m.get_histogram().get_bucket().iter().enumerate() {
+                match bounds.get_mut(i) {
+                    Some(slot) => slot.1 += b.cumulative_count(),
+                    None => bounds.push((b.upper_bound(), b.cumulative_count())),
+                }
+            }
+        }
+        let total = bounds.last().map(|b| b.1)?;
+        if total == 0 {
+            return None;
+        }
+        let rank = q * total as f64;
+        let mut lower = (0.0, 0u64);
+        for (bound, count) in bounds {
+            if count as f64 >= rank {
+                let in_bucket = (count - lower.1) as f64;
+                let frac = if in_bucket > 0.0 {
+                    (rank - lower.1 as f64) / in_bucket
+                } else {
+                    0.0
+                };
+                return Some(lower.0 + (bound - lower.0) * frac);
+            }
+            lower = (bound, count);
+        }
+        Some(lower.0)
+    }
+}
+
+fn value_of(family: &MetricFamily, m: &prometheus::proto::Metric) -> f64 {
+    use prometheus::proto::MetricType as T;
+    match family.get_field_type() {
+        T::COUNTER => m.get_counter().get_value(),
+        T::GAUGE => m.get_gauge().get_value(),
+        T::HISTOGRAM => m.get_histogram().get_sample_count() as f64,
+        _ => 0.0,
+    }
+}
+
+fn resource() -> Resource {
+    Resource::builder().with_service_name("larder").build()
+}
+
+/// The OTLP/HTTP URL of `signal` (`metrics`, `traces`) under a collector's base URL.
+pub fn otlp_url(base: &str, signal: &str) -> String {
+    format!("{}/v1/{signal}", base.trim_end_matches('/'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_follow_s3_pricing() {
+        for op in ["GetObject", "HeadObject", "HeadBucket", "GetObjectAttributes"] {
+            assert_eq!(RequestClass::of(op), RequestClass::Get, "{op}");
+        }
+        for op in [
+            "PutObject",
+            "CopyObject",
+            "ListObjectsV2",
+            "ListBuckets",
+            "CreateMultipartUpload",
+            "UploadPart",
+            "CompleteMultipartUpload",
+        ] {
+            assert_eq!(RequestClass::of(op), RequestClass::Put, "{op}");
+        }
+        for op in ["DeleteObject", "DeleteObjects", "AbortMultipartUpload"] {
+            assert_eq!(RequestClass::of(op), RequestClass::Free, "{op}");
+        }
+    }
+
+    #[test]
+    fn costs_add_up_to_the_net_saving() {
+        let m = Metrics::new(MetricsOptions {
+            prices: Prices {
+                get_request: 0.001,
+                put_request: 0.01,
+                transfer_byte: 0.5,
+            },
+            ..Default::default()
+        })
+        .unwrap();
+        // Ten GETs of 4 bytes served from memory; one upstream GET of 8 bytes filled the cache.
+        for _ in 0..10 {
+            m.request("GetObject", None, 200, "hit-memory", Duration::ZERO);
+            m.served("memory", None, 4);
+        }
+        m.upstream("GetObject", UpstreamStatus::Http(206), Duration::ZERO);
+        m.upstream_received(8);
+        let s = m.snapshot();
+        let direct = s.sum("larder_cost_direct_dollars_total", &[]);
+        let upstream = s.sum("larder_cost_upstream_dollars_total", &[]);
+        assert!((direct - (10.0 * 0.001 + 40.0 * 0.5)).abs() < 1e-9, "{direct}");
+        assert!((upstream - (0.001 + 8.0 * 0.5)).abs() < 1e-9, "{upstream}");
+        assert_eq!(
+            s.sum("larder_requests_total", &[("cache", "hit-memory"), ("status", "200")]),
+            10.0
+        );
+        assert_eq!(
+            s.sum("larder_upstream_requests_total", &[("status", "206")]),
+            1.0
+        );
+    }
+
+    #[test]
+    fn bucket_labels_only_for_listed_buckets() {
+        let m = Metrics::new(MetricsOptions {
+            buckets: vec!["lake".into()],
+            ..Default::default()
+        })
+        .unwrap();
+        m.served("memory", Some("lake"), 1);
+        m.served("memory", Some("secret-name-42"), 1);
+        let text = m.render();
+        assert!(text.contains("bucket=\"lake\""), "{text}");
+        assert!(text.contains("bucket=\"other\""), "{text}");
+        assert!(!text.contains("secret-name-42"), "{text}");
+        let unlabelled = Metrics::default();
+        unlabelled.served("memory", Some("lake"), 1);
+        assert!(!unlabelled.render().contains("bucket="));
+    }
+
+    #[test]
+    fn exposition_names_and_quantiles() {
+        let m = Metrics::default();
+        m.observe_memory(MemoryTier::<u32>::new(1 << 20));
+        for ms in [1u64, 2, 3, 4, 100] {
+            m.request(
+                "GetObject",
+                None,
+                200,
+                "miss",
+                Duration::from_millis(ms),
+            );
+        }
+        let text = m.render();
+        for name in [
+            "larder_requests_total",
+            "larder_request_ttfb_seconds_bucket",
+            "larder_memory_capacity_bytes 1048576",
+            "larder_memory_evictions_total",
+        ] {
+            assert!(text.contains(name), "{name} missing from\n{text}");
+        }
+        let p50 = m
+            .snapshot()
+            .quantile("larder_request_ttfb_seconds", 0.5)
+            .unwrap();
+        assert!((0.0016..=0.0033).contains(&p50), "p50 {p50}");
+        assert_eq!(
+            m.snapshot()
+                .quantile("larder_upstream_duration_seconds", 0.5),
+            None
+        );
     }
 }

@@ -16,12 +16,13 @@ use futures::{StreamExt, TryStreamExt};
 use http::request::Parts;
 use http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use parking_lot::Mutex;
+use tracing::Instrument;
 
 use crate::auth::chunked::{self, ChunkError, Decoder};
 use crate::auth::{copy_source_bucket, Authenticator, Payload, Principal};
 use crate::blocks::BlockStore;
 use crate::metadata::MetadataCache;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, UpstreamStatus};
 use crate::origin::forward::{Forward, ForwardError, Forwarder, Reshaped};
 use crate::origin::{ObjectId, Origin, OriginError};
 use crate::s3::conditional::{self, Outcome};
@@ -60,12 +61,24 @@ pub async fn handle(State(app): State<Arc<AppState>>, req: Request) -> Response 
     let (req, body) = req.into_parts();
     let method = req.method.clone();
     let resource = req.uri.path().to_owned();
-    let (operation, result) = app.dispatch(req, body).await;
+    let span = tracing::info_span!(
+        "request",
+        otel.name = tracing::field::Empty,
+        otel.kind = "server",
+        http.request.method = %method,
+        s3.bucket = tracing::field::Empty,
+        http.response.status_code = tracing::field::Empty,
+        larder.cache = tracing::field::Empty,
+        larder.request_id = %request_id,
+    );
+    let (operation, bucket, result) = app.dispatch(req, body).instrument(span.clone()).await;
     let (mut response, cache) = match result {
         Ok((response, cache)) => (response, cache),
         Err(e) => {
             if e.status().is_server_error() {
-                tracing::warn!(%method, %resource, code = e.code(), error = %e, "request failed");
+                span.in_scope(|| {
+                    tracing::warn!(%method, %resource, code = e.code(), error = %e, "request failed")
+                });
             }
             (e.into_response(&method, &resource, &request_id), "error")
         }
@@ -77,25 +90,102 @@ pub async fn handle(State(app): State<Arc<AppState>>, req: Request) -> Response 
         }
     }
     headers.insert("x-cache", HeaderValue::from_static(cache));
+    let status = response.status().as_u16();
+    span.record("otel.name", operation);
+    span.record("http.response.status_code", status);
+    span.record("larder.cache", cache);
+    if let Some(b) = &bucket {
+        span.record("s3.bucket", b.as_str());
+    }
     app.metrics
-        .requests
-        .get_or_create(&vec![("operation", operation), ("cache", cache)])
-        .inc();
-    app.metrics
-        .request_duration
-        .get_or_create(&vec![("operation", operation)])
-        .observe(started.elapsed().as_secs_f64());
-    response
+        .request(operation, bucket.as_deref(), status, cache, started.elapsed());
+    let done = ResponseDone {
+        metrics: app.metrics.clone(),
+        operation,
+        started,
+    };
+    response.map(|body| Body::new(TimedBody::new(body, span, done)))
+}
+
+/// Records a response's whole duration when its body ends or the client goes away.
+struct ResponseDone {
+    metrics: Arc<Metrics>,
+    operation: &'static str,
+    started: Instant,
+}
+
+impl ResponseDone {
+    fn record(self) {
+        self.metrics
+            .response_done(self.operation, self.started.elapsed());
+    }
+}
+
+/// A response body that streams inside its request's span (blocks opened while streaming are
+/// fetched beneath it) and keeps the span open until the last byte.
+struct TimedBody {
+    inner: Body,
+    span: tracing::Span,
+    done: Option<ResponseDone>,
+}
+
+impl TimedBody {
+    fn new(inner: Body, span: tracing::Span, done: ResponseDone) -> Self {
+        Self {
+            inner,
+            span,
+            done: Some(done),
+        }
+    }
+}
+
+impl http_body::Body for TimedBody {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let this = &mut *self;
+        let polled = {
+            let _entered = this.span.enter();
+            std::pin::Pin::new(&mut this.inner).poll_frame(cx)
+        };
+        if let std::task::Poll::Ready(None | Some(Err(_))) = &polled {
+            if let Some(done) = this.done.take() {
+                done.record();
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for TimedBody {
+    fn drop(&mut self) {
+        if let Some(done) = self.done.take() {
+            done.record();
+        }
+    }
 }
 
 type Handled = Result<(Response, &'static str), S3Error>;
 
 impl AppState {
-    async fn dispatch(&self, req: Parts, body: Body) -> (&'static str, Handled) {
+    /// The operation's name, its bucket and the answer.
+    async fn dispatch(&self, req: Parts, body: Body) -> (&'static str, Option<String>, Handled) {
         // Authenticate before looking at anything else, so an unknown client learns nothing.
         let principal = match self.auth.authenticate(&req, self.base_domain.as_deref()) {
             Ok(p) => p,
-            Err(e) => return ("Unauthenticated", Err(e)),
+            Err(e) => return ("Unauthenticated", None, Err(e)),
         };
         let host = req
             .headers
@@ -104,7 +194,11 @@ impl AppState {
             .or_else(|| req.uri.host());
         let target = match request::target(host, req.uri.path(), self.base_domain.as_deref()) {
             Ok(t) => t,
-            Err(e) => return ("Unknown", Err(e)),
+            Err(e) => return ("Unknown", None, Err(e)),
+        };
+        let bucket = match &target {
+            Target::Service => None,
+            Target::Bucket(b) | Target::Object { bucket: b, .. } => Some(b.clone()),
         };
         let query = ObjectQuery::parse(req.uri.query());
         let operation = operation_name(&req.method, &target, &query, &req.headers);
@@ -114,7 +208,7 @@ impl AppState {
             .and_then(|v| v.to_str().ok())
             .and_then(copy_source_bucket);
         if let Err(e) = principal.authorize(&req.method, &target, copy_source.as_deref()) {
-            return (operation, Err(e));
+            return (operation, bucket, Err(e));
         }
         let result = match (&req.method, &target) {
             (&Method::GET | &Method::HEAD, Target::Object { bucket, key })
@@ -124,9 +218,12 @@ impl AppState {
                 self.object(&req, bucket.clone(), key.clone(), &query, head)
                     .await
             }
-            _ => self.pass_through(req, body, target, principal).await,
+            _ => {
+                self.pass_through(req, body, target, principal, operation)
+                    .await
+            }
         };
-        (operation, result)
+        (operation, bucket, result)
     }
 
     /// Send the request upstream as it is, re-signed, and stream the answer back.
@@ -136,6 +233,7 @@ impl AppState {
         body: Body,
         target: Target,
         principal: Principal,
+        operation: &'static str,
     ) -> Handled {
         let write = !matches!(req.method, Method::GET | Method::HEAD);
         let stale = if write {
@@ -186,15 +284,22 @@ impl AppState {
             payload: principal.payload,
             reshaped,
         };
-        let result = self.forwarder.send(forward).await;
-        let outcome = match &result {
-            Ok(r) if r.status().is_success() || r.status() == StatusCode::NOT_MODIFIED => "ok",
-            _ => "error",
+        let started = Instant::now();
+        let result = self
+            .forwarder
+            .send(forward)
+            .instrument(tracing::info_span!("upstream", otel.name = operation, otel.kind = "client"))
+            .await;
+        let status = match &result {
+            Ok(r) => UpstreamStatus::Http(r.status().as_u16()),
+            Err(ForwardError::Timeout(_)) => UpstreamStatus::Failed("timeout"),
+            Err(ForwardError::Transport(_)) => UpstreamStatus::Failed("transport"),
+            Err(_) => UpstreamStatus::Failed("internal"),
         };
-        self.metrics
-            .upstream_requests
-            .get_or_create(&vec![("operation", "PassThrough"), ("outcome", outcome)])
-            .inc();
+        self.metrics.upstream(operation, status, started.elapsed());
+        if let Err(e) = &result {
+            self.metrics.upstream_failed(e);
+        }
         match result {
             Ok(response) => {
                 if write && response.status().is_success() {

@@ -23,7 +23,7 @@ use crate::blocks::{BlockStore, BlockStoreConfig};
 use crate::config::Config;
 use crate::config::{DiskAdmission, DiskRecovery, DiskWritePolicy, IoEngineKind};
 use crate::metadata::MetadataCache;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, MetricsError, MetricsOptions};
 use crate::origin::forward::{ForwardError, Forwarder};
 use crate::origin::s3::{S3Origin, S3OriginConfig};
 use crate::origin::Origin;
@@ -57,6 +57,9 @@ pub enum StartError {
     /// The TLS certificate or key could not be loaded.
     #[error(transparent)]
     Tls(#[from] TlsError),
+    /// The metrics exporter could not be set up.
+    #[error(transparent)]
+    Metrics(#[from] MetricsError),
 }
 
 /// The upstream, as the cache reads it and as requests pass through to it.
@@ -135,10 +138,17 @@ pub async fn start(
         Some(path) => Some(DiskCache::open(disk_config(config, path)).await?),
         None => None,
     };
-    let metrics = Arc::new(match &disk {
-        Some(d) => Metrics::default().with_disk(d.clone()),
-        None => Metrics::default(),
-    });
+    let metrics = Arc::new(Metrics::new(MetricsOptions {
+        prices: config.prices(),
+        buckets: config.metrics_buckets.clone(),
+        otlp: config
+            .otlp_endpoint
+            .clone()
+            .map(|url| (url, config.otlp_interval.0)),
+    })?);
+    if let Some(d) = &disk {
+        metrics.observe_disk(d.clone());
+    }
     let block_config = BlockStoreConfig {
         layout: BlockLayout::new(config.block_size.0),
         memory_capacity: config.memory_capacity.0,
@@ -161,6 +171,7 @@ pub async fn start(
         origin.clone(),
         metrics.clone(),
     ));
+    metrics.observe_memory(blocks.memory().clone());
     let app = Arc::new(AppState {
         base_domain: config.base_domain.clone(),
         auth,
@@ -233,6 +244,7 @@ impl Running {
                 Err(e) => tracing::error!(error = %e, "listener task panicked"),
             }
         }
+        self.metrics.flush();
         // Finish the disk writes already accepted, so the next start finds them (a crash would
         // only lose them, never corrupt anything).
         if let Some(disk) = self.disk {
