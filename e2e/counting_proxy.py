@@ -8,6 +8,7 @@ Larder's own counters.
 import http.client
 import http.server
 import threading
+import time
 import socketserver
 
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade"}
@@ -18,6 +19,8 @@ class CountingProxy:
         self.upstream = (upstream_host, upstream_port)
         self.lock = threading.Lock()
         self.requests: list[tuple[str, str, str | None]] = []
+        # Seconds to wait before forwarding each request: upstream latency, as tests set it.
+        self.delay = 0.0
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -31,6 +34,8 @@ class CountingProxy:
                 body = self.rfile.read(length) if length else None
                 with proxy.lock:
                     proxy.requests.append((self.command, self.path, self.headers.get("Range")))
+                if proxy.delay:
+                    time.sleep(proxy.delay)
                 conn = http.client.HTTPConnection(*proxy.upstream, timeout=60)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
                 conn.request(self.command, self.path, body=body, headers=headers)

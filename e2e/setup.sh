@@ -23,10 +23,17 @@ if ! cargo fuzz --version 2>/dev/null | grep -q "$CARGO_FUZZ_VERSION"; then
   echo "setup: installing cargo-fuzz $CARGO_FUZZ_VERSION (about 2 minutes)"
   cargo install cargo-fuzz --locked --version "$CARGO_FUZZ_VERSION"
 fi
-# The TLS tests make certificates with openssl.
-if ! command -v openssl >/dev/null; then
-  echo "setup: installing openssl"
-  if [ "$(id -u)" = 0 ]; then apt-get install -y -q openssl; else sudo apt-get install -y -q openssl; fi
+# From Debian: openssl (the TLS tests make certificates), Prometheus (scrapes Larder in the
+# observability tests) and Chromium (renders the status page headless). About 15 s when missing.
+apt_missing=()
+command -v openssl >/dev/null || apt_missing+=(openssl)
+command -v prometheus >/dev/null || apt_missing+=(prometheus)
+command -v chromium >/dev/null || apt_missing+=(chromium)
+if [ ${#apt_missing[@]} -gt 0 ]; then
+  echo "setup: installing ${apt_missing[*]} from apt"
+  sudo_if_needed() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+  sudo_if_needed apt-get install -y -q --no-install-recommends "${apt_missing[@]}" \
+    || { sudo_if_needed apt-get update -q && sudo_if_needed apt-get install -y -q --no-install-recommends "${apt_missing[@]}"; }
 fi
 
 [ -x /usr/local/go/bin/go ] && PATH="$PATH:/usr/local/go/bin"
@@ -38,6 +45,15 @@ else
   command -v go >/dev/null || { echo "go is required to build MinIO for the e2e tests" >&2; exit 1; }
   echo "setup: building MinIO $MINIO_VERSION with go install (about 5 minutes)"
   GOFLAGS=-mod=mod go install "$MINIO_MODULE@$MINIO_VERSION"
+fi
+
+# Helm renders the chart in the tests (the dashboards ConfigMap); built with go install (~1 min).
+HELM_VERSION="v3.22.0"
+if [ -x "$gobin/helm" ] && go version -m "$gobin/helm" 2>/dev/null | grep -q "helm.sh/helm/v3[[:space:]]*$HELM_VERSION"; then
+  echo "setup: helm $HELM_VERSION already installed"
+else
+  echo "setup: building helm $HELM_VERSION with go install (about 1 minute)"
+  go install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 fi
 
 # A Python whose packages the system manages (PEP 668) gets them in the user's site instead.

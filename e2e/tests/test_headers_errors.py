@@ -162,6 +162,6 @@ def test_x_cache_and_admin_endpoints(larder, direct, bucket):
             assert r.status == 200
     metrics = larder.metrics()
     for name in ("larder_requests_total", "larder_upstream_requests_total", "larder_upstream_received_bytes_total",
-                 "larder_served_bytes_total", "larder_memory_used_bytes", "larder_request_duration_seconds_bucket"):
+                 "larder_served_bytes_total", "larder_memory_used_bytes", "larder_request_ttfb_seconds_bucket"):
         assert name in metrics, name
     assert 'cache="hit-memory"' in metrics

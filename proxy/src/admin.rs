@@ -174,15 +174,31 @@ mod tests {
         let m = Metrics::default();
         m.observe_memory(cache_core::MemoryTier::<u32>::new(1 << 20));
         for _ in 0..3 {
-            m.request("GetObject", None, 200, "hit-memory", Duration::from_millis(1));
+            m.request(
+                "GetObject",
+                None,
+                200,
+                "hit-memory",
+                Duration::from_millis(1),
+            );
             m.served("memory", None, 100);
         }
         m.request("GetObject", None, 200, "miss", Duration::from_millis(30));
         m.served("upstream", None, 100);
-        m.request("ListObjectsV2", None, 200, "pass", Duration::from_millis(30));
+        m.request(
+            "ListObjectsV2",
+            None,
+            200,
+            "pass",
+            Duration::from_millis(30),
+        );
         m.upstream("GetObject", UpstreamStatus::Http(206), Duration::ZERO);
         m.upstream("GetObject", UpstreamStatus::Http(503), Duration::ZERO);
-        m.upstream("HeadObject", UpstreamStatus::Failed("timeout"), Duration::ZERO);
+        m.upstream(
+            "HeadObject",
+            UpstreamStatus::Failed("timeout"),
+            Duration::ZERO,
+        );
         m.upstream("HeadObject", UpstreamStatus::Http(404), Duration::ZERO);
         let s = Status::from_snapshot(&m.snapshot(), &m, false);
         assert_eq!(s.requests, 5);
@@ -194,6 +210,10 @@ mod tests {
         assert_eq!(s.memory.capacity_bytes, 1 << 20);
         // 4 GETs and a LIST asked of Larder; 2 GETs and 2 HEADs sent upstream.
         let expected = 4.0 * 0.0004 / 1000.0 + 0.005 / 1000.0 - 4.0 * 0.0004 / 1000.0;
-        assert!((s.dollars_saved - expected).abs() < 1e-12, "{}", s.dollars_saved);
+        assert!(
+            (s.dollars_saved - expected).abs() < 1e-12,
+            "{}",
+            s.dollars_saved
+        );
     }
 }

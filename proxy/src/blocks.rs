@@ -18,8 +18,8 @@ use futures::stream::{self, Stream, StreamExt};
 use tokio::sync::Semaphore;
 
 use crate::metrics::{Metrics, UpstreamStatus};
-use tracing::Instrument;
 use crate::origin::{ObjectId, Origin, OriginError};
+use tracing::Instrument;
 
 /// A slice at most this fraction of its block (1 MiB of an 8 MiB block) is read from disk by
 /// range rather than as a whole block.
@@ -388,7 +388,8 @@ impl BlockStore {
             Ok(_) => UpstreamStatus::Http(206),
             Err(e) => e.into(),
         };
-        self.metrics.upstream("GetObject", status, started.elapsed());
+        self.metrics
+            .upstream("GetObject", status, started.elapsed());
         let mut body = got_body?;
         let mut got = 0u64;
         loop {

@@ -6,8 +6,8 @@ use std::time::Duration;
 use moka::future::Cache;
 
 use crate::metrics::{Metrics, UpstreamStatus};
-use tracing::Instrument;
 use crate::origin::{ObjectId, ObjectMeta, Origin, OriginError};
+use tracing::Instrument;
 
 /// Metadata of a named version never changes (S3 versions are immutable), so it stays until
 /// evicted for space or the version is deleted through Larder; everything else expires after the
@@ -111,7 +111,8 @@ impl MetadataCache {
                 e.into()
             }
         };
-        self.metrics.upstream("HeadObject", status, started.elapsed());
+        self.metrics
+            .upstream("HeadObject", status, started.elapsed());
         result.map(Arc::new)
     }
 }

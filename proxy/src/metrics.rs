@@ -14,8 +14,8 @@ use cache_core::disk::{DiskStats, DropReason};
 use cache_core::{DiskCache, MemoryTier};
 use opentelemetry::metrics::{Counter, Histogram, Meter, MeterProvider as _};
 use opentelemetry::KeyValue;
-use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::Resource;
 use parking_lot::Mutex;
 use prometheus::proto::MetricFamily;
@@ -138,7 +138,9 @@ fn kv(key: &'static str, value: &'static str) -> KeyValue {
 }
 
 fn status_value(status: u16) -> opentelemetry::Value {
-    opentelemetry::Value::from(i64::from(status)).to_string().into()
+    opentelemetry::Value::from(i64::from(status))
+        .to_string()
+        .into()
 }
 
 impl Default for Metrics {
@@ -188,6 +190,18 @@ impl Metrics {
                 .with_boundaries(latency_boundaries())
                 .build()
         };
+        let cache_writes_dropped = counter(
+            "larder.cache.writes.dropped",
+            "Fetched blocks not written to the cache, by reason",
+        );
+        // Series that may stay at zero are exported from the start, so dashboards and alerts
+        // see 0 rather than nothing.
+        cache_writes_dropped.add(0, &[kv("reason", "fetch_failed")]);
+        let coalesced = counter(
+            "larder.singleflight.coalesced",
+            "Block reads that joined a fetch already in flight",
+        );
+        coalesced.add(0, &[]);
         Ok(Self {
             requests: counter(
                 "larder.requests",
@@ -221,14 +235,8 @@ impl Metrics {
                 "larder.cache.lookups",
                 "Block lookups by tier and result (hit or miss)",
             ),
-            coalesced: counter(
-                "larder.singleflight.coalesced",
-                "Block reads that joined a fetch already in flight",
-            ),
-            cache_writes_dropped: counter(
-                "larder.cache.writes.dropped",
-                "Fetched blocks not written to the cache, by reason",
-            ),
+            coalesced,
+            cache_writes_dropped,
             cost_direct: dollars(
                 "larder.cost.direct.dollars",
                 "What the clients' requests would have cost sent straight to S3, by kind",
@@ -375,9 +383,11 @@ impl Metrics {
     {
         type Read<K> = fn(&MemoryTier<K>) -> u64;
         let gauges: [(&'static str, &'static str, Read<K>); 3] = [
-            ("larder.memory.capacity.bytes", "Memory tier capacity", |t| {
-                t.stats().capacity_bytes
-            }),
+            (
+                "larder.memory.capacity.bytes",
+                "Memory tier capacity",
+                |t| t.stats().capacity_bytes,
+            ),
             ("larder.memory.used.bytes", "Memory tier bytes held", |t| {
                 t.stats().used_bytes
             }),
@@ -479,11 +489,9 @@ impl Metrics {
                 .build();
         }
         let gauges: [(&'static str, &'static str, Read); 6] = [
-            (
-                "larder.disk.capacity.bytes",
-                "Bytes of disk regions",
-                |s| s.capacity_bytes,
-            ),
+            ("larder.disk.capacity.bytes", "Bytes of disk regions", |s| {
+                s.capacity_bytes
+            }),
             (
                 "larder.disk.live.bytes",
                 "Bytes of indexed disk entries",
@@ -707,7 +715,12 @@ mod tests {
 
     #[test]
     fn classes_follow_s3_pricing() {
-        for op in ["GetObject", "HeadObject", "HeadBucket", "GetObjectAttributes"] {
+        for op in [
+            "GetObject",
+            "HeadObject",
+            "HeadBucket",
+            "GetObjectAttributes",
+        ] {
             assert_eq!(RequestClass::of(op), RequestClass::Get, "{op}");
         }
         for op in [
@@ -747,10 +760,16 @@ mod tests {
         let s = m.snapshot();
         let direct = s.sum("larder_cost_direct_dollars_total", &[]);
         let upstream = s.sum("larder_cost_upstream_dollars_total", &[]);
-        assert!((direct - (10.0 * 0.001 + 40.0 * 0.5)).abs() < 1e-9, "{direct}");
+        assert!(
+            (direct - (10.0 * 0.001 + 40.0 * 0.5)).abs() < 1e-9,
+            "{direct}"
+        );
         assert!((upstream - (0.001 + 8.0 * 0.5)).abs() < 1e-9, "{upstream}");
         assert_eq!(
-            s.sum("larder_requests_total", &[("cache", "hit-memory"), ("status", "200")]),
+            s.sum(
+                "larder_requests_total",
+                &[("cache", "hit-memory"), ("status", "200")]
+            ),
             10.0
         );
         assert_eq!(
@@ -782,13 +801,7 @@ mod tests {
         let m = Metrics::default();
         m.observe_memory(MemoryTier::<u32>::new(1 << 20));
         for ms in [1u64, 2, 3, 4, 100] {
-            m.request(
-                "GetObject",
-                None,
-                200,
-                "miss",
-                Duration::from_millis(ms),
-            );
+            m.request("GetObject", None, 200, "miss", Duration::from_millis(ms));
         }
         let text = m.render();
         for name in [

@@ -61,9 +61,10 @@ pub async fn handle(State(app): State<Arc<AppState>>, req: Request) -> Response 
     let (req, body) = req.into_parts();
     let method = req.method.clone();
     let resource = req.uri.path().to_owned();
+    let parsed = app.parse(&req);
     let span = tracing::info_span!(
         "request",
-        otel.name = tracing::field::Empty,
+        otel.name = parsed.2,
         otel.kind = "server",
         http.request.method = %method,
         s3.bucket = tracing::field::Empty,
@@ -71,7 +72,10 @@ pub async fn handle(State(app): State<Arc<AppState>>, req: Request) -> Response 
         larder.cache = tracing::field::Empty,
         larder.request_id = %request_id,
     );
-    let (operation, bucket, result) = app.dispatch(req, body).instrument(span.clone()).await;
+    let (operation, bucket, result) = app
+        .dispatch(req, body, parsed)
+        .instrument(span.clone())
+        .await;
     let (mut response, cache) = match result {
         Ok((response, cache)) => (response, cache),
         Err(e) => {
@@ -91,14 +95,18 @@ pub async fn handle(State(app): State<Arc<AppState>>, req: Request) -> Response 
     }
     headers.insert("x-cache", HeaderValue::from_static(cache));
     let status = response.status().as_u16();
-    span.record("otel.name", operation);
-    span.record("http.response.status_code", status);
+    span.record("http.response.status_code", i64::from(status));
     span.record("larder.cache", cache);
     if let Some(b) = &bucket {
         span.record("s3.bucket", b.as_str());
     }
-    app.metrics
-        .request(operation, bucket.as_deref(), status, cache, started.elapsed());
+    app.metrics.request(
+        operation,
+        bucket.as_deref(),
+        status,
+        cache,
+        started.elapsed(),
+    );
     let done = ResponseDone {
         metrics: app.metrics.clone(),
         operation,
@@ -180,28 +188,43 @@ impl Drop for TimedBody {
 type Handled = Result<(Response, &'static str), S3Error>;
 
 impl AppState {
-    /// The operation's name, its bucket and the answer.
-    async fn dispatch(&self, req: Parts, body: Body) -> (&'static str, Option<String>, Handled) {
-        // Authenticate before looking at anything else, so an unknown client learns nothing.
-        let principal = match self.auth.authenticate(&req, self.base_domain.as_deref()) {
-            Ok(p) => p,
-            Err(e) => return ("Unauthenticated", None, Err(e)),
-        };
+    /// What a request addresses and which operation it is. Computed before authentication only
+    /// to name the request's span; nothing is answered from it until the client is known.
+    fn parse(&self, req: &Parts) -> (Result<Target, S3Error>, ObjectQuery, &'static str) {
         let host = req
             .headers
             .get(header::HOST)
             .and_then(|h| h.to_str().ok())
             .or_else(|| req.uri.host());
-        let target = match request::target(host, req.uri.path(), self.base_domain.as_deref()) {
+        let target = request::target(host, req.uri.path(), self.base_domain.as_deref());
+        let query = ObjectQuery::parse(req.uri.query());
+        let operation = match &target {
+            Ok(t) => operation_name(&req.method, t, &query, &req.headers),
+            Err(_) => "Unknown",
+        };
+        (target, query, operation)
+    }
+
+    /// The operation's name (for metrics), its bucket and the answer.
+    async fn dispatch(
+        &self,
+        req: Parts,
+        body: Body,
+        (target, query, operation): (Result<Target, S3Error>, ObjectQuery, &'static str),
+    ) -> (&'static str, Option<String>, Handled) {
+        // Authenticate before looking at anything else, so an unknown client learns nothing.
+        let principal = match self.auth.authenticate(&req, self.base_domain.as_deref()) {
+            Ok(p) => p,
+            Err(e) => return ("Unauthenticated", None, Err(e)),
+        };
+        let target = match target {
             Ok(t) => t,
-            Err(e) => return ("Unknown", None, Err(e)),
+            Err(e) => return (operation, None, Err(e)),
         };
         let bucket = match &target {
             Target::Service => None,
             Target::Bucket(b) | Target::Object { bucket: b, .. } => Some(b.clone()),
         };
-        let query = ObjectQuery::parse(req.uri.query());
-        let operation = operation_name(&req.method, &target, &query, &req.headers);
         let copy_source = req
             .headers
             .get("x-amz-copy-source")
@@ -288,7 +311,11 @@ impl AppState {
         let result = self
             .forwarder
             .send(forward)
-            .instrument(tracing::info_span!("upstream", otel.name = operation, otel.kind = "client"))
+            .instrument(tracing::info_span!(
+                "upstream",
+                otel.name = operation,
+                otel.kind = "client"
+            ))
             .await;
         let status = match &result {
             Ok(r) => UpstreamStatus::Http(r.status().as_u16()),

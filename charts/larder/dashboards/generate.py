@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""Writes Larder's Grafana dashboards (overview, cost, cache internals) as JSON next to this file.
+
+The panels are declared here once, compactly; the JSON files are what Grafana and the Helm chart
+load. Edit this file, run it, and commit both. The e2e suite checks that the JSON is what this
+script writes and that every metric a panel queries exists on a live Larder.
+"""
+
+import json
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RI = "$__rate_interval"
+
+# What counts as a hit, a cacheable read, and an upstream failure, as the status page says too.
+HITS = 'cache=~"hit-memory|hit-disk"'
+CACHEABLE = 'cache=~"hit-memory|hit-disk|partial|coalesced|miss"'
+NET_RATE = (f"sum(rate(larder_cost_direct_dollars_total[{RI}])) - "
+            f"sum(rate(larder_cost_upstream_dollars_total[{RI}]))")
+
+
+def quantiles(metric, by=""):
+    group = f"le{', ' + by if by else ''}"
+    return [(f"histogram_quantile({q}, sum by ({group}) (rate({metric}_bucket[{RI}])))",
+             f"p{int(q * 100)}{' {{' + by + '}}' if by else ''}") for q in (0.5, 0.99)]
+
+
+def panel(title, targets, unit="short", kind="timeseries", description="", w=12, h=8, stack=False):
+    return {"title": title, "targets": targets, "unit": unit, "kind": kind,
+            "description": description, "w": w, "h": h, "stack": stack}
+
+
+def stat(title, expr, unit, description="", w=6):
+    return panel(title, [(expr, title)], unit, "stat", description, w=w, h=5)
+
+
+OVERVIEW = [
+    stat("Request hit ratio",
+         f"sum(rate(larder_requests_total{{{HITS}}}[{RI}])) / sum(rate(larder_requests_total{{{CACHEABLE}}}[{RI}]))",
+         "percentunit", "Cacheable reads (GetObject, HeadObject) answered wholly from memory or disk."),
+    stat("Byte hit ratio",
+         f'sum(rate(larder_served_bytes_total{{tier=~"memory|disk"}}[{RI}])) / sum(rate(larder_served_bytes_total[{RI}]))',
+         "percentunit", "Object bytes sent to clients that came from a cache tier."),
+    stat("Saving per day", f"({NET_RATE}) * 86400", "currencyUSD",
+         "What the clients' requests would have cost sent straight to S3, minus what Larder's upstream traffic cost, at the current rate."),
+    stat("Upstream failure ratio",
+         f'sum(rate(larder_upstream_requests_total{{status!~"2..|304|404|412|416"}}[{RI}])) / sum(rate(larder_upstream_requests_total[{RI}]))',
+         "percentunit", "Upstream requests answered 5xx/403 or failed without an answer (timeout, transport, truncated)."),
+    panel("Requests by cache result", [(f"sum by (cache) (rate(larder_requests_total[{RI}]))", "{{cache}}")],
+          "reqps", stack=True),
+    panel("Requests by operation and status",
+          [(f"sum by (operation, status) (rate(larder_requests_total[{RI}]))", "{{operation}} {{status}}")], "reqps"),
+    panel("Throughput by source tier", [(f"sum by (tier) (rate(larder_served_bytes_total[{RI}]))", "{{tier}}")],
+          "Bps", stack=True),
+    panel("Time to first byte", quantiles("larder_request_ttfb_seconds"), "s"),
+    panel("Whole response time", quantiles("larder_response_duration_seconds"), "s"),
+    panel("Upstream requests by status",
+          [(f"sum by (operation, status) (rate(larder_upstream_requests_total[{RI}]))", "{{operation}} {{status}}")],
+          "reqps"),
+    panel("Upstream latency (to headers)", quantiles("larder_upstream_duration_seconds"), "s"),
+    panel("Tier usage", [("larder_memory_used_bytes / larder_memory_capacity_bytes", "memory"),
+                         ("larder_disk_live_bytes / larder_disk_capacity_bytes", "disk")], "percentunit"),
+]
+
+COST = [
+    stat("Net saving over the range",
+         "sum(increase(larder_cost_direct_dollars_total[$__range])) - sum(increase(larder_cost_upstream_dollars_total[$__range]))",
+         "currencyUSD", "Direct cost of the clients' requests minus what Larder spent upstream, over the dashboard's time range.", w=8),
+    stat("Saving per month, at the current rate", f"({NET_RATE}) * 86400 * 30", "currencyUSD", w=8),
+    stat("Upstream requests avoided",
+         f'1 - sum(rate(larder_upstream_requests_total{{operation=~"GetObject|HeadObject"}}[{RI}])) / sum(rate(larder_requests_total{{operation=~"GetObject|HeadObject"}}[{RI}]))',
+         "percentunit", "Share of client reads that did not cause an upstream request.", w=8),
+    panel("Dollars per day: direct vs. upstream",
+          [(f"sum by (kind) (rate(larder_cost_direct_dollars_total[{RI}])) * 86400", "direct {{kind}}"),
+           (f"sum by (kind) (rate(larder_cost_upstream_dollars_total[{RI}])) * 86400", "upstream {{kind}}")],
+          "currencyUSD", "Requests and transfer, as S3 would bill them; the gap is the saving."),
+    panel("Saving per day by bucket",
+          [(f"sum by (bucket) (rate(larder_cost_direct_dollars_total[{RI}])) * 86400", "{{bucket}}")],
+          "currencyUSD", "Direct cost by bucket; buckets are labelled only when listed in metrics_buckets."),
+    panel("Requests: asked of Larder vs. sent upstream",
+          [(f"sum(rate(larder_requests_total[{RI}]))", "asked of Larder"),
+           (f"sum(rate(larder_upstream_requests_total[{RI}]))", "sent upstream")], "reqps"),
+    panel("Bytes: served vs. fetched upstream",
+          [(f"sum(rate(larder_served_bytes_total[{RI}]))", "served to clients"),
+           (f"sum(rate(larder_upstream_received_bytes_total[{RI}]))", "fetched upstream")], "Bps"),
+]
+
+INTERNALS = [
+    panel("Memory tier", [("larder_memory_used_bytes", "used"), ("larder_memory_capacity_bytes", "capacity")], "bytes"),
+    panel("Memory entries and evictions", [("larder_memory_entries", "entries"),
+                                           (f"rate(larder_memory_evictions_total[{RI}])", "evictions/s")]),
+    panel("Lookup hit ratio by tier",
+          [(f'sum by (tier) (rate(larder_cache_lookups_total{{result="hit"}}[{RI}])) / sum by (tier) (rate(larder_cache_lookups_total[{RI}]))',
+            "{{tier}}")], "percentunit"),
+    panel("Single-flight", [(f"rate(larder_singleflight_coalesced_total[{RI}])", "reads joined a fetch in flight")],
+          "ops"),
+    panel("Disk tier", [("larder_disk_live_bytes", "live"), ("larder_disk_capacity_bytes", "capacity"),
+                        ("larder_disk_index_bytes", "index (RAM)")], "bytes"),
+    panel("Disk entries and regions", [("larder_disk_entries", "entries"), ("larder_disk_inflight_entries", "in flight"),
+                                       ("larder_disk_free_regions", "free regions")]),
+    panel("Disk I/O", [(f"rate(larder_disk_hit_bytes_total[{RI}])", "read"),
+                       (f"rate(larder_disk_written_bytes_total[{RI}])", "written")], "Bps"),
+    panel("Disk reads", [(f"rate(larder_disk_hits_total[{RI}])", "hits"), (f"rate(larder_disk_misses_total[{RI}])", "misses"),
+                         (f"rate(larder_disk_writes_total[{RI}])", "writes (admissions)")], "ops"),
+    panel("Disk faults (served as misses)",
+          [(f"rate(larder_disk_corrupt_reads_total[{RI}])", "checksum failures"),
+           (f"rate(larder_disk_io_errors_total[{RI}])", "I/O errors"),
+           (f"rate(larder_disk_raced_reads_total[{RI}])", "raced reclaim"),
+           (f"rate(larder_disk_hash_collisions_total[{RI}])", "hash collisions")], "ops",
+          description="Any checksum failure or I/O error is worth an alert: the byte was not served, but the device is suspect."),
+    panel("Reclaim", [(f"rate(larder_disk_reclaimed_regions_total[{RI}])", "regions reclaimed"),
+                      (f"rate(larder_disk_evicted_entries_total[{RI}])", "entries evicted"),
+                      (f"rate(larder_disk_reinserted_entries_total[{RI}])", "entries reinserted")], "ops"),
+    panel("Cache writes dropped",
+          [(f"sum by (reason) (rate(larder_disk_writes_dropped_total[{RI}]))", "disk: {{reason}}"),
+           (f"sum by (reason) (rate(larder_cache_writes_dropped_total[{RI}]))", "cache: {{reason}}")], "ops",
+          description="Blocks fetched but not written; rate limits and full buffers protect reads at the cost of later misses."),
+    panel("Disk recovery at start", [("larder_disk_recovered_entries_total", "entries recovered"),
+                                     ("larder_disk_recovery_milliseconds", "milliseconds")]),
+]
+
+
+def dashboard(uid, title, description, panels):
+    out, x, y, row_h = [], 0, 0, 0
+    for i, p in enumerate(panels, start=1):
+        if x + p["w"] > 24:
+            x, y, row_h = 0, y + row_h, 0
+        targets = [{"refId": chr(ord("A") + j), "expr": expr, "legendFormat": legend,
+                    "datasource": {"type": "prometheus", "uid": "${datasource}"}}
+                   for j, (expr, legend) in enumerate(p["targets"])]
+        entry = {
+            "id": i, "type": p["kind"], "title": p["title"], "description": p["description"],
+            "gridPos": {"x": x, "y": y, "w": p["w"], "h": p["h"]},
+            "datasource": {"type": "prometheus", "uid": "${datasource}"},
+            "targets": targets,
+            "fieldConfig": {"defaults": {"unit": p["unit"]}, "overrides": []},
+            "options": {},
+        }
+        if p["kind"] == "stat":
+            entry["options"] = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                                "colorMode": "value", "graphMode": "area"}
+        elif p["stack"]:
+            entry["fieldConfig"]["defaults"]["custom"] = {"stacking": {"mode": "normal"}, "fillOpacity": 20}
+        out.append(entry)
+        x += p["w"]
+        row_h = max(row_h, p["h"])
+    return {
+        "uid": uid, "title": title, "description": description, "tags": ["larder"],
+        "schemaVersion": 39, "version": 1, "editable": True, "refresh": "30s",
+        "time": {"from": "now-6h", "to": "now"},
+        "templating": {"list": [{"name": "datasource", "label": "Prometheus", "type": "datasource",
+                                 "query": "prometheus", "current": {}, "hide": 0}]},
+        "panels": out,
+    }
+
+
+DASHBOARDS = {
+    "larder-overview.json": dashboard("larder-overview", "Larder / Overview",
+                                      "Hit ratios, saving, throughput, latency and upstream health.", OVERVIEW),
+    "larder-cost.json": dashboard("larder-cost", "Larder / Cost and savings",
+                                  "What S3 would have billed without Larder, what Larder spent, and the difference.", COST),
+    "larder-internals.json": dashboard("larder-internals", "Larder / Cache internals",
+                                       "Memory and disk tiers, single-flight, disk I/O, faults, reclaim and drops.", INTERNALS),
+}
+
+
+def render(dashboard_json) -> str:
+    return json.dumps(dashboard_json, indent=2, sort_keys=True) + "\n"
+
+
+if __name__ == "__main__":
+    for name, d in DASHBOARDS.items():
+        (HERE / name).write_text(render(d))
+        print(f"wrote {HERE / name}")

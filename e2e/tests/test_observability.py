@@ -1,0 +1,332 @@
+"""Observability end to end: a real Prometheus scrapes Larder, the Grafana dashboards query only
+metrics that exist, the status page renders in headless Chromium, and traces and metrics reach an
+OTLP/HTTP receiver. Expected figures come from what the clients saw (X-Cache, bodies) and what the
+counting pass-through saw arrive upstream, never from Larder's own counters."""
+
+import http.server
+import importlib.util
+import json
+import re
+import shutil
+import socketserver
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT, free_port
+from counting_proxy import CountingProxy
+
+MiB = 1 << 20
+DASHBOARDS = ROOT / "charts" / "larder" / "dashboards"
+ARTIFACTS = ROOT / "target" / "e2e-artifacts"
+# Round prices make the expected dollars easy to state: $1 per GET-class request, $10 per
+# PUT-class request, $1 per GB (10^9 bytes) of transfer.
+PRICES = ("--price-get-per-1000", "1000", "--price-put-per-1000", "10000",
+          "--upstream-transfer", "internet", "--price-internet-per-gb", "1")
+CACHEABLE = {"hit-memory", "hit-disk", "partial", "coalesced", "miss"}
+HITS = {"hit-memory", "hit-disk"}
+
+
+def eventually(check, timeout=30.0, interval=0.3):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(interval)
+
+
+class Workload:
+    """Reads through Larder with boto3 and keeps what the clients saw."""
+
+    def __init__(self):
+        self.x_cache = []
+        self.client_requests = {"get": 0, "put": 0}
+        self.served = 0
+
+    def expected_dollars(self, upstream: CountingProxy, bucket: str) -> tuple[float, float]:
+        direct = self.client_requests["get"] + 10 * self.client_requests["put"] + self.served / 1e9
+        seen = upstream.seen(path_prefix=f"/{bucket}")
+        lists = [r for r in seen if r[0] == "GET" and "list-type" in r[1]]
+        object_reads = [r for r in seen if r[0] in ("GET", "HEAD") and r not in lists]
+        fetched = 0
+        for method, _, rng in object_reads:
+            if method == "GET":
+                start, end = map(int, rng.removeprefix("bytes=").split("-"))
+                fetched += end - start + 1
+        spent = len(object_reads) + 10 * len(lists) + fetched / 1e9
+        return direct, spent
+
+    def hit_ratio(self) -> float:
+        cacheable = [c for c in self.x_cache if c in CACHEABLE]
+        return sum(c in HITS for c in cacheable) / len(cacheable)
+
+
+@pytest.fixture
+def observed(workdir, minio, make_larder, direct, bucket):
+    """A Larder with a disk tier and round prices, behind its own counting pass-through, after a
+    workload whose every request the test tallied."""
+    upstream = CountingProxy("127.0.0.1", minio.port)
+    larder = make_larder("--disk-path", str(workdir / f"{bucket}.cache"), "--disk-capacity", "256MiB",
+                         "--disk-region-size", "16MiB", "--metrics-buckets", bucket, *PRICES,
+                         name="observed", upstream_url=f"http://127.0.0.1:{upstream.port}")
+    objects = {"a.bin": 1 * MiB, "b.bin": 3 * MiB + 17, "c.bin": 100_000, "d.bin": 10 * MiB}
+    for key, size in objects.items():
+        direct.put_object(Bucket=bucket, Key=key, Body=bytes([size % 251]) * size)
+    client = larder.client()
+    w = Workload()
+
+    def tally(response, body_len=0, cls="get"):
+        w.x_cache.append(response["ResponseMetadata"]["HTTPHeaders"]["x-cache"])
+        w.client_requests[cls] += 1
+        w.served += body_len
+
+    for key, size in objects.items():
+        r = client.get_object(Bucket=bucket, Key=key)
+        body = r["Body"].read()
+        assert len(body) == size
+        tally(r, len(body))
+        # The cold read's blocks land in memory as their fetches finish; probe until they have.
+        for _ in range(100):
+            r = client.get_object(Bucket=bucket, Key=key, Range="bytes=0-0")
+            tally(r, len(r["Body"].read()))
+            if r["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "hit-memory":
+                break
+            time.sleep(0.1)
+    for _ in range(5):
+        for key, size in objects.items():
+            r = client.get_object(Bucket=bucket, Key=key)
+            tally(r, len(r["Body"].read()))
+            r = client.get_object(Bucket=bucket, Key=key, Range=f"bytes={size // 2}-{size // 2 + 999}")
+            tally(r, len(r["Body"].read()))
+            tally(client.head_object(Bucket=bucket, Key=key))
+    tally(client.list_objects_v2(Bucket=bucket), cls="put")
+    yield larder, upstream, w, bucket
+    upstream.close()
+
+
+def test_every_dashboard_metric_exists_on_a_live_larder(observed):
+    larder, _, _, _ = observed
+    scrape = larder.metrics()
+    names = set()
+    for path in sorted(DASHBOARDS.glob("*.json")):
+        dashboard = json.loads(path.read_text())
+        exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+        assert exprs, path
+        for expr in exprs:
+            for name in re.findall(r"\blarder_[a-z0-9_]+", expr):
+                names.add(name)
+                assert re.search(rf"^{name}[{{ ]", scrape, re.M), f"{path.name} queries {name}, which Larder does not export"
+    assert len(names) >= 30, names
+
+
+def test_dashboards_are_what_the_generator_writes():
+    spec = importlib.util.spec_from_file_location("generate", DASHBOARDS / "generate.py")
+    generate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generate)
+    assert set(generate.DASHBOARDS) == {p.name for p in DASHBOARDS.glob("*.json")}
+    for name, d in generate.DASHBOARDS.items():
+        assert (DASHBOARDS / name).read_text() == generate.render(d), f"run {DASHBOARDS / 'generate.py'}"
+
+
+def test_the_chart_ships_the_dashboards_as_a_configmap():
+    helm = shutil.which("helm") or str(Path.home() / "go" / "bin" / "helm")
+    chart = ROOT / "charts" / "larder"
+    out = subprocess.run([helm, "template", "obs", str(chart), "--set", "dashboards.enabled=true"],
+                         check=True, capture_output=True, text=True).stdout
+    maps = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboards")]
+    assert len(maps) == 1, out
+    cm = maps[0]
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert set(cm["data"]) == {p.name for p in DASHBOARDS.glob("*.json")}
+    for name, text in cm["data"].items():
+        assert json.loads(text) == json.loads((DASHBOARDS / name).read_text())
+    off = subprocess.run([helm, "template", "obs", str(chart)], check=True, capture_output=True, text=True).stdout
+    assert "-dashboards" not in off
+
+
+def prometheus_query(base, query):
+    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    with urllib.request.urlopen(url, timeout=5) as r:
+        result = json.load(r)["data"]["result"]
+    return float(result[0]["value"][1]) if result else None
+
+
+def test_prometheus_scrapes_the_hit_ratio_and_dollars_the_workload_implies(observed, workdir):
+    larder, upstream, w, bucket = observed
+    exe = shutil.which("prometheus")
+    assert exe, "prometheus is not installed (e2e/setup.sh installs Debian's package)"
+    port = free_port()
+    config = workdir / "prometheus.yml"
+    target = larder.admin.removeprefix("http://")
+    config.write_text(yaml.safe_dump({
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [{"job_name": "larder", "static_configs": [{"targets": [target]}]}],
+    }))
+    log = open(workdir / "prometheus.log", "wb")
+    proc = subprocess.Popen([exe, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'prometheus-data'}",
+                             f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        hit_ratio = w.hit_ratio()
+        direct, spent = w.expected_dollars(upstream, bucket)
+        assert 0 < hit_ratio < 1 and direct > spent > 0, (w.x_cache, direct, spent)
+        ratio_q = ('sum(larder_requests_total{cache=~"hit-memory|hit-disk"}) / '
+                   'sum(larder_requests_total{cache=~"hit-memory|hit-disk|partial|coalesced|miss"})')
+        saved_q = "sum(larder_cost_direct_dollars_total) - sum(larder_cost_upstream_dollars_total)"
+        bucket_q = f'sum(larder_cost_direct_dollars_total{{bucket="{bucket}"}})'
+
+        def close(query, expected):
+            try:
+                got = prometheus_query(base, query)
+            except OSError:
+                return None
+            return got is not None and abs(got - expected) <= 1e-9 * max(1.0, abs(expected)) and got
+
+        assert eventually(lambda: close(ratio_q, hit_ratio), timeout=60), (prometheus_query(base, ratio_q), hit_ratio)
+        assert eventually(lambda: close(saved_q, direct - spent)), (prometheus_query(base, saved_q), direct - spent)
+        assert eventually(lambda: close(bucket_q, direct)), (prometheus_query(base, bucket_q), direct)
+        assert prometheus_query(base, 'up{job="larder"}') == 1.0
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+def test_status_page_in_headless_chromium(observed, workdir):
+    larder, upstream, w, bucket = observed
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert exe, "chromium is not installed (e2e/setup.sh installs Debian's package)"
+    with urllib.request.urlopen(f"{larder.admin}/status.json", timeout=5) as r:
+        status = json.load(r)
+    direct, spent = w.expected_dollars(upstream, bucket)
+    assert status["request_hit_ratio"] == pytest.approx(w.hit_ratio())
+    assert status["dollars_saved"] == pytest.approx(direct - spent)
+    assert status["disk"]["capacity_bytes"] > 0
+
+    flags = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+             f"--user-data-dir={workdir / 'chromium-profile'}", "--virtual-time-budget=5000"]
+    dom = subprocess.run([*flags, "--dump-dom", f"{larder.admin}/"], check=True, capture_output=True,
+                         text=True, timeout=120).stdout
+
+    def shown(element_id):
+        m = re.search(rf'id="{element_id}"[^>]*>([^<]*)<', dom)
+        assert m, f"#{element_id} missing from the page:\n{dom[:3000]}"
+        return m.group(1)
+
+    assert shown("hit-ratio") == f"{w.hit_ratio() * 100:.1f} %"
+    assert shown("saved").startswith("$") and float(shown("saved")[1:]) > 0
+    assert re.fullmatch(r"[\d.]+ (B|KiB|MiB|GiB)", shown("memory")) and shown("memory") != "0 B"
+    assert shown("disk") != "off"
+    assert shown("upstream") == "healthy"
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shot = ARTIFACTS / "status-page.png"
+    shot.unlink(missing_ok=True)
+    subprocess.run([*flags, "--window-size=1100,760", f"--screenshot={shot}", f"{larder.admin}/"],
+                   check=True, capture_output=True, timeout=120)
+    assert shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+class OtlpReceiver:
+    """An OTLP/HTTP (protobuf) receiver on loopback that keeps what it is sent."""
+
+    def __init__(self):
+        from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+        self.spans, self.metric_names, self.lock = [], set(), threading.Lock()
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                assert self.headers["Content-Type"] == "application/x-protobuf"
+                with receiver.lock:
+                    if self.path == "/v1/traces":
+                        req = trace_service_pb2.ExportTraceServiceRequest.FromString(body)
+                        for rs in req.resource_spans:
+                            for ss in rs.scope_spans:
+                                receiver.spans.extend(ss.spans)
+                        reply = trace_service_pb2.ExportTraceServiceResponse()
+                    elif self.path == "/v1/metrics":
+                        req = metrics_service_pb2.ExportMetricsServiceRequest.FromString(body)
+                        for rm in req.resource_metrics:
+                            for sm in rm.scope_metrics:
+                                receiver.metric_names.update(m.name for m in sm.metrics)
+                        reply = metrics_service_pb2.ExportMetricsServiceResponse()
+                    else:
+                        self.send_error(404)
+                        return
+                data = reply.SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
+            daemon_threads = True
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_slow_requests_are_traced_through_otlp_with_upstream_spans(minio, make_larder, direct, bucket):
+    receiver = OtlpReceiver()
+    upstream = CountingProxy("127.0.0.1", minio.port)
+    try:
+        larder = make_larder("--otlp-endpoint", receiver.url, "--otlp-interval", "1s",
+                             "--trace-slow-threshold", "400ms", name="otlp",
+                             upstream_url=f"http://127.0.0.1:{upstream.port}")
+        direct.put_object(Bucket=bucket, Key="traced.bin", Body=b"t" * (2 * MiB))
+        client = larder.client()
+        upstream.delay = 0.25  # a HEAD and a GET upstream: over 400 ms in all
+        assert client.get_object(Bucket=bucket, Key="traced.bin")["Body"].read() == b"t" * (2 * MiB)
+        upstream.delay = 0
+        for _ in range(3):  # fast hits: not exported
+            client.get_object(Bucket=bucket, Key="traced.bin")["Body"].read()
+        assert eventually(lambda: {"larder_requests_total", "larder.requests"} & receiver.metric_names, timeout=20), receiver.metric_names
+        larder.stop()  # flushes the span exporter
+        with receiver.lock:
+            spans = list(receiver.spans)
+        roots = [s for s in spans if not s.parent_span_id]
+        assert [s.name for s in roots] == ["GetObject"], [(s.name, s.parent_span_id) for s in spans]
+        root = roots[0]
+        trace = [s for s in spans if s.trace_id == root.trace_id]
+        names = sorted(s.name for s in trace)
+        assert names == sorted(["GetObject", "HeadObject", "block fetch", "GetObject"]), names
+        attrs = {a.key: a.value for a in root.attributes}
+        assert attrs["larder.cache"].string_value == "miss"
+        assert attrs["http.response.status_code"].int_value == 200
+        assert (root.end_time_unix_nano - root.start_time_unix_nano) >= 400_000_000
+        by_id = {s.span_id: s for s in trace}
+        upstream_get = next(s for s in trace if s.name == "GetObject" and s.parent_span_id)
+        assert by_id[upstream_get.parent_span_id].name == "block fetch"
+        assert by_id[by_id[upstream_get.parent_span_id].parent_span_id] is root
+    finally:
+        upstream.close()
+        receiver.close()
+
+
+def test_json_logs(make_larder, direct, bucket):
+    larder = make_larder("--log-format", "json", name="json-logs")
+    direct.put_object(Bucket=bucket, Key="k", Body=b"x")
+    larder.client().get_object(Bucket=bucket, Key="k")["Body"].read()
+    larder.stop()
+    lines = [l for l in larder.log_path.read_text().splitlines() if l.strip()]
+    records = [json.loads(l) for l in lines]
+    assert any(r["fields"].get("message") == "larder is serving" for r in records), lines
+    assert all({"timestamp", "level", "fields", "target"} <= r.keys() for r in records)

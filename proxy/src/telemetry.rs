@@ -1,0 +1,269 @@
+//! Logs and traces through `tracing`: logs on stderr as text or JSON; with `otlp_endpoint`,
+//! spans exported by OTLP, whole traces at a time and only for slow (or sampled) requests, so
+//! the common fast request costs a few span allocations and nothing on the wire.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use opentelemetry::trace::{SpanId, TraceId, TracerProvider as _};
+use opentelemetry::Context;
+use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{
+    BatchSpanProcessor, SdkTracerProvider, Span, SpanData, SpanProcessor,
+};
+use parking_lot::Mutex;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
+
+use crate::config::{Config, LogFormat};
+
+/// Most traces held while their request is running; beyond it new traces are not kept.
+const MAX_OPEN_TRACES: usize = 4096;
+/// Most spans held per trace.
+const MAX_SPANS_PER_TRACE: usize = 256;
+
+/// Why telemetry could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[error("setting up traces: {0}")]
+pub struct TelemetryError(String);
+
+/// Keeps traces flowing until dropped; dropping it exports what is pending.
+pub struct Telemetry {
+    tracer: Option<SdkTracerProvider>,
+}
+
+impl Drop for Telemetry {
+    fn drop(&mut self) {
+        if let Some(tracer) = self.tracer.take() {
+            if let Err(e) = tracer.shutdown() {
+                eprintln!("larder: exporting the last traces failed: {e}");
+            }
+        }
+    }
+}
+
+/// Install the global `tracing` subscriber for `config`: the log format, `RUST_LOG` (default
+/// `info`) and, with `otlp_endpoint`, the OTLP trace exporter.
+pub fn init(config: &Config) -> Result<Telemetry, TelemetryError> {
+    let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let logs = match config.log_format {
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_filter(filter())
+            .boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .json()
+            .with_current_span(true)
+            .with_writer(std::io::stderr)
+            .with_filter(filter())
+            .boxed(),
+    };
+    let tracer = match &config.otlp_endpoint {
+        Some(endpoint) => {
+            let exporter = opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_endpoint(crate::metrics::otlp_url(endpoint, "traces"))
+                .build()
+                .map_err(|e| TelemetryError(e.to_string()))?;
+            let processor = SlowTraces::new(
+                BatchSpanProcessor::builder(exporter).build(),
+                config.trace_slow_threshold.0,
+                config.trace_sample_ratio,
+            );
+            Some(
+                SdkTracerProvider::builder()
+                    .with_resource(
+                        opentelemetry_sdk::Resource::builder()
+                            .with_service_name("larder")
+                            .build(),
+                    )
+                    .with_span_processor(processor)
+                    .build(),
+            )
+        }
+        None => None,
+    };
+    // Spans are recorded at `info` whatever RUST_LOG says about log lines.
+    let spans = tracer.as_ref().map(|t| {
+        tracing_opentelemetry::layer()
+            .with_tracer(t.tracer("larder"))
+            .with_filter(tracing_subscriber::filter::LevelFilter::INFO)
+    });
+    tracing_subscriber::registry()
+        .with(logs)
+        .with(spans)
+        .try_init()
+        .map_err(|e| TelemetryError(e.to_string()))?;
+    Ok(Telemetry { tracer })
+}
+
+/// Keeps a trace's finished child spans until its root ends, then hands them all to the
+/// exporter if the root was slow (or sampled), or drops them. A child that ends after its root
+/// (a block fetch that outlives the response that started it) follows the root's decision.
+#[derive(Debug)]
+pub struct SlowTraces<P> {
+    next: P,
+    slow: Duration,
+    sample: f64,
+    traces: Mutex<Traces>,
+}
+
+#[derive(Debug, Default)]
+struct Traces {
+    /// Children of roots still running, in arrival order of their first child.
+    open: HashMap<TraceId, Vec<SpanData>>,
+    opened: VecDeque<TraceId>,
+    /// Roots already decided (exported or not), most recent last.
+    decided: HashMap<TraceId, bool>,
+    decided_order: VecDeque<TraceId>,
+}
+
+impl Traces {
+    fn hold(&mut self, trace: TraceId, span: SpanData) {
+        if let Some(spans) = self.open.get_mut(&trace) {
+            if spans.len() < MAX_SPANS_PER_TRACE {
+                spans.push(span);
+            }
+            return;
+        }
+        // A root that never ends (a task that leaked its span) must not pin memory: the oldest
+        // open trace gives way.
+        if self.open.len() >= MAX_OPEN_TRACES {
+            while let Some(old) = self.opened.pop_front() {
+                if self.open.remove(&old).is_some() {
+                    break;
+                }
+            }
+        }
+        self.open.insert(trace, vec![span]);
+        self.opened.push_back(trace);
+    }
+
+    fn decide(&mut self, trace: TraceId, keep: bool) -> Vec<SpanData> {
+        if self.decided_order.len() >= MAX_OPEN_TRACES {
+            if let Some(old) = self.decided_order.pop_front() {
+                self.decided.remove(&old);
+            }
+        }
+        self.decided.insert(trace, keep);
+        self.decided_order.push_back(trace);
+        self.open.remove(&trace).unwrap_or_default()
+    }
+}
+
+impl<P: SpanProcessor> SlowTraces<P> {
+    /// Export through `next` the traces whose root took at least `slow`, and a `sample` share
+    /// (0 to 1) of the others.
+    pub fn new(next: P, slow: Duration, sample: f64) -> Self {
+        Self {
+            next,
+            slow,
+            sample,
+            traces: Mutex::new(Traces::default()),
+        }
+    }
+
+    fn keep(&self, root: &SpanData) -> bool {
+        let took = root
+            .end_time
+            .duration_since(root.start_time)
+            .unwrap_or_default();
+        took >= self.slow || (self.sample > 0.0 && rand::random::<f64>() < self.sample)
+    }
+}
+
+impl<P: SpanProcessor> SpanProcessor for SlowTraces<P> {
+    fn on_start(&self, _span: &mut Span, _cx: &Context) {}
+
+    fn on_end(&self, span: SpanData) {
+        let trace = span.span_context.trace_id();
+        if span.parent_span_id != SpanId::INVALID {
+            let mut traces = self.traces.lock();
+            match traces.decided.get(&trace) {
+                Some(true) => {
+                    drop(traces);
+                    self.next.on_end(span);
+                }
+                Some(false) => {}
+                None => traces.hold(trace, span),
+            }
+            return;
+        }
+        let keep = self.keep(&span);
+        let children = self.traces.lock().decide(trace, keep);
+        if keep {
+            for child in children {
+                self.next.on_end(child);
+            }
+            self.next.on_end(span);
+        }
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.next.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.next.shutdown_with_timeout(timeout)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentelemetry::trace::{Span as _, TraceContextExt as _, Tracer as _};
+    use opentelemetry_sdk::trace::{InMemorySpanExporter, SimpleSpanProcessor};
+
+    fn provider(slow: Duration) -> (SdkTracerProvider, InMemorySpanExporter) {
+        let exporter = InMemorySpanExporter::default();
+        let processor = SlowTraces::new(SimpleSpanProcessor::new(exporter.clone()), slow, 0.0);
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(processor)
+            .build();
+        (provider, exporter)
+    }
+
+    /// A root taking `root_takes` with one child ending before it and one after it.
+    fn trace(provider: &SdkTracerProvider, root_takes: Duration) {
+        let tracer = provider.tracer("test");
+        let root = tracer.start("request");
+        let cx = Context::current_with_span(root);
+        let mut child = tracer.start_with_context("upstream", &cx);
+        child.end();
+        let mut late = tracer.start_with_context("late", &cx);
+        std::thread::sleep(root_takes);
+        cx.span().end();
+        late.end();
+    }
+
+    #[test]
+    fn exports_whole_slow_traces_and_drops_fast_ones() {
+        let (provider, exporter) = provider(Duration::from_millis(50));
+        trace(&provider, Duration::ZERO);
+        assert!(exporter.get_finished_spans().unwrap().is_empty());
+        trace(&provider, Duration::from_millis(60));
+        let spans = exporter.get_finished_spans().unwrap();
+        let names: Vec<_> = spans.iter().map(|s| s.name.as_ref()).collect();
+        assert_eq!(names, ["upstream", "request", "late"]);
+        assert_eq!(spans[0].parent_span_id, spans[1].span_context.span_id());
+        assert_eq!(spans[2].parent_span_id, spans[1].span_context.span_id());
+    }
+
+    #[test]
+    fn a_root_that_never_ends_does_not_pin_memory() {
+        let exporter = InMemorySpanExporter::default();
+        let provider = SdkTracerProvider::builder()
+            .with_simple_exporter(exporter.clone())
+            .build();
+        provider.tracer("t").start("x").end();
+        let template = exporter.get_finished_spans().unwrap().remove(0);
+        let mut traces = Traces::default();
+        for i in 0..(MAX_OPEN_TRACES as u128 + 10) {
+            traces.hold(TraceId::from(i + 1), template.clone());
+        }
+        assert_eq!(traces.open.len(), MAX_OPEN_TRACES);
+        assert!(!traces.open.contains_key(&TraceId::from(1)));
+    }
+}
