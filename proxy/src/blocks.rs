@@ -353,7 +353,10 @@ impl BlockStore {
             }
             Err(e) => {
                 tracing::warn!(object = %object, block = slice.index, error = %e, "block fetch failed");
-                self.metrics.upstream_failed(&e);
+                // A changed or deleted object is the upstream answering correctly.
+                if !matches!(e, OriginError::Changed) && !e.is_not_found() {
+                    self.metrics.upstream_failed(&e);
+                }
                 self.metrics.cache_write_dropped("fetch_failed");
                 writer.fail(e);
             }

@@ -410,6 +410,17 @@ impl Metrics {
             .build();
     }
 
+    /// Export the upstream client's retry count, read at each collection.
+    pub fn observe_retries(&self, origin: Arc<dyn crate::origin::Origin>) {
+        self.meter
+            .u64_observable_counter("larder.upstream.retries")
+            .with_description(
+                "Upstream requests sent again by the S3 client after a failed attempt",
+            )
+            .with_callback(move |o| o.observe(origin.retries(), &[]))
+            .build();
+    }
+
     /// Export the disk tier's counters and gauges, read at each collection.
     pub fn observe_disk(&self, disk: DiskCache) {
         // One read of the disk counters serves every instrument of a collection.

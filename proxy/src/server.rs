@@ -172,6 +172,7 @@ pub async fn start(
         metrics.clone(),
     ));
     metrics.observe_memory(blocks.memory().clone());
+    metrics.observe_retries(origin.clone());
     let app = Arc::new(AppState {
         base_domain: config.base_domain.clone(),
         auth,

@@ -119,4 +119,10 @@ pub trait Origin: Send + Sync + 'static {
         if_match: Option<&str>,
         range: Option<Range<u64>>,
     ) -> Result<BodyStream, OriginError>;
+
+    /// Requests the client library sent again after a failed attempt, since start (each one a
+    /// billed request upstream).
+    fn retries(&self) -> u64 {
+        0
+    }
 }

@@ -2,14 +2,20 @@
 //! web identity / IRSA, ECS, IMDS), requests signed with Larder's own credentials.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use aws_sdk_s3::config::interceptors::BeforeTransmitInterceptorContextRef;
 use aws_sdk_s3::config::retry::RetryConfig;
 use aws_sdk_s3::config::timeout::TimeoutConfig;
 use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
+use aws_sdk_s3::config::{ConfigBag, Intercept, RuntimeComponents};
 use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::operation::head_object::HeadObjectOutput;
 use aws_sdk_s3::Client;
+use aws_smithy_runtime_api::box_error::BoxError;
+use aws_smithy_runtime_api::client::retries::RequestAttempts;
 use futures::StreamExt;
 use http::{HeaderName, HeaderValue};
 
@@ -32,6 +38,32 @@ pub struct S3OriginConfig {
 pub struct S3Origin {
     client: Client,
     credentials: Option<aws_credential_types::provider::SharedCredentialsProvider>,
+    retries: Arc<AtomicU64>,
+}
+
+/// Counts the SDK's retries: every attempt after an operation's first.
+#[derive(Debug)]
+struct CountRetries(Arc<AtomicU64>);
+
+impl Intercept for CountRetries {
+    fn name(&self) -> &'static str {
+        "CountRetries"
+    }
+
+    fn read_before_attempt(
+        &self,
+        _context: &BeforeTransmitInterceptorContextRef<'_>,
+        _components: &RuntimeComponents,
+        cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        if cfg
+            .load::<RequestAttempts>()
+            .is_some_and(|a| a.attempts() > 1)
+        {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
 }
 
 impl S3Origin {
@@ -46,7 +78,9 @@ impl S3Origin {
             loader = loader.credentials_provider(credentials.clone());
         }
         let shared = loader.load().await;
+        let retries = Arc::new(AtomicU64::new(0));
         let s3 = aws_sdk_s3::config::Builder::from(&shared)
+            .interceptor(CountRetries(retries.clone()))
             .force_path_style(config.path_style)
             // Standard retries (3 attempts, backoff with jitter) cover 5xx, SlowDown and resets
             // before the first byte; body timeouts are Larder's own (upstream_idle_timeout).
@@ -61,6 +95,7 @@ impl S3Origin {
         Self {
             client: Client::from_conf(s3),
             credentials: shared.credentials_provider(),
+            retries,
         }
     }
 
@@ -72,6 +107,10 @@ impl S3Origin {
 
 #[async_trait::async_trait]
 impl Origin for S3Origin {
+    fn retries(&self) -> u64 {
+        self.retries.load(Ordering::Relaxed)
+    }
+
     async fn head(&self, object: &ObjectId) -> Result<ObjectMeta, OriginError> {
         let out = self
             .client
@@ -260,4 +299,51 @@ fn meta_from_head(out: HeadObjectOutput) -> Result<ObjectMeta, OriginError> {
         version_id: out.version_id,
         headers,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A server on loopback that answers 503 SlowDown to the first request and 200 to the rest.
+    async fn flaky_server() -> (String, tokio::task::JoinHandle<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let task = tokio::spawn(async move {
+            for n in 0..2 {
+                let (mut conn, _) = listener.accept().await.unwrap();
+                let mut buf = vec![0u8; 8192];
+                let _ = conn.read(&mut buf).await.unwrap();
+                let reply: &[u8] = if n == 0 {
+                    b"HTTP/1.1 503 Slow Down\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                } else {
+                    b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\netag: \"abc\"\r\nconnection: close\r\n\r\n"
+                };
+                conn.write_all(reply).await.unwrap();
+            }
+        });
+        (url, task)
+    }
+
+    #[tokio::test]
+    async fn retries_are_counted() {
+        let (url, server) = flaky_server().await;
+        let origin = S3Origin::new(&S3OriginConfig {
+            endpoint: Some(url),
+            region: "us-east-1".into(),
+            path_style: true,
+            credentials: Some(Credentials::new("k", "s", None, None, "test")),
+        })
+        .await;
+        let id = ObjectId {
+            bucket: "b".into(),
+            key: "k".into(),
+            version_id: None,
+        };
+        let meta = origin.head(&id).await.unwrap();
+        assert_eq!((meta.size, meta.etag.as_str()), (5, "\"abc\""));
+        assert_eq!(origin.retries(), 1);
+        server.await.unwrap();
+    }
 }
