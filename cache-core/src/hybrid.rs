@@ -186,6 +186,20 @@ impl<K: CacheKey> HybridCache<K> {
         self.memory.insert(key, value).await;
     }
 
+    /// Store `value` where it does not displace the hot set: in the disk tier if there is one
+    /// (`false` if the disk tier turned it away: rate limit, full write buffer, admission),
+    /// otherwise in memory. For warming a cache ahead of a job.
+    pub async fn insert_cold(&self, key: K, value: Bytes) -> bool {
+        if self.disk.is_none() {
+            self.memory.insert(key, value).await;
+            return true;
+        }
+        match self.partition(&key) {
+            Some(p) => p.insert(&key.disk_key(), value).is_ok(),
+            None => false,
+        }
+    }
+
     /// Drop `key` from both tiers.
     pub async fn remove(&self, key: &K) {
         self.memory.remove(key).await;

@@ -15,10 +15,12 @@ use cache_core::{
     MemoryTier, SingleFlight, Tier, WritePolicy,
 };
 use futures::stream::{self, Stream, StreamExt};
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, SemaphorePermit};
 
 use crate::metrics::{Metrics, UpstreamStatus};
-use crate::origin::{ObjectId, Origin, OriginError};
+use crate::origin::hedge::HedgePolicy;
+use crate::origin::{BodyStream, ObjectId, Origin, OriginError};
+use crate::prefetch::{Detector, PrefetchConfig};
 use tracing::Instrument;
 
 /// A slice at most this fraction of its block (1 MiB of an 8 MiB block) is read from disk by
@@ -95,6 +97,17 @@ impl CacheResult {
             CacheResult::Miss => "miss",
         }
     }
+
+    /// The `X-Cache` value when the object's metadata was served stale (the upstream failing).
+    pub fn as_stale_str(self) -> &'static str {
+        match self {
+            CacheResult::HitMemory => "stale-hit-memory",
+            CacheResult::HitDisk => "stale-hit-disk",
+            CacheResult::Partial => "stale-partial",
+            CacheResult::Coalesced => "stale-coalesced",
+            CacheResult::Miss => "stale-miss",
+        }
+    }
 }
 
 enum OpenBlock {
@@ -115,8 +128,41 @@ pub struct BlockStore {
     read_window: usize,
     idle_timeout: Duration,
     upstream_slots: Semaphore,
+    max_resumes: u32,
+    hedge: HedgePolicy,
+    prefetch: PrefetchConfig,
+    sequences: Detector,
+    prefetch_slots: Semaphore,
+    /// Blocks read ahead and not yet read by anyone, with their size: read → used, evicted or
+    /// expired → wasted.
+    prefetched: moka::sync::Cache<BlockId, u64>,
     metrics: Arc<Metrics>,
 }
+
+/// Why a block is being fetched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Purpose {
+    /// A client is reading it.
+    Demand,
+    /// Read-ahead: a client is expected to read it.
+    Prefetch,
+    /// A warm-up job: it goes to the disk tier, not into the hot memory set.
+    Warm,
+}
+
+/// What warming one block did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Warmed {
+    /// Fetched and written to the cold tier: this many bytes.
+    Fetched(u64),
+    /// Already on disk (or being fetched by someone else).
+    AlreadyCached,
+}
+
+/// Most read-ahead blocks whose use is tracked (for the waste metric).
+const PREFETCH_TRACKED: u64 = 65_536;
+/// A read-ahead block nobody read within this long counts as wasted.
+const PREFETCH_UNUSED_AFTER: Duration = Duration::from_secs(600);
 
 /// How a [`BlockStore`] reads and fetches.
 #[derive(Clone)]
@@ -137,6 +183,12 @@ pub struct BlockStoreConfig {
     pub write_policy: WritePolicy,
     /// Bucket → disk partition; other buckets use `default`.
     pub bucket_partitions: std::collections::HashMap<String, String>,
+    /// Times a broken upstream body is resumed before the fetch fails.
+    pub max_resumes: u32,
+    /// Percentile of recent first-byte latencies after which a block GET is hedged; `None`: off.
+    pub hedge_quantile: Option<f64>,
+    /// Read-ahead across requests.
+    pub prefetch: PrefetchConfig,
 }
 
 impl BlockStore {
@@ -156,8 +208,119 @@ impl BlockStore {
             read_window: config.read_window,
             idle_timeout: config.idle_timeout,
             upstream_slots: Semaphore::new(config.upstream_concurrency),
+            max_resumes: config.max_resumes,
+            hedge: HedgePolicy::new(config.hedge_quantile),
+            prefetch: config.prefetch,
+            sequences: Detector::new(config.prefetch, config.layout.block_size()),
+            prefetch_slots: Semaphore::new(config.prefetch.max_inflight.max(1)),
+            prefetched: {
+                let metrics = metrics.clone();
+                moka::sync::Cache::builder()
+                    .max_capacity(PREFETCH_TRACKED)
+                    .time_to_live(PREFETCH_UNUSED_AFTER)
+                    .eviction_listener(move |_, bytes, cause| {
+                        if cause != moka::notification::RemovalCause::Explicit
+                            && cause != moka::notification::RemovalCause::Replaced
+                        {
+                            metrics.prefetch_bytes("wasted", bytes);
+                        }
+                    })
+                    .build()
+            },
             metrics,
         }
+    }
+
+    /// A client read `range` of `object` (`size` bytes) at `etag`: fetch ahead of it if it is
+    /// part of an in-order sequence. Read-ahead never waits for an upstream slot, so it never
+    /// delays a demand fetch; when none is free it is skipped (and counted).
+    pub fn read_ahead(self: &Arc<Self>, object: &ObjectId, etag: &Arc<str>, range: Range<u64>, size: u64) {
+        if !self.prefetch.enabled() || object.version_id.is_some() {
+            return;
+        }
+        let blocks = self.sequences.observe(
+            (object.bucket.clone(), object.key.clone(), etag.clone()),
+            range,
+            size,
+        );
+        for index in blocks {
+            let id = self.id(object, etag, index);
+            if self.cache.locate(&id).is_some() || self.flights.contains(&id) {
+                continue;
+            }
+            let Some(slice) = self.layout.block(index, size) else {
+                continue;
+            };
+            let (store, object, etag) = (self.clone(), object.clone(), etag.clone());
+            tokio::spawn(async move {
+                let Ok(_budget) = store.prefetch_slots.try_acquire() else {
+                    store.metrics.prefetch_blocks("skipped_budget");
+                    return;
+                };
+                let Ok(slot) = store.upstream_slots.try_acquire() else {
+                    store.metrics.prefetch_blocks("skipped_busy");
+                    return;
+                };
+                if let Joined::Leader { writer, reader } = store.flights.join(id.clone()) {
+                    drop(reader);
+                    store.metrics.prefetch_blocks("issued");
+                    store
+                        .fetch(writer, id, object, etag, slice, Some(slot), Purpose::Prefetch)
+                        .await;
+                }
+            });
+        }
+    }
+
+    /// Bring block `index` of `object` (`size` bytes) at `etag` into the disk tier (or memory,
+    /// without a disk tier), unless it is already there.
+    pub async fn warm(
+        self: &Arc<Self>,
+        object: &ObjectId,
+        etag: &Arc<str>,
+        index: u64,
+        size: u64,
+    ) -> Result<Warmed, OriginError> {
+        let id = self.id(object, etag, index);
+        let target = if self.cache.disk().is_some() {
+            Tier::Disk
+        } else {
+            Tier::Memory
+        };
+        if self.cache.locate(&id) == Some(target) {
+            return Ok(Warmed::AlreadyCached);
+        }
+        let Some(slice) = self.layout.block(index, size) else {
+            return Ok(Warmed::AlreadyCached);
+        };
+        match self.flights.join(id.clone()) {
+            Joined::Follower(mut reader) => {
+                // Someone is fetching it already: wait for them, so the job's progress is true.
+                while let Some(chunk) = reader.next_chunk().await {
+                    chunk?;
+                }
+                Ok(Warmed::AlreadyCached)
+            }
+            Joined::Leader { writer, mut reader } => {
+                let store = self.clone();
+                let (object, etag) = (object.clone(), etag.clone());
+                tokio::spawn(async move {
+                    store
+                        .fetch(writer, id, object, etag, slice, None, Purpose::Warm)
+                        .await
+                });
+                let mut bytes = 0;
+                while let Some(chunk) = reader.next_chunk().await {
+                    bytes += chunk?.len() as u64;
+                }
+                Ok(Warmed::Fetched(bytes))
+            }
+        }
+    }
+
+    /// The layout blocks are cut by.
+    pub fn layout(&self) -> &BlockLayout {
+        &self.layout
     }
 
     /// The memory tier, for metrics.
@@ -274,6 +437,11 @@ impl BlockStore {
         slice: BlockSlice,
     ) -> OpenBlock {
         let id = self.id(object, etag, slice.index);
+        if self.prefetch.enabled() {
+            if let Some(bytes) = self.prefetched.remove(&id) {
+                self.metrics.prefetch_bytes("used", bytes);
+            }
+        }
         if let Some(bytes) = self.cache.memory().get(&id).await {
             self.metrics.lookup("memory", true);
             return OpenBlock::Ready(bytes);
@@ -319,14 +487,19 @@ impl BlockStore {
                     larder.source = tier
                 );
                 tokio::spawn(
-                    async move { store.fetch(writer, id, object, etag, slice).await }
-                        .instrument(span),
+                    async move {
+                        store
+                            .fetch(writer, id, object, etag, slice, None, Purpose::Demand)
+                            .await
+                    }
+                    .instrument(span),
                 );
                 OpenBlock::Streaming(reader, tier)
             }
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn fetch(
         &self,
         mut writer: FlightWriter<BlockId, OriginError>,
@@ -334,21 +507,37 @@ impl BlockStore {
         object: ObjectId,
         etag: Arc<str>,
         slice: BlockSlice,
+        slot: Option<SemaphorePermit<'_>>,
+        purpose: Purpose,
     ) {
         // Disk first: one read, verified, then promoted to memory. A disk miss (evicted since
-        // `locate`, or failed verification) falls through to the origin.
-        if let Some((bytes, tier)) = self.cache.get(&id).await {
-            debug_assert_ne!(tier, Tier::Fetched);
-            writer.push(bytes);
-            writer.finish();
-            return;
+        // `locate`, or failed verification) falls through to the origin. Warming skips it: it
+        // only fetches what the disk does not hold, and must not promote into memory.
+        if purpose != Purpose::Warm {
+            if let Some((bytes, tier)) = self.cache.get(&id).await {
+                debug_assert_ne!(tier, Tier::Fetched);
+                writer.push(bytes);
+                writer.finish();
+                return;
+            }
         }
         let range = slice.block_start..slice.block_start + slice.block_len;
-        let result = self.fetch_into(&writer, &object, &etag, range).await;
+        let result = self.fetch_into(&writer, &object, &etag, range, slot).await;
         match result {
             Ok(()) => {
                 let block = writer.finish();
-                self.cache.insert(id, block).await;
+                match purpose {
+                    Purpose::Demand => self.cache.insert(id, block).await,
+                    Purpose::Prefetch => {
+                        self.prefetched.insert(id.clone(), block.len() as u64);
+                        self.cache.insert(id, block).await;
+                    }
+                    Purpose::Warm => {
+                        if !self.cache.insert_cold(id, block).await {
+                            self.metrics.cache_write_dropped("warm_rejected");
+                        }
+                    }
+                }
                 drop(writer);
             }
             Err(e) => {
@@ -363,57 +552,128 @@ impl BlockStore {
         }
     }
 
+    /// Fetch `range` of `object` at `etag` into `writer`. A body that breaks or stalls is
+    /// resumed from the byte where it stopped, with a new ranged GET pinned to the same ETag
+    /// (`If-Match`), up to `max_resumes` times: the readers see one uninterrupted stream, and a
+    /// changed object fails the resume rather than mixing versions.
     async fn fetch_into(
         &self,
         writer: &FlightWriter<BlockId, OriginError>,
         object: &ObjectId,
         etag: &str,
         range: Range<u64>,
+        slot: Option<SemaphorePermit<'_>>,
     ) -> Result<(), OriginError> {
         let expected = range.end - range.start;
         // The permit is held until the body is complete: it bounds fetch buffers, not just requests.
-        let _slot = self
-            .upstream_slots
-            .acquire()
-            .await
-            .map_err(|_| OriginError::Abandoned)?;
-        let started = Instant::now();
-        let got_body = self
-            .origin
-            .get(object, Some(etag), Some(range))
+        let _slot = match slot {
+            Some(slot) => slot,
+            None => self
+                .upstream_slots
+                .acquire()
+                .await
+                .map_err(|_| OriginError::Abandoned)?,
+        };
+        let mut got = 0u64;
+        let mut resumes = 0;
+        loop {
+            let failure = match self.get_hedged(object, etag, range.start + got..range.end).await {
+                Ok(mut body) => loop {
+                    let next = match tokio::time::timeout(self.idle_timeout, body.next()).await {
+                        Ok(next) => next,
+                        Err(_) => {
+                            break OriginError::Timeout(format!(
+                                "no body bytes for {:?}",
+                                self.idle_timeout
+                            ))
+                        }
+                    };
+                    match next {
+                        Some(Ok(chunk)) => {
+                            got += chunk.len() as u64;
+                            if got > expected {
+                                return Err(OriginError::BodyLength { got, expected });
+                            }
+                            self.metrics.upstream_received(chunk.len() as u64);
+                            writer.push(chunk);
+                        }
+                        // Every byte arrived: a connection that breaks after them loses nothing.
+                        Some(Err(_)) | None if got == expected => return Ok(()),
+                        Some(Err(e)) => break e,
+                        None => break OriginError::BodyLength { got, expected },
+                    }
+                },
+                Err(e) => e,
+            };
+            // Only a body that started and broke is resumed; a request that failed outright was
+            // already retried by the client library.
+            let resumable = got > 0
+                && matches!(
+                    failure,
+                    OriginError::Transport(_)
+                        | OriginError::Timeout(_)
+                        | OriginError::BodyLength { .. }
+                );
+            if !resumable || resumes >= self.max_resumes {
+                return Err(failure);
+            }
+            resumes += 1;
+            self.metrics.resumed();
+            tracing::info!(object = %object, at = range.start + got, error = %failure, "resuming a broken upstream body");
+        }
+    }
+
+    /// One ranged GET; with hedging on, a second one if the first has not answered within the
+    /// tracked percentile, the slower cancelled.
+    async fn get_hedged(
+        &self,
+        object: &ObjectId,
+        etag: &str,
+        range: Range<u64>,
+    ) -> Result<BodyStream, OriginError> {
+        let get = |hedge: bool| {
+            let started = Instant::now();
+            let range = range.clone();
+            async move {
+                let result = self.origin.get(object, Some(etag), Some(range)).await;
+                let status = match &result {
+                    Ok(_) => UpstreamStatus::Http(206),
+                    Err(e) => e.into(),
+                };
+                self.metrics
+                    .upstream("GetObject", status, started.elapsed());
+                if result.is_ok() {
+                    self.hedge.record(started.elapsed());
+                }
+                (result, hedge)
+            }
             .instrument(tracing::info_span!(
                 "upstream",
                 otel.name = "GetObject",
-                otel.kind = "client"
+                otel.kind = "client",
+                larder.hedge = hedge
             ))
-            .await;
-        let status = match &got_body {
-            Ok(_) => UpstreamStatus::Http(206),
-            Err(e) => e.into(),
         };
-        self.metrics
-            .upstream("GetObject", status, started.elapsed());
-        let mut body = got_body?;
-        let mut got = 0u64;
-        loop {
-            let next = tokio::time::timeout(self.idle_timeout, body.next())
-                .await
-                .map_err(|_| {
-                    OriginError::Timeout(format!("no body bytes for {:?}", self.idle_timeout))
-                })?;
-            let Some(chunk) = next else { break };
-            let chunk = chunk?;
-            got += chunk.len() as u64;
-            if got > expected {
-                return Err(OriginError::BodyLength { got, expected });
-            }
-            self.metrics.upstream_received(chunk.len() as u64);
-            writer.push(chunk);
+        let Some(after) = self.hedge.delay() else {
+            return get(false).await.0;
+        };
+        let first = get(false);
+        tokio::pin!(first);
+        tokio::select! {
+            (result, _) = &mut first => return result,
+            _ = tokio::time::sleep(after) => {}
         }
-        if got != expected {
-            return Err(OriginError::BodyLength { got, expected });
+        self.metrics.hedged(false);
+        let second = get(true);
+        tokio::pin!(second);
+        let (result, hedge) = tokio::select! {
+            r = &mut first => r,
+            r = &mut second => r,
+        };
+        if hedge {
+            self.metrics.hedged(true);
         }
-        Ok(())
+        result
     }
 }
 
@@ -471,9 +731,18 @@ mod tests {
         delay: Duration,
         upstream_concurrency: usize,
     ) -> (Arc<BlockStore>, Arc<FakeOrigin>, ObjectId, Arc<str>) {
+        setup_with(size, delay, upstream_concurrency, |_| {})
+    }
+
+    fn setup_with(
+        size: usize,
+        delay: Duration,
+        upstream_concurrency: usize,
+        tweak: impl FnOnce(&mut BlockStoreConfig),
+    ) -> (Arc<BlockStore>, Arc<FakeOrigin>, ObjectId, Arc<str>) {
         let origin = Arc::new(FakeOrigin::with_delay(delay));
         origin.put("k", data(size, 0), "\"e1\"");
-        let config = BlockStoreConfig {
+        let mut config = BlockStoreConfig {
             layout: BlockLayout::new(4096),
             memory_capacity: 1 << 20,
             read_window: 4,
@@ -482,7 +751,11 @@ mod tests {
             disk: None,
             write_policy: cache_core::WritePolicy::OnInsert,
             bucket_partitions: Default::default(),
+            max_resumes: 3,
+            hedge_quantile: None,
+            prefetch: crate::prefetch::PrefetchConfig::off(),
         };
+        tweak(&mut config);
         let store = Arc::new(BlockStore::new(
             config,
             origin.clone(),
@@ -505,6 +778,85 @@ mod tests {
             out.extend_from_slice(&c?);
         }
         Ok(out)
+    }
+
+    #[tokio::test]
+    async fn a_broken_body_is_resumed_where_it_broke() {
+        let (store, origin, id, etag) = setup(10_000, Duration::ZERO, 4);
+        origin.break_at.store(2500, Ordering::SeqCst);
+        origin.breaks_left.store(2, Ordering::SeqCst);
+        // One block of 4096 bytes: breaks at 2500, resumes, breaks again 2500 bytes later (past
+        // the block's end, so not at all), and the bytes are exact.
+        let got = collect(store.read(id.clone(), etag.clone(), 0..4096, 10_000))
+            .await
+            .unwrap();
+        assert_eq!(got, &data(10_000, 0)[..4096]);
+        assert_eq!(origin.gets.load(Ordering::SeqCst), 2);
+        assert_eq!(store.metrics.snapshot().sum("larder_upstream_resumes_total", &[]), 1.0);
+        // Resumes are bounded: a body that keeps breaking fails the read.
+        origin.break_at.store(100, Ordering::SeqCst);
+        origin.breaks_left.store(100, Ordering::SeqCst);
+        let err = collect(store.read(id, etag, 4096..8192, 10_000)).await;
+        assert!(matches!(err, Err(OriginError::Transport(_))), "{err:?}");
+        assert_eq!(origin.gets.load(Ordering::SeqCst), 2 + 4, "1 + 3 resumes");
+    }
+
+    #[tokio::test]
+    async fn in_order_ranged_reads_are_read_ahead_and_waste_is_counted() {
+        let (store, origin, id, etag) = setup_with(64 * 4096, Duration::ZERO, 8, |c| {
+            c.prefetch = PrefetchConfig {
+                enabled: true,
+                min_window: 2,
+                max_window: 4,
+                max_inflight: 8,
+            }
+        });
+        let size = 64 * 4096;
+        let mut hits = 0;
+        for i in 0..8u64 {
+            let range = i * 4096..(i + 1) * 4096;
+            // Let the previous read-ahead land.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if store.classify(&id, &etag, range.clone(), size) == CacheResult::HitMemory {
+                hits += 1;
+            }
+            store.read_ahead(&id, &etag, range.clone(), size);
+            let got = collect(store.read(id.clone(), etag.clone(), range.clone(), size))
+                .await
+                .unwrap();
+            assert_eq!(got, &data(size as usize, 0)[range.start as usize..range.end as usize]);
+        }
+        // Reads 0 and 1 establish the sequence; from read 2 on, each block was already there.
+        assert_eq!(hits, 6);
+        let s = store.metrics.snapshot();
+        let issued = s.sum("larder_prefetch_blocks_total", &[("outcome", "issued")]);
+        assert!(issued >= 7.0, "{issued}");
+        // Every block was fetched once: read-ahead replaced demand fetches, it did not add any
+        // but the ones ahead of the last read.
+        assert_eq!(origin.gets.load(Ordering::SeqCst) as f64, 2.0 + issued);
+        assert_eq!(s.sum("larder_prefetch_bytes_total", &[("outcome", "used")]), 6.0 * 4096.0);
+    }
+
+    #[tokio::test]
+    async fn warming_fetches_only_what_is_missing() {
+        let (store, origin, id, etag) = setup(3 * 4096, Duration::ZERO, 4);
+        assert_eq!(
+            store.warm(&id, &etag, 0, 3 * 4096).await.unwrap(),
+            Warmed::Fetched(4096)
+        );
+        assert_eq!(
+            store.warm(&id, &etag, 0, 3 * 4096).await.unwrap(),
+            Warmed::AlreadyCached
+        );
+        assert_eq!(
+            store.warm(&id, &etag, 2, 3 * 4096).await.unwrap(),
+            Warmed::Fetched(4096)
+        );
+        assert_eq!(origin.gets.load(Ordering::SeqCst), 2);
+        // Without a disk tier the warmed blocks are in memory: a read needs no upstream.
+        let got = collect(store.read(id, etag, 0..4096, 3 * 4096)).await.unwrap();
+        assert_eq!(got, &data(3 * 4096, 0)[..4096]);
+        assert_eq!(origin.gets.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test]
@@ -633,6 +985,9 @@ mod disk_tests {
             disk: Some(disk.clone()),
             write_policy: WritePolicy::OnInsert,
             bucket_partitions: Default::default(),
+            max_resumes: 3,
+            hedge_quantile: None,
+            prefetch: crate::prefetch::PrefetchConfig::off(),
         };
         let store = BlockStore::new(config, origin, Arc::new(Metrics::default()));
         (Arc::new(store), disk)

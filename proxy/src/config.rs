@@ -107,6 +107,40 @@ pub struct Config {
     /// `[[disk_partitions]] name = "tables", capacity = "100GiB", buckets = ["lake"]`.
     /// Default: none (one partition).
     pub disk_partitions: Vec<DiskPartition>,
+    /// Longest wait to connect to the upstream. Default: `5s`.
+    pub upstream_connect_timeout: HumanDuration,
+    /// Longest wait for an upstream response's headers, per attempt. Default: `30s`.
+    pub upstream_first_byte_timeout: HumanDuration,
+    /// Attempts per upstream request (block GETs and HEADs) on 5xx, SlowDown, throttling and
+    /// connection faults, with exponential backoff and jitter; 1 disables retries. Default: `3`.
+    pub upstream_max_attempts: u32,
+    /// Times a block body that breaks or stalls mid-stream is resumed from the byte where it
+    /// stopped (a new ranged GET pinned to the same ETag); 0 fails the read instead. Default: `3`.
+    pub upstream_max_resumes: u32,
+    /// Hedge a block GET that has not answered within this quantile (0 to 1, e.g. `0.95`) of
+    /// recent upstream first-byte latencies: send a second, keep the first to answer, cancel
+    /// the other. `0` is off. Default: `0`.
+    pub upstream_hedge_quantile: f64,
+    /// When the upstream fails (5xx, timeout, unreachable) while refreshing expired metadata,
+    /// keep serving what is cached if the metadata expired at most this long ago, marked
+    /// `X-Cache: stale-*`. `0s` is off. Default: `0s`.
+    pub serve_stale_on_error: HumanDuration,
+    /// Read-ahead across ranged GETs: `auto` (readers that read an object in order get the
+    /// next blocks fetched before they ask) or `off`. Default: `auto`.
+    pub prefetch: PrefetchMode,
+    /// Blocks fetched ahead when an in-order reader is first seen. Default: `2`.
+    pub prefetch_min_window: u64,
+    /// Most blocks fetched ahead of one reader; the window doubles up to it while the reader
+    /// keeps reading in order. Default: `16`.
+    pub prefetch_max_window: u64,
+    /// Most read-ahead fetches at once across all readers (each holds a block in flight).
+    /// Read-ahead also only uses upstream slots that are free, so demand fetches go first.
+    /// Default: `16`.
+    pub prefetch_max_inflight: usize,
+    /// Blocks a warm-up job fetches at once. Default: `4`.
+    pub warm_concurrency: usize,
+    /// Most bytes per second a warm-up job fetches. Default: `256MiB`.
+    pub warm_rate: ByteSize,
     /// Log line format on stderr: `text` or `json` (one object per line). Default: `text`.
     pub log_format: LogFormat,
     /// Base URL of an OpenTelemetry collector's OTLP/HTTP receiver (e.g. `http://otel:4318`);
@@ -139,6 +173,17 @@ pub struct Config {
     /// directly), choosing the per-GB price: `same-region` (free), `cross-az`, `cross-region`
     /// or `internet`. Default: `same-region`.
     pub upstream_transfer: TransferKind,
+}
+
+/// See [`Config::prefetch`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum PrefetchMode {
+    /// Read ahead of in-order readers.
+    #[default]
+    Auto,
+    /// No read-ahead.
+    Off,
 }
 
 /// See [`Config::log_format`].
@@ -270,6 +315,18 @@ impl Default for Config {
             disk_recovery: DiskRecovery::default(),
             disk_write_policy: DiskWritePolicy::default(),
             disk_partitions: Vec::new(),
+            upstream_connect_timeout: HumanDuration(Duration::from_secs(5)),
+            upstream_first_byte_timeout: HumanDuration(Duration::from_secs(30)),
+            upstream_max_attempts: 3,
+            upstream_max_resumes: 3,
+            upstream_hedge_quantile: 0.0,
+            serve_stale_on_error: HumanDuration(Duration::ZERO),
+            prefetch: PrefetchMode::default(),
+            prefetch_min_window: 2,
+            prefetch_max_window: 16,
+            prefetch_max_inflight: 16,
+            warm_concurrency: 4,
+            warm_rate: ByteSize(256 << 20),
             log_format: LogFormat::default(),
             otlp_endpoint: None,
             otlp_interval: HumanDuration(Duration::from_secs(10)),
@@ -318,6 +375,18 @@ pub const OPTION_NAMES: &[&str] = &[
     "disk_recovery",
     "disk_write_policy",
     "disk_partitions",
+    "upstream_connect_timeout",
+    "upstream_first_byte_timeout",
+    "upstream_max_attempts",
+    "upstream_max_resumes",
+    "upstream_hedge_quantile",
+    "serve_stale_on_error",
+    "prefetch",
+    "prefetch_min_window",
+    "prefetch_max_window",
+    "prefetch_max_inflight",
+    "warm_concurrency",
+    "warm_rate",
     "log_format",
     "otlp_endpoint",
     "otlp_interval",
@@ -449,6 +518,42 @@ impl Config {
         }
         if self.auth == AuthMode::None && !self.auth_policies.is_empty() {
             return invalid("auth_policies", "need auth = \"sigv4\"");
+        }
+        if self.upstream_connect_timeout.0.is_zero() {
+            return invalid("upstream_connect_timeout", "must be positive");
+        }
+        if self.upstream_first_byte_timeout.0.is_zero() {
+            return invalid("upstream_first_byte_timeout", "must be positive");
+        }
+        if !(1..=10).contains(&self.upstream_max_attempts) {
+            return invalid("upstream_max_attempts", "must be between 1 and 10");
+        }
+        if self.upstream_max_resumes > 100 {
+            return invalid("upstream_max_resumes", "must be at most 100");
+        }
+        if !(0.0..1.0).contains(&self.upstream_hedge_quantile) {
+            return invalid(
+                "upstream_hedge_quantile",
+                "must be at least 0 (off) and below 1",
+            );
+        }
+        if self.prefetch_min_window == 0 || self.prefetch_min_window > self.prefetch_max_window {
+            return invalid(
+                "prefetch_min_window",
+                "must be at least 1 and at most prefetch_max_window",
+            );
+        }
+        if self.prefetch_max_window > 1024 {
+            return invalid("prefetch_max_window", "must be at most 1024 blocks");
+        }
+        if self.prefetch_max_inflight == 0 {
+            return invalid("prefetch_max_inflight", "must be positive");
+        }
+        if self.warm_concurrency == 0 || self.warm_concurrency > 256 {
+            return invalid("warm_concurrency", "must be between 1 and 256");
+        }
+        if self.warm_rate.0 == 0 {
+            return invalid("warm_rate", "must be positive");
         }
         if let Some(url) = &self.otlp_endpoint {
             if !(url.starts_with("http://") || url.starts_with("https://")) {

@@ -104,8 +104,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
                 None,
                 "larder-demo",
             )),
+            ..Default::default()
         },
-        config.upstream_idle_timeout.0,
     )
     .await?;
     // Clients hold their own key, which Larder verifies; only Larder holds the origin's.

@@ -12,6 +12,7 @@ pub mod demo;
 pub mod metadata;
 pub mod metrics;
 pub mod origin;
+pub mod prefetch;
 pub mod routes;
 pub mod s3;
 pub mod server;

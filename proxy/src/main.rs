@@ -229,8 +229,10 @@ async fn serve(config: Config) -> anyhow::Result<()> {
             region: config.upstream_region.clone(),
             path_style: config.upstream_path_style,
             credentials: None,
+            connect_timeout: config.upstream_connect_timeout.0,
+            first_byte_timeout: config.upstream_first_byte_timeout.0,
+            max_attempts: config.upstream_max_attempts,
         },
-        config.upstream_idle_timeout.0,
     )
     .await?;
     let running = larder::server::start(&config, upstream, auth)

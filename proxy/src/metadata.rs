@@ -33,58 +33,100 @@ impl moka::Expiry<ObjectId, Arc<ObjectMeta>> for VersionsKeep {
 /// Cached HeadObject answers.
 pub struct MetadataCache {
     cache: Option<Cache<ObjectId, Arc<ObjectMeta>>>,
+    /// The same answers kept `serve_stale_on_error` longer, for when the upstream fails.
+    stale: Option<Cache<ObjectId, Arc<ObjectMeta>>>,
     origin: Arc<dyn Origin>,
     metrics: Arc<Metrics>,
+}
+
+/// Where metadata came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The cache, within its TTL.
+    Cached,
+    /// The upstream, just now.
+    Fetched,
+    /// The cache, past its TTL, because the upstream failed (`serve_stale_on_error`).
+    Stale,
+}
+
+/// Whether an upstream failure is the upstream being unwell (rather than answering).
+fn is_outage(e: &OriginError) -> bool {
+    match e {
+        OriginError::Service { status, .. } => *status >= 500,
+        OriginError::Transport(_) | OriginError::Timeout(_) => true,
+        _ => false,
+    }
 }
 
 impl MetadataCache {
     /// A cache trusting metadata for `ttl` (zero: never cached), holding at most `capacity`
     /// entries.
+    /// With `stale_for` > 0, metadata is also kept that much longer than `ttl`, and served
+    /// when the upstream fails.
     pub fn new(
         origin: Arc<dyn Origin>,
         ttl: Duration,
+        stale_for: Duration,
         capacity: u64,
         metrics: Arc<Metrics>,
     ) -> Self {
-        let cache = (!ttl.is_zero()).then(|| {
+        let build = |ttl| {
             Cache::builder()
                 .max_capacity(capacity)
                 .expire_after(VersionsKeep { ttl })
                 .support_invalidation_closures()
                 .build()
-        });
+        };
         Self {
-            cache,
+            cache: (!ttl.is_zero()).then(|| build(ttl)),
+            stale: (!stale_for.is_zero()).then(|| build(ttl + stale_for)),
             origin,
             metrics,
         }
     }
 
-    /// The object's metadata, and whether it came from the cache.
-    pub async fn get(&self, id: &ObjectId) -> Result<(Arc<ObjectMeta>, bool), OriginError> {
-        let Some(cache) = &self.cache else {
-            return self.head(id).await.map(|m| (m, false));
+    /// The object's metadata, and where it came from.
+    pub async fn get(&self, id: &ObjectId) -> Result<(Arc<ObjectMeta>, Source), OriginError> {
+        let fetched = match &self.cache {
+            None => self.head(id).await,
+            Some(cache) => {
+                if let Some(meta) = cache.get(id).await {
+                    return Ok((meta, Source::Cached));
+                }
+                cache
+                    .try_get_with(id.clone(), self.head(id))
+                    .await
+                    .map_err(|e| (*e).clone())
+            }
         };
-        if let Some(meta) = cache.get(id).await {
-            return Ok((meta, true));
+        match (fetched, &self.stale) {
+            (Ok(meta), Some(stale)) => {
+                stale.insert(id.clone(), meta.clone()).await;
+                Ok((meta, Source::Fetched))
+            }
+            (Ok(meta), None) => Ok((meta, Source::Fetched)),
+            (Err(e), Some(stale)) if is_outage(&e) => match stale.get(id).await {
+                Some(meta) => {
+                    tracing::warn!(object = %id, error = %e, "upstream failing: serving stale metadata");
+                    Ok((meta, Source::Stale))
+                }
+                None => Err(e),
+            },
+            (Err(e), _) => Err(e),
         }
-        cache
-            .try_get_with(id.clone(), self.head(id))
-            .await
-            .map(|m| (m, false))
-            .map_err(|e| (*e).clone())
     }
 
     /// Forget what is known of `id` (it changed upstream).
     pub async fn invalidate(&self, id: &ObjectId) {
-        if let Some(cache) = &self.cache {
+        for cache in self.cache.iter().chain(&self.stale) {
             cache.invalidate(id).await;
         }
     }
 
     /// Forget every object of `bucket` (a write that names its keys only in its body).
     pub fn invalidate_bucket(&self, bucket: &str) {
-        if let Some(cache) = &self.cache {
+        for cache in self.cache.iter().chain(&self.stale) {
             let bucket: Arc<str> = bucket.into();
             // Fails only if closures were not enabled at build time, which they are.
             let _ = cache.invalidate_entries_if(move |id, _| id.bucket == bucket);
@@ -130,29 +172,62 @@ mod tests {
         let cache = MetadataCache::new(
             origin.clone(),
             Duration::from_millis(50),
+            Duration::ZERO,
             100,
             Arc::new(Metrics::default()),
         );
+        let cached = |r: Result<(Arc<ObjectMeta>, Source), OriginError>| r.unwrap().1 == Source::Cached;
         let id = |version: Option<&str>| ObjectId {
             bucket: "b".into(),
             key: "k".into(),
             version_id: version.map(Arc::from),
         };
         for v in [None, Some("v1")] {
-            assert!(!cache.get(&id(v)).await.unwrap().1);
-            assert!(cache.get(&id(v)).await.unwrap().1);
+            assert!(!cached(cache.get(&id(v)).await));
+            assert!(cached(cache.get(&id(v)).await));
         }
         assert_eq!(origin.heads.load(Ordering::SeqCst), 2);
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(
-            cache.get(&id(Some("v1"))).await.unwrap().1,
+            cached(cache.get(&id(Some("v1"))).await),
             "a version is immutable"
         );
-        assert!(!cache.get(&id(None)).await.unwrap().1, "the latest expires");
+        assert!(!cached(cache.get(&id(None)).await), "the latest expires");
         assert_eq!(origin.heads.load(Ordering::SeqCst), 3);
         cache.invalidate(&id(Some("v1"))).await;
-        assert!(!cache.get(&id(Some("v1"))).await.unwrap().1);
+        assert!(!cached(cache.get(&id(Some("v1"))).await));
         cache.invalidate_bucket("b");
-        assert!(!cache.get(&id(None)).await.unwrap().1);
+        assert!(!cached(cache.get(&id(None)).await));
+    }
+
+    #[tokio::test]
+    async fn stale_metadata_is_served_only_in_an_outage_and_only_for_so_long() {
+        let origin = Arc::new(FakeOrigin::default());
+        origin.put("k", bytes::Bytes::from_static(b"data"), "\"e\"");
+        let cache = MetadataCache::new(
+            origin.clone(),
+            Duration::from_millis(50),
+            Duration::from_millis(300),
+            100,
+            Arc::new(Metrics::default()),
+        );
+        let id = ObjectId {
+            bucket: "b".into(),
+            key: "k".into(),
+            version_id: None,
+        };
+        assert_eq!(cache.get(&id).await.unwrap().1, Source::Fetched);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        origin.outage.store(true, Ordering::SeqCst);
+        let (meta, source) = cache.get(&id).await.unwrap();
+        assert_eq!((source, meta.etag.as_str()), (Source::Stale, "\"e\""));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(cache.get(&id).await.is_err(), "older than ttl + stale window");
+        // A 404 is an answer, not an outage: never covered by stale data.
+        origin.outage.store(false, Ordering::SeqCst);
+        assert_eq!(cache.get(&id).await.unwrap().1, Source::Fetched);
+        origin.delete("k");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(cache.get(&id).await.unwrap_err().is_not_found());
     }
 }

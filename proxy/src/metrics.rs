@@ -126,6 +126,12 @@ pub struct Metrics {
     cache_writes_dropped: Counter<u64>,
     cost_direct: Counter<f64>,
     cost_upstream: Counter<f64>,
+    resumes: Counter<u64>,
+    hedges: Counter<u64>,
+    prefetch_blocks: Counter<u64>,
+    prefetch_bytes: Counter<u64>,
+    warm_jobs: Counter<u64>,
+    warm_bytes: Counter<u64>,
 }
 
 fn latency_boundaries() -> Vec<f64> {
@@ -202,7 +208,51 @@ impl Metrics {
             "Block reads that joined a fetch already in flight",
         );
         coalesced.add(0, &[]);
+        let resumes = counter(
+            "larder.upstream.resumes",
+            "Upstream bodies that broke and were resumed from the byte where they stopped",
+        );
+        resumes.add(0, &[]);
+        let hedges = counter(
+            "larder.upstream.hedges",
+            "Hedged block GETs sent (outcome=sent) and those that answered first (outcome=won)",
+        );
+        let prefetch_blocks = counter(
+            "larder.prefetch.blocks",
+            "Read-ahead blocks by outcome: issued, skipped_busy (no free upstream slot), skipped_budget",
+        );
+        let prefetch_bytes = counter(
+            "larder.prefetch.bytes",
+            "Read-ahead bytes later read by a client (used) or never read (wasted)",
+        );
+        let warm_jobs = counter(
+            "larder.warm.jobs",
+            "Warm-up jobs by how they ended: done, failed, cancelled",
+        );
+        let warm_bytes = counter(
+            "larder.warm.bytes",
+            "Bytes warm-up jobs fetched into the cache",
+        );
+        for outcome in ["sent", "won"] {
+            hedges.add(0, &[kv("outcome", outcome)]);
+        }
+        for outcome in ["issued", "skipped_busy", "skipped_budget"] {
+            prefetch_blocks.add(0, &[kv("outcome", outcome)]);
+        }
+        for outcome in ["used", "wasted"] {
+            prefetch_bytes.add(0, &[kv("outcome", outcome)]);
+        }
+        for outcome in ["done", "failed", "cancelled"] {
+            warm_jobs.add(0, &[kv("outcome", outcome)]);
+        }
+        warm_bytes.add(0, &[]);
         Ok(Self {
+            resumes,
+            hedges,
+            prefetch_blocks,
+            prefetch_bytes,
+            warm_jobs,
+            warm_bytes,
             requests: counter(
                 "larder.requests",
                 "Client requests by operation, status and cache result",
@@ -347,6 +397,37 @@ impl Metrics {
             self.cost_direct
                 .add(bytes as f64 * self.prices.transfer_byte, &labels);
         }
+    }
+
+    /// A broken upstream body was resumed.
+    pub fn resumed(&self) {
+        self.resumes.add(1, &[]);
+    }
+
+    /// A hedged GET was sent (`won: false`), or answered before the original (`won: true`).
+    pub fn hedged(&self, won: bool) {
+        let outcome = if won { "won" } else { "sent" };
+        self.hedges.add(1, &[kv("outcome", outcome)]);
+    }
+
+    /// A read-ahead block issued or skipped.
+    pub fn prefetch_blocks(&self, outcome: &'static str) {
+        self.prefetch_blocks.add(1, &[kv("outcome", outcome)]);
+    }
+
+    /// Read-ahead bytes used or wasted.
+    pub fn prefetch_bytes(&self, outcome: &'static str, bytes: u64) {
+        self.prefetch_bytes.add(bytes, &[kv("outcome", outcome)]);
+    }
+
+    /// A warm-up job ended.
+    pub fn warm_job(&self, outcome: &'static str) {
+        self.warm_jobs.add(1, &[kv("outcome", outcome)]);
+    }
+
+    /// Bytes a warm-up job fetched.
+    pub fn warm_bytes(&self, bytes: u64) {
+        self.warm_bytes.add(bytes, &[]);
     }
 
     /// A block looked up in `tier` (`memory` or `disk`).

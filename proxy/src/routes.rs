@@ -21,7 +21,7 @@ use tracing::Instrument;
 use crate::auth::chunked::{self, ChunkError, Decoder};
 use crate::auth::{copy_source_bucket, Authenticator, Payload, Principal};
 use crate::blocks::BlockStore;
-use crate::metadata::MetadataCache;
+use crate::metadata::{MetadataCache, Source};
 use crate::metrics::{Metrics, UpstreamStatus};
 use crate::origin::forward::{Forward, ForwardError, Forwarder, Reshaped};
 use crate::origin::{ObjectId, Origin, OriginError};
@@ -411,12 +411,16 @@ impl AppState {
         query: &ObjectQuery,
         head: bool,
     ) -> Result<Handled, Retry> {
-        let (meta, meta_cached) = match self.metadata.get(id).await {
+        let (meta, source) = match self.metadata.get(id).await {
             Ok(m) => m,
             Err(e) => return Ok(Err(self.explain(e, id, head, true).await)),
         };
         // For answers without a body, X-Cache says where the metadata came from.
-        let meta_cache = if meta_cached { "hit-memory" } else { "miss" };
+        let meta_cache = match source {
+            Source::Cached => "hit-memory",
+            Source::Fetched => "miss",
+            Source::Stale => "stale",
+        };
         let mut out = object_headers(&meta, &query.overrides);
         match conditional::evaluate(headers, &meta) {
             Outcome::Proceed => {}
@@ -457,6 +461,7 @@ impl AppState {
         }
         let etag: Arc<str> = meta.etag.as_str().into();
         let cache = self.blocks.classify(id, &etag, start..end, meta.size);
+        self.blocks.read_ahead(id, &etag, start..end, meta.size);
         let mut body = Box::pin(self.blocks.read(id.clone(), etag, start..end, meta.size));
         // Wait for the first bytes before answering, so an upstream failure (or a changed object)
         // becomes a proper S3 error instead of a broken body.
@@ -467,7 +472,12 @@ impl AppState {
             None => return Ok(Err(S3Error::InternalError)),
         };
         let stream = futures::stream::once(async move { Ok::<_, OriginError>(first) }).chain(body);
-        respond(Body::from_stream(stream), cache.as_str())
+        let cache = if source == Source::Stale {
+            cache.as_stale_str()
+        } else {
+            cache.as_str()
+        };
+        respond(Body::from_stream(stream), cache)
     }
 
     /// Turn an origin failure into what S3 would have answered. `from_head` says the failure came
@@ -640,6 +650,9 @@ mod tests {
             disk: None,
             write_policy: cache_core::WritePolicy::OnInsert,
             bucket_partitions: Default::default(),
+            max_resumes: 3,
+            hedge_quantile: None,
+            prefetch: crate::prefetch::PrefetchConfig::off(),
         };
         Arc::new(AppState {
             base_domain: None,
@@ -656,6 +669,7 @@ mod tests {
             metadata: MetadataCache::new(
                 origin.clone(),
                 Duration::from_secs(3600),
+                Duration::ZERO,
                 100,
                 metrics.clone(),
             ),

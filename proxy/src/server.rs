@@ -21,7 +21,8 @@ use crate::admin::{self, AdminState};
 use crate::auth::Authenticator;
 use crate::blocks::{BlockStore, BlockStoreConfig};
 use crate::config::Config;
-use crate::config::{DiskAdmission, DiskRecovery, DiskWritePolicy, IoEngineKind};
+use crate::config::{DiskAdmission, DiskRecovery, DiskWritePolicy, IoEngineKind, PrefetchMode};
+use crate::prefetch::PrefetchConfig;
 use crate::metadata::MetadataCache;
 use crate::metrics::{Metrics, MetricsError, MetricsOptions};
 use crate::origin::forward::{ForwardError, Forwarder};
@@ -73,17 +74,14 @@ pub struct Upstream {
 impl Upstream {
     /// Both clients of an S3 upstream, signing with the same credentials; `first_byte_timeout`
     /// bounds the wait for a pass-through answer.
-    pub async fn s3(
-        config: &S3OriginConfig,
-        first_byte_timeout: Duration,
-    ) -> Result<Self, ForwardError> {
+    pub async fn s3(config: &S3OriginConfig) -> Result<Self, ForwardError> {
         let origin = S3Origin::new(config).await;
         let forwarder = Forwarder::new(
             config.endpoint.as_deref(),
             &config.region,
             config.path_style,
             origin.credentials(),
-            first_byte_timeout,
+            config.first_byte_timeout,
         )?;
         Ok(Self {
             origin: Arc::new(origin),
@@ -165,6 +163,15 @@ pub async fn start(
             .iter()
             .flat_map(|p| p.buckets.iter().map(|b| (b.clone(), p.name.clone())))
             .collect(),
+        max_resumes: config.upstream_max_resumes,
+        hedge_quantile: (config.upstream_hedge_quantile > 0.0)
+            .then_some(config.upstream_hedge_quantile),
+        prefetch: PrefetchConfig {
+            enabled: config.prefetch == PrefetchMode::Auto,
+            min_window: config.prefetch_min_window,
+            max_window: config.prefetch_max_window,
+            max_inflight: config.prefetch_max_inflight,
+        },
     };
     let blocks = Arc::new(BlockStore::new(
         block_config,
@@ -180,6 +187,7 @@ pub async fn start(
         metadata: MetadataCache::new(
             origin.clone(),
             config.metadata_ttl.0,
+            config.serve_stale_on_error.0,
             config.metadata_capacity,
             metrics.clone(),
         ),

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +21,11 @@ pub(crate) struct FakeOrigin {
     open_bodies: Arc<AtomicUsize>,
     pub(crate) most_open_bodies: Arc<AtomicUsize>,
     pub(crate) chunk_delay: Duration,
+    /// While set, every request fails with 503.
+    pub(crate) outage: AtomicBool,
+    /// The next this many bodies break (a transport error) after `break_at` bytes.
+    pub(crate) breaks_left: AtomicUsize,
+    pub(crate) break_at: AtomicUsize,
 }
 
 impl FakeOrigin {
@@ -38,7 +43,19 @@ impl FakeOrigin {
             .insert(key.to_owned(), (data, etag.to_owned()));
     }
 
+    /// Delete `key`.
+    pub(crate) fn delete(&self, key: &str) {
+        self.objects.lock().remove(key);
+    }
+
     fn lookup(&self, object: &ObjectId) -> Result<(Bytes, String), OriginError> {
+        if self.outage.load(Ordering::SeqCst) {
+            return Err(OriginError::Service {
+                status: 503,
+                code: "ServiceUnavailable".into(),
+                message: "outage".into(),
+            });
+        }
         self.objects
             .lock()
             .get(object.key.as_ref())
@@ -86,8 +103,21 @@ impl Origin for FakeOrigin {
             return Err(OriginError::Changed);
         }
         let r = range.unwrap_or(0..data.len() as u64);
-        let body = data.slice(r.start as usize..r.end as usize);
-        let chunks: Vec<Bytes> = body.chunks(1000).map(Bytes::copy_from_slice).collect();
+        let mut body = data.slice(r.start as usize..r.end as usize);
+        let broken = self
+            .breaks_left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if broken {
+            body = body.slice(..self.break_at.load(Ordering::SeqCst).min(body.len()));
+        }
+        let mut chunks: Vec<Result<Bytes, OriginError>> = body
+            .chunks(1000)
+            .map(|c| Ok(Bytes::copy_from_slice(c)))
+            .collect();
+        if broken {
+            chunks.push(Err(OriginError::Transport("connection reset".into())));
+        }
         let open = self.open_bodies.fetch_add(1, Ordering::SeqCst) + 1;
         self.most_open_bodies.fetch_max(open, Ordering::SeqCst);
         let guard = Arc::new(OpenBody(self.open_bodies.clone()));
@@ -97,7 +127,7 @@ impl Origin for FakeOrigin {
                 let _held = guard.clone();
                 async move {
                     tokio::time::sleep(delay).await;
-                    Ok(c)
+                    c
                 }
             })
             .boxed())

@@ -6,6 +6,7 @@
 #[cfg(test)]
 pub(crate) mod fake;
 pub mod forward;
+pub mod hedge;
 pub mod s3;
 
 use std::fmt;

@@ -32,6 +32,26 @@ pub struct S3OriginConfig {
     pub path_style: bool,
     /// Fixed credentials; `None` to use the standard AWS chain.
     pub credentials: Option<Credentials>,
+    /// Longest wait to connect.
+    pub connect_timeout: Duration,
+    /// Longest wait for response headers, per attempt.
+    pub first_byte_timeout: Duration,
+    /// Attempts per request (standard retries: backoff with jitter).
+    pub max_attempts: u32,
+}
+
+impl Default for S3OriginConfig {
+    fn default() -> Self {
+        Self {
+            endpoint: None,
+            region: "us-east-1".into(),
+            path_style: false,
+            credentials: None,
+            connect_timeout: Duration::from_secs(5),
+            first_byte_timeout: Duration::from_secs(30),
+            max_attempts: 3,
+        }
+    }
 }
 
 /// The upstream S3 API through aws-sdk-s3.
@@ -82,13 +102,13 @@ impl S3Origin {
         let s3 = aws_sdk_s3::config::Builder::from(&shared)
             .interceptor(CountRetries(retries.clone()))
             .force_path_style(config.path_style)
-            // Standard retries (3 attempts, backoff with jitter) cover 5xx, SlowDown and resets
-            // before the first byte; body timeouts are Larder's own (upstream_idle_timeout).
-            .retry_config(RetryConfig::standard().with_max_attempts(3))
+            // Standard retries (backoff with jitter) cover 5xx, SlowDown, throttling and resets
+            // before the first byte; a body that breaks later is resumed by the block store.
+            .retry_config(RetryConfig::standard().with_max_attempts(config.max_attempts))
             .timeout_config(
                 TimeoutConfig::builder()
-                    .connect_timeout(Duration::from_secs(5))
-                    .operation_attempt_timeout(Duration::from_secs(30))
+                    .connect_timeout(config.connect_timeout)
+                    .operation_attempt_timeout(config.first_byte_timeout)
                     .build(),
             )
             .build();
@@ -334,6 +354,7 @@ mod tests {
             region: "us-east-1".into(),
             path_style: true,
             credentials: Some(Credentials::new("k", "s", None, None, "test")),
+            ..Default::default()
         })
         .await;
         let id = ObjectId {
