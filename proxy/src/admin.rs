@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use crate::blocks::BlockStore;
 use crate::metrics::{Metrics, Snapshot, UpstreamHealth};
+use crate::warm::{Progress, WarmError, WarmRequest, Warmer};
 
 /// What the admin endpoints report on.
 pub struct AdminState {
@@ -19,6 +20,8 @@ pub struct AdminState {
     pub metrics: Arc<Metrics>,
     /// Blocks, for tier gauges.
     pub blocks: Arc<BlockStore>,
+    /// Warm-up jobs.
+    pub warmer: Arc<Warmer>,
     /// Set once the S3 listener accepts connections.
     pub ready: AtomicBool,
 }
@@ -31,7 +34,66 @@ pub fn router(state: Arc<AdminState>) -> axum::Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/warm", get(warm_list).post(warm_start))
+        .route("/warm/{id}", get(warm_get).delete(warm_cancel))
         .with_state(state)
+}
+
+fn json(status: StatusCode, value: &impl Serialize) -> axum::response::Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        serde_json::to_string(value).unwrap_or_default(),
+    )
+        .into_response()
+}
+
+fn json_error(status: StatusCode, message: String) -> axum::response::Response {
+    json(status, &serde_json::json!({ "error": message }))
+}
+
+async fn warm_start(
+    State(s): State<Arc<AdminState>>,
+    body: axum::body::Bytes,
+) -> impl IntoResponse {
+    let request: WarmRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return json_error(
+                StatusCode::BAD_REQUEST,
+                format!("invalid warm request: {e}"),
+            )
+        }
+    };
+    match s.warmer.start(request) {
+        Ok(progress) => json(StatusCode::ACCEPTED, &progress),
+        Err(e @ WarmError::Invalid(_)) => json_error(StatusCode::BAD_REQUEST, e.to_string()),
+        Err(e @ WarmError::Busy) => json_error(StatusCode::TOO_MANY_REQUESTS, e.to_string()),
+    }
+}
+
+async fn warm_list(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
+    json(StatusCode::OK, &s.warmer.list())
+}
+
+async fn warm_get(
+    State(s): State<Arc<AdminState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> impl IntoResponse {
+    match s.warmer.get(&id) {
+        Some(p) => json(StatusCode::OK, &p),
+        None => json_error(StatusCode::NOT_FOUND, format!("no warm-up job {id}")),
+    }
+}
+
+async fn warm_cancel(
+    State(s): State<Arc<AdminState>>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> impl IntoResponse {
+    match s.warmer.cancel(&id) {
+        Some(p) => json(StatusCode::OK, &p),
+        None => json_error(StatusCode::NOT_FOUND, format!("no warm-up job {id}")),
+    }
 }
 
 /// The status page: self-contained HTML, CSS and script, no external resources.
@@ -76,6 +138,8 @@ pub struct Status {
     upstream_failures: u64,
     upstream_received_bytes: u64,
     upstream: UpstreamHealth,
+    /// Warm-up jobs still running.
+    warm_jobs: Vec<Progress>,
 }
 
 #[derive(Debug, Serialize)]
@@ -88,7 +152,13 @@ struct Tier {
 async fn status(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
     s.blocks.memory().sync().await;
     let snap = s.metrics.snapshot();
-    let status = Status::from_snapshot(&snap, &s.metrics, s.blocks.disk().is_some());
+    let running = s
+        .warmer
+        .list()
+        .into_iter()
+        .filter(|p| p.state == crate::warm::State::Running)
+        .collect();
+    let status = Status::from_snapshot(&snap, &s.metrics, s.blocks.disk().is_some(), running);
     (
         [(header::CONTENT_TYPE, "application/json")],
         serde_json::to_string(&status).unwrap_or_default(),
@@ -100,7 +170,12 @@ fn ratio(part: f64, whole: f64) -> Option<f64> {
 }
 
 impl Status {
-    fn from_snapshot(snap: &Snapshot, metrics: &Metrics, disk: bool) -> Self {
+    fn from_snapshot(
+        snap: &Snapshot,
+        metrics: &Metrics,
+        disk: bool,
+        warm_jobs: Vec<Progress>,
+    ) -> Self {
         let by_cache = snap.sum_by("larder_requests_total", "cache");
         let count = |results: &[&str]| -> f64 {
             results
@@ -159,6 +234,7 @@ impl Status {
             upstream_failures: failures as u64,
             upstream_received_bytes: gauge("larder_upstream_received_bytes_total"),
             upstream: metrics.upstream_health(),
+            warm_jobs,
         }
     }
 }
@@ -200,7 +276,7 @@ mod tests {
             Duration::ZERO,
         );
         m.upstream("HeadObject", UpstreamStatus::Http(404), Duration::ZERO);
-        let s = Status::from_snapshot(&m.snapshot(), &m, false);
+        let s = Status::from_snapshot(&m.snapshot(), &m, false, Vec::new());
         assert_eq!(s.requests, 5);
         assert_eq!(s.cacheable_requests, 4);
         assert_eq!(s.request_hit_ratio, Some(0.75));

@@ -234,7 +234,13 @@ impl BlockStore {
     /// A client read `range` of `object` (`size` bytes) at `etag`: fetch ahead of it if it is
     /// part of an in-order sequence. Read-ahead never waits for an upstream slot, so it never
     /// delays a demand fetch; when none is free it is skipped (and counted).
-    pub fn read_ahead(self: &Arc<Self>, object: &ObjectId, etag: &Arc<str>, range: Range<u64>, size: u64) {
+    pub fn read_ahead(
+        self: &Arc<Self>,
+        object: &ObjectId,
+        etag: &Arc<str>,
+        range: Range<u64>,
+        size: u64,
+    ) {
         if !self.prefetch.enabled() || object.version_id.is_some() {
             return;
         }
@@ -265,7 +271,15 @@ impl BlockStore {
                     drop(reader);
                     store.metrics.prefetch_blocks("issued");
                     store
-                        .fetch(writer, id, object, etag, slice, Some(slot), Purpose::Prefetch)
+                        .fetch(
+                            writer,
+                            id,
+                            object,
+                            etag,
+                            slice,
+                            Some(slot),
+                            Purpose::Prefetch,
+                        )
                         .await;
                 }
             });
@@ -577,7 +591,10 @@ impl BlockStore {
         let mut got = 0u64;
         let mut resumes = 0;
         loop {
-            let failure = match self.get_hedged(object, etag, range.start + got..range.end).await {
+            let failure = match self
+                .get_hedged(object, etag, range.start + got..range.end)
+                .await
+            {
                 Ok(mut body) => loop {
                     let next = match tokio::time::timeout(self.idle_timeout, body.next()).await {
                         Ok(next) => next,
@@ -792,7 +809,13 @@ mod tests {
             .unwrap();
         assert_eq!(got, &data(10_000, 0)[..4096]);
         assert_eq!(origin.gets.load(Ordering::SeqCst), 2);
-        assert_eq!(store.metrics.snapshot().sum("larder_upstream_resumes_total", &[]), 1.0);
+        assert_eq!(
+            store
+                .metrics
+                .snapshot()
+                .sum("larder_upstream_resumes_total", &[]),
+            1.0
+        );
         // Resumes are bounded: a body that keeps breaking fails the read.
         origin.break_at.store(100, Ordering::SeqCst);
         origin.breaks_left.store(100, Ordering::SeqCst);
@@ -824,7 +847,10 @@ mod tests {
             let got = collect(store.read(id.clone(), etag.clone(), range.clone(), size))
                 .await
                 .unwrap();
-            assert_eq!(got, &data(size as usize, 0)[range.start as usize..range.end as usize]);
+            assert_eq!(
+                got,
+                &data(size as usize, 0)[range.start as usize..range.end as usize]
+            );
         }
         // Reads 0 and 1 establish the sequence; from read 2 on, each block was already there.
         assert_eq!(hits, 6);
@@ -834,7 +860,10 @@ mod tests {
         // Every block was fetched once: read-ahead replaced demand fetches, it did not add any
         // but the ones ahead of the last read.
         assert_eq!(origin.gets.load(Ordering::SeqCst) as f64, 2.0 + issued);
-        assert_eq!(s.sum("larder_prefetch_bytes_total", &[("outcome", "used")]), 6.0 * 4096.0);
+        assert_eq!(
+            s.sum("larder_prefetch_bytes_total", &[("outcome", "used")]),
+            6.0 * 4096.0
+        );
     }
 
     #[tokio::test]
@@ -854,7 +883,9 @@ mod tests {
         );
         assert_eq!(origin.gets.load(Ordering::SeqCst), 2);
         // Without a disk tier the warmed blocks are in memory: a read needs no upstream.
-        let got = collect(store.read(id, etag, 0..4096, 3 * 4096)).await.unwrap();
+        let got = collect(store.read(id, etag, 0..4096, 3 * 4096))
+            .await
+            .unwrap();
         assert_eq!(got, &data(3 * 4096, 0)[..4096]);
         assert_eq!(origin.gets.load(Ordering::SeqCst), 2);
     }

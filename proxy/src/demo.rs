@@ -92,21 +92,19 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         memory_capacity: ByteSize(256 << 20),
         ..Config::default()
     };
-    let upstream = Upstream::s3(
-        &S3OriginConfig {
-            endpoint: config.upstream_endpoint.clone(),
-            region: config.upstream_region.clone(),
-            path_style: true,
-            credentials: Some(Credentials::new(
-                ACCESS_KEY,
-                SECRET_KEY,
-                None,
-                None,
-                "larder-demo",
-            )),
-            ..Default::default()
-        },
-    )
+    let upstream = Upstream::s3(&S3OriginConfig {
+        endpoint: config.upstream_endpoint.clone(),
+        region: config.upstream_region.clone(),
+        path_style: true,
+        credentials: Some(Credentials::new(
+            ACCESS_KEY,
+            SECRET_KEY,
+            None,
+            None,
+            "larder-demo",
+        )),
+        ..Default::default()
+    })
     .await?;
     // Clients hold their own key, which Larder verifies; only Larder holds the origin's.
     let auth = Authenticator::SigV4(KeyStore::from_pairs([(CLIENT_KEY, CLIENT_SECRET)]));

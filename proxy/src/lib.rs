@@ -18,3 +18,4 @@ pub mod s3;
 pub mod server;
 pub mod telemetry;
 pub mod tls;
+pub mod warm;

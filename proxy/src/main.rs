@@ -28,6 +28,9 @@ enum Command {
     /// Run Larder in front of an embedded S3 origin with a sample workload, print what it saved,
     /// and exit. Needs no AWS account.
     Demo(larder::demo::DemoArgs),
+    /// Warm an object, a prefix or byte ranges into a running Larder's disk tier, through its
+    /// admin API, with a progress bar. Exits 0 when every object was warmed.
+    Warm(larder::warm::cli::WarmArgs),
 }
 
 /// Flags for `serve`. Each overrides the TOML file and `LARDER_*` variables; see
@@ -150,6 +153,54 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     disk_write_policy: Option<String>,
+    /// Longest wait to connect upstream, e.g. 5s [default: 5s].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    upstream_connect_timeout: Option<String>,
+    /// Longest wait for upstream response headers, e.g. 30s [default: 30s].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    upstream_first_byte_timeout: Option<String>,
+    /// Attempts per upstream GET/HEAD, with backoff and jitter [default: 3].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    upstream_max_attempts: Option<u32>,
+    /// Times a broken upstream body is resumed [default: 3].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    upstream_max_resumes: Option<u32>,
+    /// Hedge block GETs slower than this quantile of recent ones, e.g. 0.95 [default: 0, off].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    upstream_hedge_quantile: Option<f64>,
+    /// Serve cached data this long past its TTL when the upstream fails, e.g. 10m [default: 0s, off].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    serve_stale_on_error: Option<String>,
+    /// Read-ahead across ranged GETs: auto or off [default: auto].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prefetch: Option<String>,
+    /// Blocks read ahead when a sequence starts [default: 2].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prefetch_min_window: Option<u64>,
+    /// Most blocks read ahead of one reader [default: 16].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prefetch_max_window: Option<u64>,
+    /// Most read-ahead fetches at once [default: 16].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prefetch_max_inflight: Option<usize>,
+    /// Blocks a warm-up job fetches at once [default: 4].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    warm_concurrency: Option<usize>,
+    /// Most bytes per second a warm-up job fetches, e.g. 256MiB [default: 256MiB].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    warm_rate: Option<String>,
     /// Log format: text or json [default: text].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -214,6 +265,10 @@ fn main() -> anyhow::Result<()> {
             let _telemetry = larder::telemetry::init(&Config::default())?;
             runtime.block_on(larder::demo::run(args))
         }
+        Command::Warm(args) => {
+            let code = runtime.block_on(larder::warm::cli::run(args))?;
+            std::process::exit(code)
+        }
     }
 }
 
@@ -223,17 +278,15 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         Authenticator::None => tracing::warn!("auth = none: any client that reaches the S3 listener reads and writes through Larder's upstream credentials"),
         Authenticator::SigV4(keys) => tracing::info!(keys = keys.len(), "clients must sign requests (SigV4)"),
     }
-    let upstream = Upstream::s3(
-        &S3OriginConfig {
-            endpoint: config.upstream_endpoint.clone(),
-            region: config.upstream_region.clone(),
-            path_style: config.upstream_path_style,
-            credentials: None,
-            connect_timeout: config.upstream_connect_timeout.0,
-            first_byte_timeout: config.upstream_first_byte_timeout.0,
-            max_attempts: config.upstream_max_attempts,
-        },
-    )
+    let upstream = Upstream::s3(&S3OriginConfig {
+        endpoint: config.upstream_endpoint.clone(),
+        region: config.upstream_region.clone(),
+        path_style: config.upstream_path_style,
+        credentials: None,
+        connect_timeout: config.upstream_connect_timeout.0,
+        first_byte_timeout: config.upstream_first_byte_timeout.0,
+        max_attempts: config.upstream_max_attempts,
+    })
     .await?;
     let running = larder::server::start(&config, upstream, auth)
         .await

@@ -176,7 +176,8 @@ mod tests {
             100,
             Arc::new(Metrics::default()),
         );
-        let cached = |r: Result<(Arc<ObjectMeta>, Source), OriginError>| r.unwrap().1 == Source::Cached;
+        let cached =
+            |r: Result<(Arc<ObjectMeta>, Source), OriginError>| r.unwrap().1 == Source::Cached;
         let id = |version: Option<&str>| ObjectId {
             bucket: "b".into(),
             key: "k".into(),
@@ -222,7 +223,10 @@ mod tests {
         let (meta, source) = cache.get(&id).await.unwrap();
         assert_eq!((source, meta.etag.as_str()), (Source::Stale, "\"e\""));
         tokio::time::sleep(Duration::from_millis(300)).await;
-        assert!(cache.get(&id).await.is_err(), "older than ttl + stale window");
+        assert!(
+            cache.get(&id).await.is_err(),
+            "older than ttl + stale window"
+        );
         // A 404 is an answer, not an outage: never covered by stale data.
         origin.outage.store(false, Ordering::SeqCst);
         assert_eq!(cache.get(&id).await.unwrap().1, Source::Fetched);

@@ -83,12 +83,7 @@ impl Detector {
 
     /// A read of `range` of an object (`size` bytes) identified by bucket, key and ETag: the
     /// block indexes to fetch ahead of it, if any.
-    pub fn observe(
-        &self,
-        object: VersionKey,
-        range: Range<u64>,
-        size: u64,
-    ) -> Range<u64> {
+    pub fn observe(&self, object: VersionKey, range: Range<u64>, size: u64) -> Range<u64> {
         if !self.config.enabled || range.is_empty() {
             return 0..0;
         }
@@ -153,12 +148,28 @@ mod tests {
     fn in_order_reads_grow_the_window_and_jumps_close_it() {
         let d = detector();
         let size = 100 * B;
-        assert_eq!(d.observe(id(), 0..B, size), 0..0, "one read is not a sequence");
+        assert_eq!(
+            d.observe(id(), 0..B, size),
+            0..0,
+            "one read is not a sequence"
+        );
         assert_eq!(d.observe(id(), B..2 * B, size), 2..4);
-        assert_eq!(d.observe(id(), 2 * B..3 * B, size), 4..7, "window 4, from block 3");
+        assert_eq!(
+            d.observe(id(), 2 * B..3 * B, size),
+            4..7,
+            "window 4, from block 3"
+        );
         assert_eq!(d.observe(id(), 3 * B..4 * B, size), 7..12, "window 8");
-        assert_eq!(d.observe(id(), 4 * B..5 * B, size), 12..13, "window stays at the max");
-        assert_eq!(d.observe(id(), 50 * B..51 * B, size), 0..0, "a jump stops read-ahead");
+        assert_eq!(
+            d.observe(id(), 4 * B..5 * B, size),
+            12..13,
+            "window stays at the max"
+        );
+        assert_eq!(
+            d.observe(id(), 50 * B..51 * B, size),
+            0..0,
+            "a jump stops read-ahead"
+        );
         assert_eq!(d.observe(id(), 51 * B..52 * B, size), 52..54);
     }
 

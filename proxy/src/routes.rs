@@ -38,7 +38,7 @@ pub struct AppState {
     /// Who may send requests.
     pub auth: Authenticator,
     /// Object metadata.
-    pub metadata: MetadataCache,
+    pub metadata: Arc<MetadataCache>,
     /// Block data.
     pub blocks: Arc<BlockStore>,
     /// The upstream, for the rare request the caches cannot answer (explaining a 404).
@@ -666,13 +666,13 @@ mod tests {
                 Duration::from_secs(1),
             )
             .unwrap(),
-            metadata: MetadataCache::new(
+            metadata: Arc::new(MetadataCache::new(
                 origin.clone(),
                 Duration::from_secs(3600),
                 Duration::ZERO,
                 100,
                 metrics.clone(),
-            ),
+            )),
             blocks: Arc::new(BlockStore::new(config, origin.clone(), metrics.clone())),
             origin,
             metrics,

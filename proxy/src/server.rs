@@ -22,14 +22,15 @@ use crate::auth::Authenticator;
 use crate::blocks::{BlockStore, BlockStoreConfig};
 use crate::config::Config;
 use crate::config::{DiskAdmission, DiskRecovery, DiskWritePolicy, IoEngineKind, PrefetchMode};
-use crate::prefetch::PrefetchConfig;
 use crate::metadata::MetadataCache;
 use crate::metrics::{Metrics, MetricsError, MetricsOptions};
 use crate::origin::forward::{ForwardError, Forwarder};
 use crate::origin::s3::{S3Origin, S3OriginConfig};
 use crate::origin::Origin;
+use crate::prefetch::PrefetchConfig;
 use crate::routes::{self, AppState};
 use crate::tls::{TlsConfig, TlsError};
+use crate::warm::{WarmLimits, Warmer};
 use cache_core::disk::{Admission, EngineKind, PartitionConfig, Recovery};
 use cache_core::{DiskCache, DiskConfig, WritePolicy};
 
@@ -180,17 +181,28 @@ pub async fn start(
     ));
     metrics.observe_memory(blocks.memory().clone());
     metrics.observe_retries(origin.clone());
+    let metadata = Arc::new(MetadataCache::new(
+        origin.clone(),
+        config.metadata_ttl.0,
+        config.serve_stale_on_error.0,
+        config.metadata_capacity,
+        metrics.clone(),
+    ));
+    let warmer = Arc::new(Warmer::new(
+        blocks.clone(),
+        metadata.clone(),
+        origin.clone(),
+        metrics.clone(),
+        WarmLimits {
+            concurrency: config.warm_concurrency,
+            rate: config.warm_rate.0,
+        },
+    ));
     let app = Arc::new(AppState {
         base_domain: config.base_domain.clone(),
         auth,
         forwarder,
-        metadata: MetadataCache::new(
-            origin.clone(),
-            config.metadata_ttl.0,
-            config.serve_stale_on_error.0,
-            config.metadata_capacity,
-            metrics.clone(),
-        ),
+        metadata: metadata.clone(),
         blocks: blocks.clone(),
         origin,
         metrics: metrics.clone(),
@@ -198,6 +210,7 @@ pub async fn start(
     let admin_state = Arc::new(AdminState {
         metrics: metrics.clone(),
         blocks,
+        warmer,
         ready: AtomicBool::new(false),
     });
 

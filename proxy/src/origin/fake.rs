@@ -91,6 +91,27 @@ impl Origin for FakeOrigin {
         })
     }
 
+    async fn list(
+        &self,
+        _bucket: &str,
+        prefix: &str,
+        token: Option<String>,
+    ) -> Result<(Vec<(String, u64)>, Option<String>), OriginError> {
+        // Pages of two keys, so paging is exercised.
+        let mut keys: Vec<(String, u64)> = self
+            .objects
+            .lock()
+            .iter()
+            .filter(|(k, _)| k.starts_with(prefix))
+            .map(|(k, (d, _))| (k.clone(), d.len() as u64))
+            .collect();
+        keys.sort();
+        let start = token.map_or(0, |t| t.parse().unwrap_or(0));
+        let page: Vec<_> = keys.iter().skip(start).take(2).cloned().collect();
+        let next = (start + 2 < keys.len()).then(|| (start + 2).to_string());
+        Ok((page, next))
+    }
+
     async fn get(
         &self,
         object: &ObjectId,

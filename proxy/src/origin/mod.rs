@@ -121,6 +121,15 @@ pub trait Origin: Send + Sync + 'static {
         range: Option<Range<u64>>,
     ) -> Result<BodyStream, OriginError>;
 
+    /// One page of ListObjectsV2 under `prefix`: keys with their sizes, and the token for the
+    /// next page (`None` on the last).
+    async fn list(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        token: Option<String>,
+    ) -> Result<(Vec<(String, u64)>, Option<String>), OriginError>;
+
     /// Requests the client library sent again after a failed attempt, since start (each one a
     /// billed request upstream).
     fn retries(&self) -> u64 {

@@ -131,6 +131,33 @@ impl Origin for S3Origin {
         self.retries.load(Ordering::Relaxed)
     }
 
+    async fn list(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        token: Option<String>,
+    ) -> Result<(Vec<(String, u64)>, Option<String>), OriginError> {
+        let out = self
+            .client
+            .list_objects_v2()
+            .bucket(bucket)
+            .prefix(prefix)
+            .set_continuation_token(token)
+            .send()
+            .await
+            .map_err(map_error)?;
+        let objects = out
+            .contents()
+            .iter()
+            .filter_map(|o| Some((o.key()?.to_owned(), o.size().unwrap_or(0).max(0) as u64)))
+            .collect();
+        let next = match out.is_truncated() {
+            Some(true) => out.next_continuation_token().map(str::to_owned),
+            _ => None,
+        };
+        Ok((objects, next))
+    }
+
     async fn head(&self, object: &ObjectId) -> Result<ObjectMeta, OriginError> {
         let out = self
             .client

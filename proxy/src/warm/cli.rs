@@ -1,0 +1,227 @@
+//! `larder warm`: start a warm-up job through the admin API, show its progress, and exit 0 only
+//! if every object was warmed.
+
+use std::io::{IsTerminal, Write};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use super::{Progress, State, WarmRequest};
+
+/// Flags for `larder warm`.
+#[derive(Debug, clap::Args)]
+pub struct WarmArgs {
+    /// What to warm: `s3://bucket/prefix` (every object whose key starts with it; `s3://bucket`
+    /// for the whole bucket), or one key with --exact or --range.
+    pub target: String,
+    /// Larder's admin listener.
+    #[arg(long, default_value = "http://127.0.0.1:9001")]
+    pub admin: String,
+    /// Warm only this byte range of each object, e.g. `bytes=-65536` (a Parquet footer) or
+    /// `bytes=0-8388607`; implies a single key.
+    #[arg(long)]
+    pub range: Option<String>,
+    /// Treat the target as one key, not a prefix.
+    #[arg(long)]
+    pub exact: bool,
+}
+
+/// Why the command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// The target is not an `s3://` URL.
+    #[error("{0:?} is not s3://bucket[/key-or-prefix]")]
+    Target(String),
+    /// The admin API could not be reached or answered with an error.
+    #[error("admin API: {0}")]
+    Admin(String),
+}
+
+impl WarmArgs {
+    fn request(&self) -> Result<WarmRequest, CliError> {
+        let rest = self
+            .target
+            .strip_prefix("s3://")
+            .ok_or_else(|| CliError::Target(self.target.clone()))?;
+        let (bucket, path) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err(CliError::Target(self.target.clone()));
+        }
+        let single = self.exact || self.range.is_some();
+        if single && path.is_empty() {
+            return Err(CliError::Target(self.target.clone()));
+        }
+        Ok(WarmRequest {
+            bucket: bucket.to_owned(),
+            keys: if single {
+                vec![path.to_owned()]
+            } else {
+                vec![]
+            },
+            prefix: (!single).then(|| path.to_owned()),
+            range: self.range.clone(),
+        })
+    }
+}
+
+type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
+
+async fn call(
+    client: &HttpClient,
+    method: http::Method,
+    url: &str,
+    body: Option<Vec<u8>>,
+) -> Result<Progress, CliError> {
+    let request = http::Request::builder()
+        .method(method)
+        .uri(url)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body.unwrap_or_default())))
+        .map_err(|e| CliError::Admin(e.to_string()))?;
+    let response = client
+        .request(request)
+        .await
+        .map_err(|e| CliError::Admin(format!("{url}: {e}")))?;
+    let status = response.status();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| CliError::Admin(e.to_string()))?
+        .to_bytes();
+    if !status.is_success() {
+        return Err(CliError::Admin(format!(
+            "{status}: {}",
+            String::from_utf8_lossy(&body)
+        )));
+    }
+    serde_json::from_slice(&body).map_err(|e| CliError::Admin(format!("unexpected answer: {e}")))
+}
+
+fn human(bytes: f64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let (mut v, mut i) = (bytes, 0);
+    while v >= 1024.0 && i < UNITS.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    format!("{v:.1} {}", UNITS[i])
+}
+
+fn line(p: &Progress) -> String {
+    const WIDTH: usize = 30;
+    let filled = ((p.percent / 100.0) * WIDTH as f64).round() as usize;
+    format!(
+        "[{}{}] {:5.1}% {}/{}{} objects, {} of {}, {}/s, {} errors",
+        "#".repeat(filled.min(WIDTH)),
+        "-".repeat(WIDTH - filled.min(WIDTH)),
+        p.percent,
+        p.objects_done,
+        p.objects_total,
+        if p.listing_done { "" } else { "+" },
+        human(p.bytes_done as f64),
+        human(p.bytes_total as f64),
+        human(p.rate_bytes_per_second),
+        p.errors
+    )
+}
+
+/// Run the command; the exit code is 0 when the job finished with no errors.
+pub async fn run(args: WarmArgs) -> Result<i32, CliError> {
+    let request = args.request()?;
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let base = args.admin.trim_end_matches('/');
+    let body = serde_json::to_vec(&request).map_err(|e| CliError::Admin(e.to_string()))?;
+    let started = call(
+        &client,
+        http::Method::POST,
+        &format!("{base}/warm"),
+        Some(body),
+    )
+    .await?;
+    let url = format!("{base}/warm/{}", started.id);
+    eprintln!("warm-up job {} started", started.id);
+    let tty = std::io::stderr().is_terminal();
+    let mut last_print = std::time::Instant::now();
+    let interrupt = tokio::signal::ctrl_c();
+    tokio::pin!(interrupt);
+    let progress = loop {
+        tokio::select! {
+            _ = &mut interrupt => {
+                let p = call(&client, http::Method::DELETE, &url, None).await?;
+                eprintln!("\ninterrupted: job {} cancelled", p.id);
+                return Ok(130);
+            }
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+        }
+        let p = call(&client, http::Method::GET, &url, None).await?;
+        if tty {
+            eprint!("\r{}", line(&p));
+            let _ = std::io::stderr().flush();
+        } else if last_print.elapsed() >= Duration::from_secs(2) {
+            eprintln!("{}", line(&p));
+            last_print = std::time::Instant::now();
+        }
+        if p.state != State::Running {
+            break p;
+        }
+    };
+    if tty {
+        eprintln!();
+    }
+    eprintln!("{}", line(&progress));
+    let ok = progress.state == State::Done && progress.errors == 0;
+    eprintln!(
+        "job {} {:?} in {:.1}s: {} fetched from upstream, {} already cached{}",
+        progress.id,
+        progress.state,
+        progress.elapsed_seconds,
+        human(progress.bytes_fetched as f64),
+        human((progress.bytes_done - progress.bytes_fetched.min(progress.bytes_done)) as f64),
+        match &progress.last_error {
+            Some(e) if !ok => format!("; last error: {e}"),
+            _ => String::new(),
+        }
+    );
+    Ok(if ok { 0 } else { 1 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(target: &str, range: Option<&str>, exact: bool) -> WarmArgs {
+        WarmArgs {
+            target: target.into(),
+            admin: "http://x".into(),
+            range: range.map(str::to_owned),
+            exact,
+        }
+    }
+
+    #[test]
+    fn targets() {
+        let r = args("s3://lake/tables/2026/", None, false)
+            .request()
+            .unwrap();
+        assert_eq!(
+            (r.bucket.as_str(), r.prefix.as_deref()),
+            ("lake", Some("tables/2026/"))
+        );
+        let r = args("s3://lake", None, false).request().unwrap();
+        assert_eq!(r.prefix.as_deref(), Some(""));
+        let r = args("s3://lake/a.parquet", Some("bytes=-65536"), false)
+            .request()
+            .unwrap();
+        assert_eq!((r.keys, r.prefix), (vec!["a.parquet".to_owned()], None));
+        let r = args("s3://lake/a.parquet", None, true).request().unwrap();
+        assert_eq!(r.keys, ["a.parquet"]);
+        for bad in ["lake/a", "s3:///a", "https://lake/a"] {
+            assert!(args(bad, None, false).request().is_err(), "{bad}");
+        }
+        assert!(args("s3://lake", None, true).request().is_err());
+    }
+}

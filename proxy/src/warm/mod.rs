@@ -1,0 +1,550 @@
+//! Warm-up jobs: bring an object, a list of keys, a prefix, or byte ranges of them into the disk
+//! tier ahead of the job that will read them, without touching the hot memory set.
+//!
+//! A job lists its objects page by page (so a prefix of millions costs one page of memory),
+//! reads each object's metadata, and fetches the blocks the disk tier lacks, `warm_concurrency`
+//! at a time and at most `warm_rate` bytes per second, through the same single-flight as client
+//! reads (a block a client is fetching is not fetched twice). Jobs report progress and can be
+//! cancelled; the blocks already fetched stay cached.
+
+pub mod cli;
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::blocks::{BlockStore, Warmed};
+use crate::metadata::MetadataCache;
+use crate::metrics::Metrics;
+use crate::origin::{ObjectId, Origin, OriginError};
+use crate::s3::range::{self, Resolved};
+
+/// Most jobs remembered (finished ones are forgotten oldest first).
+const KEPT_JOBS: usize = 64;
+/// Most jobs running at once.
+const MAX_RUNNING: usize = 8;
+/// Most keys a request may name.
+const MAX_KEYS: usize = 10_000;
+
+/// What to warm.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct WarmRequest {
+    /// The bucket.
+    pub bucket: String,
+    /// Keys to warm whole (or `range` of each).
+    #[serde(default)]
+    pub keys: Vec<String>,
+    /// Warm every object whose key starts with this (`""`: the whole bucket).
+    #[serde(default)]
+    pub prefix: Option<String>,
+    /// An HTTP Range (`bytes=0-1023`, `bytes=-65536`) to warm of each object instead of all.
+    #[serde(default)]
+    pub range: Option<String>,
+}
+
+/// Why a warm-up request was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum WarmError {
+    /// The request names nothing, or too much.
+    #[error("{0}")]
+    Invalid(String),
+    /// Too many jobs are running.
+    #[error("{MAX_RUNNING} warm-up jobs are running already; wait for one to finish")]
+    Busy,
+}
+
+/// Where a job is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    /// Listing and fetching.
+    Running,
+    /// Finished; `errors` says whether every object made it.
+    Done,
+    /// Stopped by an error that ended the whole job (the listing failed).
+    Failed,
+    /// Stopped by a cancel request.
+    Cancelled,
+}
+
+/// A job's progress, as the admin API reports it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Progress {
+    /// The job's id.
+    pub id: String,
+    /// What it warms.
+    pub request: WarmRequest,
+    /// Where it is.
+    pub state: State,
+    /// Whether every object to warm has been found (a prefix is listed as the job goes).
+    pub listing_done: bool,
+    /// Objects found so far.
+    pub objects_total: u64,
+    /// Objects finished (warmed, already cached, or failed).
+    pub objects_done: u64,
+    /// Bytes to warm among the objects found so far.
+    pub bytes_total: u64,
+    /// Bytes warmed or found already cached.
+    pub bytes_done: u64,
+    /// Bytes fetched from upstream.
+    pub bytes_fetched: u64,
+    /// `bytes_done / bytes_total` in percent, once listing is done.
+    pub percent: f64,
+    /// Bytes per second fetched or confirmed, since the start.
+    pub rate_bytes_per_second: f64,
+    /// Objects that could not be warmed.
+    pub errors: u64,
+    /// The last error.
+    pub last_error: Option<String>,
+    /// Seconds since the job started.
+    pub elapsed_seconds: f64,
+}
+
+struct Job {
+    id: String,
+    request: WarmRequest,
+    started: Instant,
+    cancel: CancellationToken,
+    state: Mutex<(State, Option<Instant>)>,
+    listing_done: std::sync::atomic::AtomicBool,
+    objects_total: AtomicU64,
+    objects_done: AtomicU64,
+    bytes_total: AtomicU64,
+    bytes_done: AtomicU64,
+    bytes_fetched: AtomicU64,
+    errors: AtomicU64,
+    last_error: Mutex<Option<String>>,
+}
+
+impl Job {
+    fn progress(&self) -> Progress {
+        let (state, ended) = *self.state.lock();
+        let elapsed = ended.unwrap_or_else(Instant::now) - self.started;
+        let (total, done) = (
+            self.bytes_total.load(Ordering::Relaxed),
+            self.bytes_done.load(Ordering::Relaxed),
+        );
+        let listing_done = self.listing_done.load(Ordering::Relaxed);
+        Progress {
+            id: self.id.clone(),
+            request: self.request.clone(),
+            state,
+            listing_done,
+            objects_total: self.objects_total.load(Ordering::Relaxed),
+            objects_done: self.objects_done.load(Ordering::Relaxed),
+            bytes_total: total,
+            bytes_done: done,
+            bytes_fetched: self.bytes_fetched.load(Ordering::Relaxed),
+            percent: match (listing_done, total) {
+                (_, 0) if listing_done => 100.0,
+                (_, 0) => 0.0,
+                _ => 100.0 * done as f64 / total as f64,
+            },
+            rate_bytes_per_second: done as f64 / elapsed.as_secs_f64().max(1e-3),
+            errors: self.errors.load(Ordering::Relaxed),
+            last_error: self.last_error.lock().clone(),
+            elapsed_seconds: elapsed.as_secs_f64(),
+        }
+    }
+
+    fn failed_object(&self, what: String) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        *self.last_error.lock() = Some(what);
+    }
+
+    fn running(&self) -> bool {
+        self.state.lock().0 == State::Running
+    }
+}
+
+/// Limits every job runs under.
+#[derive(Debug, Clone, Copy)]
+pub struct WarmLimits {
+    /// Blocks fetched at once per job.
+    pub concurrency: usize,
+    /// Most bytes per second per job.
+    pub rate: u64,
+}
+
+/// The warm-up jobs of one Larder.
+pub struct Warmer {
+    blocks: Arc<BlockStore>,
+    metadata: Arc<MetadataCache>,
+    origin: Arc<dyn Origin>,
+    metrics: Arc<Metrics>,
+    limits: WarmLimits,
+    jobs: Mutex<VecDeque<Arc<Job>>>,
+}
+
+impl Warmer {
+    /// Jobs that warm `blocks` from `origin`.
+    pub fn new(
+        blocks: Arc<BlockStore>,
+        metadata: Arc<MetadataCache>,
+        origin: Arc<dyn Origin>,
+        metrics: Arc<Metrics>,
+        limits: WarmLimits,
+    ) -> Self {
+        Self {
+            blocks,
+            metadata,
+            origin,
+            metrics,
+            limits,
+            jobs: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    /// Start a job; its id comes back at once.
+    pub fn start(self: &Arc<Self>, request: WarmRequest) -> Result<Progress, WarmError> {
+        if request.bucket.is_empty() {
+            return Err(WarmError::Invalid("bucket is required".into()));
+        }
+        if request.keys.is_empty() == request.prefix.is_none() {
+            return Err(WarmError::Invalid(
+                "give either keys or a prefix (an empty prefix warms the whole bucket)".into(),
+            ));
+        }
+        if request.keys.len() > MAX_KEYS {
+            return Err(WarmError::Invalid(format!(
+                "at most {MAX_KEYS} keys per job"
+            )));
+        }
+        if let Some(r) = &request.range {
+            // Checked against a huge size: only the syntax can be wrong here.
+            if matches!(range::resolve(Some(r), u64::MAX), Resolved::Whole) {
+                return Err(WarmError::Invalid(format!(
+                    "range {r:?} is not a byte range"
+                )));
+            }
+        }
+        let job = {
+            let mut jobs = self.jobs.lock();
+            if jobs.iter().filter(|j| j.running()).count() >= MAX_RUNNING {
+                return Err(WarmError::Busy);
+            }
+            while jobs.len() >= KEPT_JOBS {
+                match jobs.iter().position(|j| !j.running()) {
+                    Some(i) => {
+                        jobs.remove(i);
+                    }
+                    None => break,
+                }
+            }
+            let job = Arc::new(Job {
+                id: format!("{:016x}", rand::random::<u64>()),
+                request,
+                started: Instant::now(),
+                cancel: CancellationToken::new(),
+                state: Mutex::new((State::Running, None)),
+                listing_done: Default::default(),
+                objects_total: Default::default(),
+                objects_done: Default::default(),
+                bytes_total: Default::default(),
+                bytes_done: Default::default(),
+                bytes_fetched: Default::default(),
+                errors: Default::default(),
+                last_error: Default::default(),
+            });
+            jobs.push_back(job.clone());
+            job
+        };
+        let this = self.clone();
+        let running = job.clone();
+        tokio::spawn(async move {
+            let outcome = tokio::select! {
+                r = this.run(&running) => r,
+                _ = running.cancel.cancelled() => Ok(()),
+            };
+            let state = if running.cancel.is_cancelled() {
+                State::Cancelled
+            } else if let Err(e) = outcome {
+                running.failed_object(format!("listing failed: {e}"));
+                State::Failed
+            } else {
+                State::Done
+            };
+            this.metrics.warm_job(match state {
+                State::Cancelled => "cancelled",
+                State::Failed => "failed",
+                _ => "done",
+            });
+            tracing::info!(job = %running.id, ?state, bytes = running.bytes_done.load(Ordering::Relaxed), errors = running.errors.load(Ordering::Relaxed), "warm-up job ended");
+            *running.state.lock() = (state, Some(Instant::now()));
+        });
+        Ok(job.progress())
+    }
+
+    /// Every job remembered, oldest first.
+    pub fn list(&self) -> Vec<Progress> {
+        self.jobs.lock().iter().map(|j| j.progress()).collect()
+    }
+
+    /// One job.
+    pub fn get(&self, id: &str) -> Option<Progress> {
+        self.find(id).map(|j| j.progress())
+    }
+
+    /// Stop a job; blocks already fetched stay cached.
+    pub fn cancel(&self, id: &str) -> Option<Progress> {
+        let job = self.find(id)?;
+        job.cancel.cancel();
+        Some(job.progress())
+    }
+
+    fn find(&self, id: &str) -> Option<Arc<Job>> {
+        self.jobs.lock().iter().find(|j| j.id == id).cloned()
+    }
+
+    /// List and warm, page by page.
+    async fn run(&self, job: &Arc<Job>) -> Result<(), OriginError> {
+        let request = &job.request;
+        if !request.keys.is_empty() {
+            self.warm_objects(job, request.keys.clone()).await;
+        } else {
+            let prefix = request.prefix.clone().unwrap_or_default();
+            let mut token = None;
+            loop {
+                let (page, next) = self.origin.list(&request.bucket, &prefix, token).await?;
+                self.warm_objects(job, page.into_iter().map(|(k, _)| k).collect())
+                    .await;
+                match next {
+                    Some(t) => token = Some(t),
+                    None => break,
+                }
+            }
+        }
+        job.listing_done.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Warm `keys`: their blocks, `concurrency` at a time across the page.
+    async fn warm_objects(&self, job: &Arc<Job>, keys: Vec<String>) {
+        job.objects_total
+            .fetch_add(keys.len() as u64, Ordering::Relaxed);
+        let mut blocks = Vec::new();
+        for key in keys {
+            let id = ObjectId {
+                bucket: job.request.bucket.as_str().into(),
+                key: key.as_str().into(),
+                version_id: None,
+            };
+            let meta = match self.metadata.get(&id).await {
+                Ok((meta, _)) => meta,
+                Err(e) => {
+                    job.failed_object(format!("{id}: {e}"));
+                    job.objects_done.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+            };
+            let (start, end) = match range::resolve(job.request.range.as_deref(), meta.size) {
+                Resolved::Whole => (0, meta.size),
+                Resolved::Partial { start, end } => (start, end),
+                Resolved::Unsatisfiable => (0, 0),
+            };
+            let etag: Arc<str> = meta.etag.as_str().into();
+            let slices: Vec<_> = self.blocks.layout().slices(start, end, meta.size).collect();
+            let object_bytes: u64 = slices.iter().map(|s| s.block_len).sum();
+            job.bytes_total.fetch_add(object_bytes, Ordering::Relaxed);
+            let remaining = Arc::new(AtomicU64::new(slices.len() as u64));
+            if slices.is_empty() {
+                job.objects_done.fetch_add(1, Ordering::Relaxed);
+            }
+            for slice in slices {
+                blocks.push((
+                    id.clone(),
+                    etag.clone(),
+                    slice,
+                    meta.size,
+                    remaining.clone(),
+                ));
+            }
+        }
+        let limits = self.limits;
+        futures::stream::iter(blocks)
+            .for_each_concurrent(limits.concurrency, |(id, etag, slice, size, remaining)| {
+                let job = job.clone();
+                async move {
+                    // Pace to the rate: wait until the bytes done so far are within it.
+                    let done = job.bytes_done.load(Ordering::Relaxed);
+                    let due = Duration::from_secs_f64(done as f64 / limits.rate as f64);
+                    if let Some(wait) = due.checked_sub(job.started.elapsed()) {
+                        tokio::time::sleep(wait).await;
+                    }
+                    match self.blocks.warm(&id, &etag, slice.index, size).await {
+                        Ok(Warmed::Fetched(bytes)) => {
+                            job.bytes_fetched.fetch_add(bytes, Ordering::Relaxed);
+                            self.metrics.warm_bytes(bytes);
+                        }
+                        Ok(Warmed::AlreadyCached) => {}
+                        Err(e) => job.failed_object(format!("{id} block {}: {e}", slice.index)),
+                    }
+                    job.bytes_done.fetch_add(slice.block_len, Ordering::Relaxed);
+                    if remaining.fetch_sub(1, Ordering::Relaxed) == 1 {
+                        job.objects_done.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+            .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::blocks::BlockStoreConfig;
+    use crate::origin::fake::FakeOrigin;
+    use bytes::Bytes;
+    use cache_core::BlockLayout;
+
+    fn warmer() -> (Arc<Warmer>, Arc<FakeOrigin>) {
+        let origin = Arc::new(FakeOrigin::default());
+        for (key, size) in [("p/a", 10_000), ("p/b", 5000), ("p/c", 1), ("q/d", 9000)] {
+            origin.put(key, Bytes::from(vec![7u8; size]), "\"e\"");
+        }
+        let metrics = Arc::new(Metrics::default());
+        let blocks = Arc::new(BlockStore::new(
+            BlockStoreConfig {
+                layout: BlockLayout::new(4096),
+                memory_capacity: 1 << 20,
+                read_window: 2,
+                idle_timeout: Duration::from_secs(5),
+                upstream_concurrency: 4,
+                disk: None,
+                write_policy: cache_core::WritePolicy::OnInsert,
+                bucket_partitions: Default::default(),
+                max_resumes: 3,
+                hedge_quantile: None,
+                prefetch: crate::prefetch::PrefetchConfig::off(),
+            },
+            origin.clone(),
+            metrics.clone(),
+        ));
+        let metadata = Arc::new(MetadataCache::new(
+            origin.clone(),
+            Duration::from_secs(60),
+            Duration::ZERO,
+            100,
+            metrics.clone(),
+        ));
+        let limits = WarmLimits {
+            concurrency: 2,
+            rate: 1 << 30,
+        };
+        (
+            Arc::new(Warmer::new(
+                blocks,
+                metadata,
+                origin.clone(),
+                metrics,
+                limits,
+            )),
+            origin,
+        )
+    }
+
+    async fn finished(w: &Warmer, id: &str) -> Progress {
+        for _ in 0..500 {
+            let p = w.get(id).unwrap();
+            if p.state != State::Running {
+                return p;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("job {id} did not finish");
+    }
+
+    #[tokio::test]
+    async fn a_prefix_is_listed_page_by_page_and_warmed_once() {
+        let (w, origin) = warmer();
+        let request = WarmRequest {
+            bucket: "b".into(),
+            keys: vec![],
+            prefix: Some("p/".into()),
+            range: None,
+        };
+        let p = finished(&w, &w.start(request.clone()).unwrap().id).await;
+        assert_eq!(p.state, State::Done);
+        assert_eq!((p.objects_total, p.objects_done, p.errors), (3, 3, 0));
+        assert_eq!(p.bytes_done, 15_001);
+        assert_eq!(p.bytes_fetched, 15_001);
+        assert_eq!(p.percent, 100.0);
+        // 3 + 2 + 1 blocks.
+        assert_eq!(origin.gets.load(Ordering::SeqCst), 6);
+        let again = finished(&w, &w.start(request).unwrap().id).await;
+        assert_eq!((again.bytes_done, again.bytes_fetched), (15_001, 0));
+        assert_eq!(origin.gets.load(Ordering::SeqCst), 6);
+    }
+
+    #[tokio::test]
+    async fn ranges_missing_keys_and_bad_requests() {
+        let (w, origin) = warmer();
+        let p = w
+            .start(WarmRequest {
+                bucket: "b".into(),
+                keys: vec!["q/d".into(), "missing".into()],
+                prefix: None,
+                range: Some("bytes=-100".into()),
+            })
+            .unwrap();
+        let p = finished(&w, &p.id).await;
+        assert_eq!(p.state, State::Done);
+        assert_eq!((p.objects_done, p.errors), (2, 1));
+        assert!(p.last_error.unwrap().contains("missing"));
+        // The last 100 bytes of 9000 live in block 2 (808 bytes long).
+        assert_eq!(p.bytes_fetched, 9000 - 2 * 4096);
+        assert_eq!(origin.gets.load(Ordering::SeqCst), 1);
+        for bad in [
+            WarmRequest {
+                bucket: "b".into(),
+                keys: vec![],
+                prefix: None,
+                range: None,
+            },
+            WarmRequest {
+                bucket: "b".into(),
+                keys: vec!["k".into()],
+                prefix: None,
+                range: Some("lines=1-2".into()),
+            },
+        ] {
+            assert!(matches!(w.start(bad), Err(WarmError::Invalid(_))));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_job_stops() {
+        let (w, _origin) = warmer();
+        let slow = WarmLimits {
+            concurrency: 1,
+            rate: 1000,
+        };
+        let w = Arc::new(Warmer::new(
+            w.blocks.clone(),
+            w.metadata.clone(),
+            w.origin.clone(),
+            w.metrics.clone(),
+            slow,
+        ));
+        let p = w
+            .start(WarmRequest {
+                bucket: "b".into(),
+                keys: vec!["p/a".into()],
+                prefix: None,
+                range: None,
+            })
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(w.cancel(&p.id).unwrap().id, p.id);
+        let p = finished(&w, &p.id).await;
+        assert_eq!(p.state, State::Cancelled);
+        assert!(p.bytes_done < 10_000, "{p:?}");
+    }
+}
