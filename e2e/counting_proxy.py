@@ -1,12 +1,16 @@
-"""A counting HTTP pass-through, put between Larder and the real S3 server in tests.
+"""A counting, fault-injecting HTTP pass-through, put between Larder and the real S3 server in
+tests.
 
 It forwards every request unchanged (including the Host header, so SigV4 signatures stay valid)
 and records what arrived, so tests count upstream requests where they land rather than trusting
-Larder's own counters.
+Larder's own counters. Tests can also make it misbehave the way S3 and networks do: add latency,
+answer 500 or 503 SlowDown, reset the connection before answering, or cut a body mid-stream.
 """
 
 import http.client
 import http.server
+import random
+import socket
 import threading
 import time
 import socketserver
@@ -19,8 +23,12 @@ class CountingProxy:
         self.upstream = (upstream_host, upstream_port)
         self.lock = threading.Lock()
         self.requests: list[tuple[str, str, str | None]] = []
-        # Seconds to wait before forwarding each request: upstream latency, as tests set it.
+        # Seconds to wait before forwarding each request: upstream latency, as tests set it,
+        # plus up to `jitter` more at random.
         self.delay = 0.0
+        self.jitter = 0.0
+        # Pending one-shot faults: [kind, remaining, argument, method or None].
+        self.faults: list[list] = []
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -34,8 +42,28 @@ class CountingProxy:
                 body = self.rfile.read(length) if length else None
                 with proxy.lock:
                     proxy.requests.append((self.command, self.path, self.headers.get("Range")))
-                if proxy.delay:
-                    time.sleep(proxy.delay)
+                    fault = proxy._take_fault(self.command)
+                if proxy.delay or proxy.jitter:
+                    time.sleep(proxy.delay + random.random() * proxy.jitter)
+                if fault and fault[0] == "delay":
+                    time.sleep(fault[1])
+                if fault and fault[0] == "reset":
+                    # Close without a word: the client sees a reset or an empty reply.
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                if fault and fault[0] == "status":
+                    status, code = fault[1]
+                    err = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
+                           f"<Message>injected by the test proxy</Message></Error>").encode()
+                    self.send_response_only(status)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(err)))
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(err)
+                    return
+                cut_after = fault[1] if fault and fault[0] == "cut" else None
                 conn = http.client.HTTPConnection(*proxy.upstream, timeout=60)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
                 conn.request(self.command, self.path, body=body, headers=headers)
@@ -49,10 +77,20 @@ class CountingProxy:
                     self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
                 if self.command != "HEAD":
+                    sent = 0
                     while True:
-                        chunk = resp.read(256 * 1024)
+                        chunk = resp.read(64 * 1024)
                         if not chunk:
                             break
+                        if cut_after is not None and sent + len(chunk) > cut_after:
+                            # Send what is allowed, then drop the connection mid-body.
+                            self.wfile.write(chunk[: cut_after - sent])
+                            self.wfile.flush()
+                            self.close_connection = True
+                            self.connection.shutdown(socket.SHUT_RDWR)
+                            conn.close()
+                            return
+                        sent += len(chunk)
                         if chunked:
                             self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                         else:
@@ -67,6 +105,9 @@ class CountingProxy:
             daemon_threads = True
             allow_reuse_address = True
 
+            def handle_error(self, request, client_address):
+                pass  # injected resets and cuts break pipes on purpose
+
         self.server = Server(("127.0.0.1", 0), Handler)
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -75,6 +116,23 @@ class CountingProxy:
     def reset(self):
         with self.lock:
             self.requests.clear()
+            self.faults.clear()
+        self.delay = self.jitter = 0.0
+
+    def inject(self, kind: str, times: int, arg=None, method: str | None = "GET"):
+        """Misbehave on the next `times` requests of `method` (None: any): `status` answers
+        arg=(status, code); `reset` closes the connection unanswered; `cut` drops the connection
+        after arg body bytes; `delay` waits arg seconds first."""
+        with self.lock:
+            self.faults.append([kind, times, arg, method])
+
+    def _take_fault(self, method: str):
+        for fault in self.faults:
+            kind, remaining, arg, only = fault
+            if remaining > 0 and (only is None or only == method):
+                fault[1] -= 1
+                return (kind, arg)
+        return None
 
     def seen(self, method: str | None = None, path_prefix: str = "") -> list[tuple[str, str, str | None]]:
         with self.lock:

@@ -1,0 +1,160 @@
+"""Larder on S3's bad days: a fault-injecting pass-through between Larder and the real S3 server
+answers 500/503, resets connections, cuts bodies mid-stream and adds latency. Clients (boto3, the
+aws CLI) must get correct bytes or a clean S3 error — never a truncated or mixed body — and the
+requests that reach the upstream stay within the stated bounds. Also: warm-up through
+`larder warm`, and read-ahead, counted at the upstream."""
+
+import random
+import re
+import subprocess
+import time
+
+import pytest
+from botocore.exceptions import BotoCoreError, ClientError
+
+from conftest import binary
+from counting_proxy import CountingProxy
+
+MiB = 1 << 20
+BLOCK = 8 * MiB
+
+
+@pytest.fixture
+def faulty(minio):
+    p = CountingProxy("127.0.0.1", minio.port)
+    yield p
+    p.close()
+
+
+def start(make_larder, faulty, *extra, name="resilient"):
+    return make_larder(*extra, name=name, upstream_url=f"http://127.0.0.1:{faulty.port}")
+
+
+def object_gets(proxy, bucket, key):
+    return [r for r in proxy.seen("GET", f"/{bucket}/{key}") if r[2]]
+
+
+def test_5xx_and_slowdown_are_retried_within_the_attempt_budget(make_larder, faulty, direct, bucket):
+    data = random.Random(1).randbytes(3 * MiB)
+    direct.put_object(Bucket=bucket, Key="k", Body=data)
+    larder = start(make_larder, faulty)
+    faulty.inject("status", 1, (500, "InternalError"), method="HEAD")
+    faulty.inject("status", 1, (503, "SlowDown"), method="GET")
+    faulty.inject("reset", 1, method="GET")
+    assert larder.client().get_object(Bucket=bucket, Key="k")["Body"].read() == data
+    # HEAD: 1 failed + 1 good; GET: 503, reset, then the good one — 3 attempts, the budget.
+    assert len(faulty.seen("HEAD", f"/{bucket}/k")) == 2
+    assert len(object_gets(faulty, bucket, "k")) == 3
+
+
+def test_a_persistent_5xx_is_a_clean_s3_error_after_the_budget(make_larder, faulty, direct, bucket):
+    direct.put_object(Bucket=bucket, Key="k", Body=b"x" * 1000)
+    larder = start(make_larder, faulty)
+    faulty.inject("status", 100, (503, "SlowDown"), method=None)
+    no_retries = larder.client(retries={"total_max_attempts": 1})
+    with pytest.raises(ClientError) as e:
+        no_retries.get_object(Bucket=bucket, Key="k")
+    assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] in (500, 503)
+    assert e.value.response["Error"]["Code"] in ("SlowDown", "ServiceUnavailable", "InternalError")
+    assert len(faulty.seen(None, f"/{bucket}/k")) == 3, faulty.seen(None, f"/{bucket}/k")
+
+
+def test_a_body_cut_mid_stream_is_resumed_and_the_client_sees_one_whole_body(make_larder, faulty, direct, bucket):
+    data = random.Random(2).randbytes(3 * BLOCK)
+    direct.put_object(Bucket=bucket, Key="k", Body=data)
+    larder = start(make_larder, faulty)
+    faulty.inject("cut", 2, 3 * MiB + 17)
+    assert larder.client().get_object(Bucket=bucket, Key="k")["Body"].read() == data
+    gets = object_gets(faulty, bucket, "k")
+    # 3 blocks and 2 cuts (on whichever GETs came first, resumes included): 5 GETs, and each
+    # resume starts exactly where a body broke.
+    assert len(gets) == 5, gets
+    starts = sorted(int(r[2].removeprefix("bytes=").split("-")[0]) for r in gets)
+    resumed = [s for s in starts if s % BLOCK]
+    assert len(resumed) == 2 and all((s % BLOCK) % (3 * MiB + 17) == 0 for s in resumed), starts
+    # The aws CLI, too, through a fresh Larder (nothing cached), with a cut on every block.
+    cli_larder = start(make_larder, faulty, name="resilient-cli")
+    faulty.reset()
+    faulty.inject("cut", 3, 1 * MiB)
+    out = cli_larder.log_path.parent / "cli-download.bin"
+    subprocess.run(["aws", "s3", "cp", f"s3://{bucket}/k", str(out), "--endpoint-url", cli_larder.endpoint],
+                   check=True, env=cli_larder.cli_env(), capture_output=True, timeout=120)
+    assert out.read_bytes() == data
+
+
+def test_a_body_that_keeps_breaking_fails_loudly_not_short(make_larder, faulty, direct, bucket):
+    data = random.Random(3).randbytes(BLOCK)
+    direct.put_object(Bucket=bucket, Key="k", Body=data)
+    larder = start(make_larder, faulty, "--upstream-max-resumes", "2", "--upstream-idle-timeout", "5s")
+    faulty.inject("cut", 100, 2 * MiB)
+    no_retries = larder.client(retries={"total_max_attempts": 1})
+    with pytest.raises((BotoCoreError, ClientError)):
+        # Either the first block fails before the headers (a clean 5xx) or the body ends short of
+        # its Content-Length, which botocore reports: never a short body taken as whole.
+        body = no_retries.get_object(Bucket=bucket, Key="k")["Body"].read()
+        assert len(body) == len(data)
+    # 1 GET + 2 resumes, then the read stopped.
+    assert len(object_gets(faulty, bucket, "k")) == 3
+
+
+def test_stale_metadata_is_served_while_the_upstream_is_down_only_when_allowed(make_larder, faulty, direct, bucket):
+    data = b"s" * 100_000
+    direct.put_object(Bucket=bucket, Key="k", Body=data)
+    stale = start(make_larder, faulty, "--metadata-ttl", "1s", "--serve-stale-on-error", "1h", name="stale")
+    strict = start(make_larder, faulty, "--metadata-ttl", "1s", name="strict")
+    for larder in (stale, strict):
+        assert larder.client().get_object(Bucket=bucket, Key="k")["Body"].read() == data
+    time.sleep(1.5)
+    faulty.inject("status", 1000, (503, "ServiceUnavailable"), method=None)
+    r = stale.client().get_object(Bucket=bucket, Key="k")
+    assert r["Body"].read() == data
+    assert r["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "stale-hit-memory"
+    with pytest.raises(ClientError) as e:
+        strict.client(retries={"total_max_attempts": 1}).get_object(Bucket=bucket, Key="k")
+    assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 503
+
+
+def test_a_slow_block_get_is_hedged(make_larder, faulty, direct, bucket):
+    larder = start(make_larder, faulty, "--upstream-hedge-quantile", "0.9", "--block-size", "1MiB",
+                   "--prefetch", "off")
+    client = larder.client()
+    for i in range(70):  # 70 fast block GETs teach Larder what normal looks like
+        direct.put_object(Bucket=bucket, Key=f"warmup/{i}", Body=b"w" * 1000)
+        client.get_object(Bucket=bucket, Key=f"warmup/{i}")["Body"].read()
+    direct.put_object(Bucket=bucket, Key="slow", Body=b"z" * 5000)
+    client.head_object(Bucket=bucket, Key="slow")  # metadata first, so only the GET is slow
+    faulty.inject("delay", 1, 5.0)
+    started = time.monotonic()
+    assert client.get_object(Bucket=bucket, Key="slow")["Body"].read() == b"z" * 5000
+    took = time.monotonic() - started
+    assert took < 4.0, f"the hedge should have answered well before the 5 s stall, took {took:.1f}s"
+    assert len(object_gets(faulty, bucket, "slow")) == 2
+    won = re.search(r'^larder_upstream_hedges_total\{outcome="won"\} (\d+)', larder.metrics(), re.M)
+    assert won and int(won.group(1)) >= 1
+
+
+def test_larder_warm_fills_the_cache_so_the_job_reads_without_upstream_gets(make_larder, faulty, direct, bucket, workdir):
+    rng = random.Random(4)
+    objects = {f"table/part-{i}.parquet": rng.randbytes(rng.randint(1, 3 * BLOCK)) for i in range(5)}
+    objects["other/skip.bin"] = b"not warmed"
+    for key, data in objects.items():
+        direct.put_object(Bucket=bucket, Key=key, Body=data)
+    larder = start(make_larder, faulty, "--disk-path", str(workdir / f"{bucket}.cache"), "--disk-capacity", "512MiB",
+                   "--disk-region-size", "32MiB", "--memory-capacity", "64MiB", name="warm")
+    warm = subprocess.run([binary("larder"), "warm", "--admin", larder.admin, f"s3://{bucket}/table/"],
+                          capture_output=True, text=True, timeout=300)
+    assert warm.returncode == 0, warm.stderr
+    assert "100.0%" in warm.stderr and "0 errors" in warm.stderr, warm.stderr
+    faulty.reset()
+    client = larder.client()
+    for key, data in objects.items():
+        if key.startswith("table/"):
+            assert client.get_object(Bucket=bucket, Key=key)["Body"].read() == data
+    assert object_gets(faulty, bucket, "table/") == [], "the job's reads went upstream"
+    # A range of one key, and a job that cannot succeed (exit code 1).
+    footer = subprocess.run([binary("larder"), "warm", "--admin", larder.admin, "--range", "bytes=-65536",
+                             f"s3://{bucket}/other/skip.bin"], capture_output=True, text=True, timeout=60)
+    assert footer.returncode == 0, footer.stderr
+    missing = subprocess.run([binary("larder"), "warm", "--admin", larder.admin, "--exact",
+                              f"s3://{bucket}/no/such/key"], capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 1 and "1 errors" in missing.stderr, missing.stderr
