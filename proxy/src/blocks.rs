@@ -270,6 +270,8 @@ impl BlockStore {
                 if let Joined::Leader { writer, reader } = store.flights.join(id.clone()) {
                     drop(reader);
                     store.metrics.prefetch_blocks("issued");
+                    // Marked before the fetch, so a reader that joins it in flight counts as a use.
+                    store.prefetched.insert(id.clone(), slice.block_len);
                     store
                         .fetch(
                             writer,
@@ -542,10 +544,7 @@ impl BlockStore {
                 let block = writer.finish();
                 match purpose {
                     Purpose::Demand => self.cache.insert(id, block).await,
-                    Purpose::Prefetch => {
-                        self.prefetched.insert(id.clone(), block.len() as u64);
-                        self.cache.insert(id, block).await;
-                    }
+                    Purpose::Prefetch => self.cache.insert(id, block).await,
                     Purpose::Warm => {
                         if !self.cache.insert_cold(id, block).await {
                             self.metrics.cache_write_dropped("warm_rejected");
@@ -561,6 +560,9 @@ impl BlockStore {
                     self.metrics.upstream_failed(&e);
                 }
                 self.metrics.cache_write_dropped("fetch_failed");
+                if purpose == Purpose::Prefetch {
+                    self.prefetched.invalidate(&id);
+                }
                 writer.fail(e);
             }
         }
