@@ -50,6 +50,8 @@ const IDLE: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Clone, Copy)]
 struct Sequence {
+    /// Where the last read started.
+    last_start: u64,
     /// Where the next in-order read would start.
     next: u64,
     /// Blocks to keep fetched ahead; 0 until the reader has read in order once.
@@ -89,17 +91,21 @@ impl Detector {
         }
         let entry = self.sequences.get_with(object, || {
             Arc::new(Mutex::new(Sequence {
+                last_start: u64::MAX,
                 next: u64::MAX,
                 window: 0,
                 ahead_until: 0,
             }))
         });
         let mut seq = entry.lock();
-        // In order: starts where the last read ended, or inside the block it ended in (readers
-        // often overlap a little, e.g. re-reading a record boundary).
+        // In order: moves forward and starts where the last read ended, give or take an eighth
+        // of a block (readers overlap a record boundary, or skip a little). Re-reading the same
+        // range, or reading sparse ranges, is not a sequence.
+        let slack = self.block_size / 8;
         let in_order = seq.next != u64::MAX
-            && range.start >= seq.next.saturating_sub(self.block_size)
-            && range.start <= seq.next + self.block_size;
+            && range.start > seq.last_start
+            && range.start.abs_diff(seq.next) <= slack;
+        seq.last_start = range.start;
         seq.window = match (in_order, seq.window) {
             (false, _) => 0,
             (true, 0) => self.config.min_window,
@@ -171,6 +177,26 @@ mod tests {
             "a jump stops read-ahead"
         );
         assert_eq!(d.observe(id(), 51 * B..52 * B, size), 52..54);
+    }
+
+    #[test]
+    fn repeated_and_sparse_reads_are_not_sequences() {
+        let d = detector();
+        let size = 100 * B;
+        for _ in 0..4 {
+            assert_eq!(d.observe(id(), 0..10, size), 0..0, "the same range again");
+        }
+        assert_eq!(d.observe(id(), 3 * B + 5..3 * B + 15, size), 0..0);
+        assert_eq!(
+            d.observe(id(), 4 * B - 2..4 * B + 2, size),
+            0..0,
+            "a gap of most of a block"
+        );
+        assert_eq!(
+            d.observe(id(), 4 * B + 2..5 * B, size),
+            5..7,
+            "adjacent again"
+        );
     }
 
     #[test]
