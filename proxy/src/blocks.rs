@@ -191,6 +191,26 @@ pub struct BlockStoreConfig {
     pub prefetch: PrefetchConfig,
 }
 
+#[cfg(test)]
+impl BlockStoreConfig {
+    /// Memory only, 4 KiB blocks, no read-ahead: what unit tests start from.
+    pub(crate) fn for_tests() -> Self {
+        Self {
+            layout: BlockLayout::new(4096),
+            memory_capacity: 1 << 20,
+            read_window: 4,
+            idle_timeout: Duration::from_secs(5),
+            upstream_concurrency: 4,
+            disk: None,
+            write_policy: WritePolicy::OnInsert,
+            bucket_partitions: Default::default(),
+            max_resumes: 3,
+            hedge_quantile: None,
+            prefetch: PrefetchConfig::off(),
+        }
+    }
+}
+
 impl BlockStore {
     /// A store reading blocks of `origin` as `config` says.
     pub fn new(config: BlockStoreConfig, origin: Arc<dyn Origin>, metrics: Arc<Metrics>) -> Self {
@@ -762,17 +782,8 @@ mod tests {
         let origin = Arc::new(FakeOrigin::with_delay(delay));
         origin.put("k", data(size, 0), "\"e1\"");
         let mut config = BlockStoreConfig {
-            layout: BlockLayout::new(4096),
-            memory_capacity: 1 << 20,
-            read_window: 4,
-            idle_timeout: Duration::from_secs(5),
             upstream_concurrency,
-            disk: None,
-            write_policy: cache_core::WritePolicy::OnInsert,
-            bucket_partitions: Default::default(),
-            max_resumes: 3,
-            hedge_quantile: None,
-            prefetch: crate::prefetch::PrefetchConfig::off(),
+            ..BlockStoreConfig::for_tests()
         };
         tweak(&mut config);
         let store = Arc::new(BlockStore::new(
@@ -1011,16 +1022,8 @@ mod disk_tests {
         let disk = DiskCache::open(cfg).await.expect("disk");
         let config = BlockStoreConfig {
             layout: BlockLayout::new(64 * 1024),
-            memory_capacity: 1 << 20,
-            read_window: 4,
-            idle_timeout: Duration::from_secs(5),
-            upstream_concurrency: 4,
             disk: Some(disk.clone()),
-            write_policy: WritePolicy::OnInsert,
-            bucket_partitions: Default::default(),
-            max_resumes: 3,
-            hedge_quantile: None,
-            prefetch: crate::prefetch::PrefetchConfig::off(),
+            ..BlockStoreConfig::for_tests()
         };
         let store = BlockStore::new(config, origin, Arc::new(Metrics::default()));
         (Arc::new(store), disk)

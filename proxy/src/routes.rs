@@ -635,24 +635,15 @@ mod tests {
     use crate::blocks::BlockStoreConfig;
     use crate::origin::fake::FakeOrigin;
     use bytes::Bytes;
-    use cache_core::BlockLayout;
     use http_body_util::BodyExt;
     use std::time::Duration;
 
     fn app(origin: Arc<FakeOrigin>) -> Arc<AppState> {
         let metrics = Arc::new(Metrics::default());
         let config = BlockStoreConfig {
-            layout: BlockLayout::new(4096),
-            memory_capacity: 1 << 20,
             read_window: 2,
-            idle_timeout: Duration::from_secs(5),
             upstream_concurrency: 8,
-            disk: None,
-            write_policy: cache_core::WritePolicy::OnInsert,
-            bucket_partitions: Default::default(),
-            max_resumes: 3,
-            hedge_quantile: None,
-            prefetch: crate::prefetch::PrefetchConfig::off(),
+            ..BlockStoreConfig::for_tests()
         };
         Arc::new(AppState {
             base_domain: None,

@@ -402,7 +402,6 @@ mod tests {
     use crate::blocks::BlockStoreConfig;
     use crate::origin::fake::FakeOrigin;
     use bytes::Bytes;
-    use cache_core::BlockLayout;
 
     fn warmer() -> (Arc<Warmer>, Arc<FakeOrigin>) {
         let origin = Arc::new(FakeOrigin::default());
@@ -411,19 +410,7 @@ mod tests {
         }
         let metrics = Arc::new(Metrics::default());
         let blocks = Arc::new(BlockStore::new(
-            BlockStoreConfig {
-                layout: BlockLayout::new(4096),
-                memory_capacity: 1 << 20,
-                read_window: 2,
-                idle_timeout: Duration::from_secs(5),
-                upstream_concurrency: 4,
-                disk: None,
-                write_policy: cache_core::WritePolicy::OnInsert,
-                bucket_partitions: Default::default(),
-                max_resumes: 3,
-                hedge_quantile: None,
-                prefetch: crate::prefetch::PrefetchConfig::off(),
-            },
+            BlockStoreConfig::for_tests(),
             origin.clone(),
             metrics.clone(),
         ));
