@@ -323,8 +323,18 @@ impl BlockStore {
         } else {
             Tier::Memory
         };
-        if self.cache.locate(&id) == Some(target) {
-            return Ok(Warmed::AlreadyCached);
+        match self.cache.locate(&id) {
+            Some(tier) if tier == target => return Ok(Warmed::AlreadyCached),
+            // Hot in memory but not on disk: copy it down, no upstream request needed.
+            Some(Tier::Memory) => {
+                if let Some(bytes) = self.cache.memory().get(&id).await {
+                    if !self.cache.insert_cold(id, bytes).await {
+                        self.metrics.cache_write_dropped("warm_rejected");
+                    }
+                    return Ok(Warmed::AlreadyCached);
+                }
+            }
+            _ => {}
         }
         let Some(slice) = self.layout.block(index, size) else {
             return Ok(Warmed::AlreadyCached);

@@ -202,7 +202,9 @@ impl Metrics {
         );
         // Series that may stay at zero are exported from the start, so dashboards and alerts
         // see 0 rather than nothing.
-        cache_writes_dropped.add(0, &[kv("reason", "fetch_failed")]);
+        for reason in ["fetch_failed", "warm_rejected"] {
+            cache_writes_dropped.add(0, &[kv("reason", reason)]);
+        }
         let coalesced = counter(
             "larder.singleflight.coalesced",
             "Block reads that joined a fetch already in flight",
