@@ -41,6 +41,10 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip)]
     config: Option<PathBuf>,
+    /// Load and check the configuration, print it, and exit without serving.
+    #[arg(long)]
+    #[serde(skip)]
+    check_config: bool,
     /// Address of the S3 listener [default: 127.0.0.1:9000].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -257,6 +261,11 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => {
             let config = Config::load(args.config.as_deref(), &args)?;
+            if args.check_config {
+                print!("{}", toml::to_string(&config).context("printing the configuration")?);
+                eprintln!("configuration OK");
+                return Ok(());
+            }
             // Logs (and traces) are set up before anything runs, and flushed after it stops.
             let _telemetry = larder::telemetry::init(&config)?;
             runtime.block_on(serve(config))

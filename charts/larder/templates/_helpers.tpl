@@ -1,15 +1,50 @@
+{{- define "larder.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
 {{- define "larder.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else if contains (include "larder.name" .) .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name (include "larder.name" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 {{- end -}}
 
-{{- define "larder.labels" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
+{{- define "larder.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "larder.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "larder.labels" -}}
+{{ include "larder.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "larder.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "larder.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "larder.credentialsSecret" -}}
+{{- default (printf "%s-client-keys" (include "larder.fullname" .)) .Values.auth.existingSecret -}}
+{{- end -}}
+
+{{/* A TOML value: strings quoted, numbers and booleans as they are, lists inline. */}}
+{{- define "larder.tomlValue" -}}
+{{- if kindIs "string" . -}}
+{{ . | quote }}
+{{- else if kindIs "slice" . -}}
+[{{ range $i, $v := . }}{{ if $i }}, {{ end }}{{ include "larder.tomlValue" $v }}{{ end }}]
+{{- else if kindIs "float64" . -}}
+{{- if eq . (floor .) -}}{{ int64 . }}{{- else -}}{{ . }}{{- end -}}
+{{- else -}}
+{{ . }}
+{{- end -}}
 {{- end -}}

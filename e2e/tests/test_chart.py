@@ -1,0 +1,123 @@
+"""The Helm chart, checked as far as an offline machine allows: `helm lint --strict`, `helm
+template` over the values files in charts/larder/ci, every rendered manifest validated against the
+Kubernetes OpenAPI schemas (kubernetes-validate, offline, strict), the PrometheusRule's rules by
+`promtool check rules`, and the rendered larder.toml by the real binary (`larder serve
+--check-config`). No cluster is reachable here, so nothing is installed."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from conftest import ROOT, binary
+
+CHART = ROOT / "charts" / "larder"
+VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
+KUBERNETES_VERSION = "1.30"
+# Custom resources of the Prometheus Operator: no schema ships with kubernetes-validate.
+CRDS = {"ServiceMonitor", "PrometheusRule"}
+
+
+def helm(*args, check=True):
+    exe = shutil.which("helm") or str(Path.home() / "go" / "bin" / "helm")
+    return subprocess.run([exe, *args], check=check, capture_output=True, text=True)
+
+
+def render(values: Path | None = None, *sets: str) -> list[dict]:
+    args = ["template", "larder", str(CHART)]
+    if values:
+        args += ["-f", str(values)]
+    for s in sets:
+        args += ["--set", s]
+    return [d for d in yaml.safe_load_all(helm(*args).stdout) if d]
+
+
+def by_kind(docs, kind):
+    return [d for d in docs if d["kind"] == kind]
+
+
+@pytest.mark.parametrize("values", VALUES, ids=lambda p: p.stem)
+def test_lint_template_and_validate(values, workdir):
+    assert len(VALUES) >= 4
+    lint = helm("lint", "--strict", str(CHART), "-f", str(values), check=False)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    docs = render(values)
+    for d in docs:
+        if d["kind"] in CRDS:
+            continue
+        kubernetes_validate.validate(d, KUBERNETES_VERSION, strict=True)
+    (sts,) = by_kind(docs, "StatefulSet")
+    pod = sts["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    sc = container["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True and sc["capabilities"]["drop"] == ["ALL"]
+    assert sc["allowPrivilegeEscalation"] is False
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert {s["metadata"]["name"].endswith("-headless") for s in by_kind(docs, "Service")} == {True, False}
+    assert by_kind(docs, "ServiceAccount") and by_kind(docs, "PodDisruptionBudget")
+
+    # The configuration the chart renders is one the binary accepts.
+    (config,) = [c for c in by_kind(docs, "ConfigMap") if "larder.toml" in c.get("data", {})]
+    toml = workdir / f"chart-{values.stem}.toml"
+    toml.write_text(config["data"]["larder.toml"])
+    check = subprocess.run([binary("larder"), "serve", "--config", str(toml), "--check-config"],
+                           capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+    assert check.returncode == 0, check.stderr + config["data"]["larder.toml"]
+
+    if values.stem.startswith("persistence"):
+        (claim,) = sts["spec"]["volumeClaimTemplates"]
+        assert claim["spec"]["storageClassName"] == "local-nvme"
+        assert claim["spec"]["resources"]["requests"]["storage"] == "500Gi"
+        sa = by_kind(docs, "ServiceAccount")[0]
+        assert sa["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].startswith("arn:aws:iam::")
+        assert not by_kind(docs, "Secret"), "an existing secret is used, none rendered"
+    if values.stem.startswith("tls"):
+        vols = {v["name"]: v for v in pod["volumes"]}
+        assert vols["tls"]["secret"]["secretName"] == "larder-tls"
+        assert vols["cache"]["emptyDir"]["sizeLimit"] == "50Gi"
+    if values.stem.startswith("monitoring"):
+        (monitor,) = by_kind(docs, "ServiceMonitor")
+        assert monitor["spec"]["endpoints"][0]["port"] == "admin"
+        assert by_kind(docs, "NetworkPolicy")
+        (rule,) = by_kind(docs, "PrometheusRule")
+        rules = workdir / "larder-rules.yaml"
+        rules.write_text(yaml.safe_dump(rule["spec"]))
+        promtool = shutil.which("promtool")
+        assert promtool, "promtool comes with Debian's prometheus package (e2e/setup.sh)"
+        out = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True)
+        assert out.returncode == 0 and "4 rules found" in out.stdout, out.stdout + out.stderr
+
+
+def test_a_typo_or_a_missing_secret_fails_at_install():
+    typo = helm("template", "larder", str(CHART), "-f", str(CHART / "ci" / "minimal-values.yaml"),
+                "--set", "replicas=2", check=False)
+    assert typo.returncode != 0 and "replicas" in typo.stderr
+    wrong = helm("template", "larder", str(CHART), "-f", str(CHART / "ci" / "minimal-values.yaml"),
+                 "--set", "disk.type=nvme", check=False)
+    assert wrong.returncode != 0 and "disk" in wrong.stderr
+    reserved = helm("template", "larder", str(CHART), "-f", str(CHART / "ci" / "minimal-values.yaml"),
+                    "--set", "config.listen=0.0.0.0:1", check=False)
+    assert reserved.returncode != 0
+    no_keys = helm("template", "larder", str(CHART), check=False)
+    assert no_keys.returncode != 0 and "auth.existingSecret" in no_keys.stderr
+
+
+def test_every_value_is_documented_in_the_chart_readme():
+    readme = (CHART / "README.md").read_text()
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def leaves(d, prefix=""):
+        for k, v in d.items():
+            path = f"{prefix}{k}"
+            if isinstance(v, dict) and v and k not in ("config", "resources"):
+                yield from leaves(v, path + ".")
+            else:
+                yield path
+
+    missing = [p for p in leaves(values) if f"`{p}`" not in readme]
+    assert not missing, f"charts/larder/README.md does not document {missing}"
