@@ -24,11 +24,13 @@ if ! cargo fuzz --version 2>/dev/null | grep -q "$CARGO_FUZZ_VERSION"; then
   cargo install cargo-fuzz --locked --version "$CARGO_FUZZ_VERSION"
 fi
 # From Debian: openssl (the TLS tests make certificates), Prometheus (scrapes Larder in the
-# observability tests) and Chromium (renders the status page headless). About 15 s when missing.
+# observability tests), Chromium (renders the status page headless) and docker.io (runs the
+# container image test). About 30 s when missing.
 apt_missing=()
 command -v openssl >/dev/null || apt_missing+=(openssl)
 command -v prometheus >/dev/null || apt_missing+=(prometheus)
 command -v chromium >/dev/null || apt_missing+=(chromium)
+command -v dockerd >/dev/null || apt_missing+=(docker.io)
 if [ ${#apt_missing[@]} -gt 0 ]; then
   echo "setup: installing ${apt_missing[*]} from apt"
   sudo_if_needed() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
@@ -45,6 +47,13 @@ else
   command -v go >/dev/null || { echo "go is required to build MinIO for the e2e tests" >&2; exit 1; }
   echo "setup: building MinIO $MINIO_VERSION with go install (about 5 minutes)"
   GOFLAGS=-mod=mod go install "$MINIO_MODULE@$MINIO_VERSION"
+fi
+# The image test needs a running Docker daemon (no registry access is needed: it builds FROM scratch).
+if ! docker info >/dev/null 2>&1; then
+  echo "setup: starting dockerd"
+  if [ "$(id -u)" = 0 ]; then (dockerd >/tmp/larder-e2e-dockerd.log 2>&1 &); else (sudo dockerd >/tmp/larder-e2e-dockerd.log 2>&1 &); fi
+  for _ in $(seq 1 30); do docker info >/dev/null 2>&1 && break; sleep 1; done
+  docker info >/dev/null 2>&1 || { echo "dockerd did not start; see /tmp/larder-e2e-dockerd.log" >&2; exit 1; }
 fi
 
 # Helm renders the chart in the tests (the dashboards ConfigMap); built with go install (~1 min).
