@@ -65,6 +65,29 @@ else
   go install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 fi
 
+# tflint (its bundled Terraform ruleset works offline) checks the Terraform modules; ~2 minutes.
+TFLINT_VERSION="v0.64.0"
+# (Output captured first: `| grep -q` under pipefail fails when grep stops reading early.)
+tflint_have="$("$gobin/tflint" --version 2>/dev/null || true)"
+if [[ "$tflint_have" == *"${TFLINT_VERSION#v}"* ]]; then
+  echo "setup: tflint $TFLINT_VERSION already installed"
+else
+  echo "setup: building tflint $TFLINT_VERSION with go install (about 2 minutes)"
+  go install "github.com/terraform-linters/tflint@$TFLINT_VERSION"
+fi
+# terraform itself comes with the machine image (no Debian package; providers cannot be fetched).
+command -v terraform >/dev/null || { echo "terraform is required for the Terraform checks (terraform fmt)" >&2; exit 1; }
+
+# checkov pins its own boto3, so it lives in a virtualenv of its own.
+CHECKOV_VERSION="3.3.30"
+checkov_env="$HOME/.local/share/larder-e2e/checkov"
+checkov_have="$("$checkov_env/bin/checkov" --version 2>/dev/null || true)"
+if [[ "$checkov_have" != *"$CHECKOV_VERSION"* ]]; then
+  echo "setup: installing checkov $CHECKOV_VERSION into $checkov_env (about 1 minute)"
+  python3 -m venv "$checkov_env"
+  "$checkov_env/bin/pip" install -q --disable-pip-version-check "checkov==$CHECKOV_VERSION"
+fi
+
 # A Python whose packages the system manages (PEP 668) gets them in the user's site instead.
 python3 -m pip install -q --disable-pip-version-check -r e2e/requirements.txt 2>/dev/null \
   || python3 -m pip install -q --disable-pip-version-check --user --break-system-packages -r e2e/requirements.txt
