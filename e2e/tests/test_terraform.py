@@ -27,7 +27,8 @@ def tool(name):
 
 def test_modules_and_examples_exist():
     names = {str(d.relative_to(TERRAFORM)) for d in DIRS}
-    assert names == {"modules/larder-eks", "modules/larder-ec2", "examples/eks", "examples/ec2"}, names
+    assert names == {"modules/larder-eks", "modules/larder-ec2", "modules/larder-s3-policy", "examples/eks",
+                     "examples/ec2"}, names
 
 
 def test_terraform_fmt():

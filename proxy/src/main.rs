@@ -262,7 +262,10 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => {
             let config = Config::load(args.config.as_deref(), &args)?;
             if args.check_config {
-                print!("{}", toml::to_string(&config).context("printing the configuration")?);
+                print!(
+                    "{}",
+                    toml::to_string(&config).context("printing the configuration")?
+                );
                 eprintln!("configuration OK");
                 return Ok(());
             }

@@ -8,32 +8,14 @@ data "aws_iam_policy_document" "assume" {
   }
 }
 
-locals {
-  all_buckets = distinct(concat(var.read_buckets, var.write_buckets))
+module "s3_policy" {
+  source        = "../larder-s3-policy"
+  read_buckets  = var.read_buckets
+  write_buckets = var.write_buckets
 }
 
 data "aws_iam_policy_document" "larder" {
-  statement {
-    sid       = "List"
-    actions   = ["s3:ListBucket", "s3:ListBucketVersions", "s3:GetBucketLocation"]
-    resources = [for b in local.all_buckets : "arn:aws:s3:::${b}"]
-  }
-  statement {
-    sid       = "Read"
-    actions   = ["s3:GetObject", "s3:GetObjectVersion", "s3:GetObjectAttributes", "s3:GetObjectTagging"]
-    resources = [for b in local.all_buckets : "arn:aws:s3:::${b}/*"]
-  }
-  dynamic "statement" {
-    for_each = length(var.write_buckets) > 0 ? [1] : []
-    content {
-      sid = "Write"
-      actions = [
-        "s3:PutObject", "s3:DeleteObject", "s3:DeleteObjectVersion", "s3:PutObjectTagging",
-        "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts",
-      ]
-      resources = [for b in var.write_buckets : "arn:aws:s3:::${b}/*"]
-    }
-  }
+  source_policy_documents = [module.s3_policy.json]
   statement {
     sid       = "ClientKeys"
     actions   = ["ssm:GetParameter"]

@@ -1,7 +1,6 @@
 locals {
   service_account = var.name
   oidc_host       = trimprefix(var.oidc_provider_url, "https://")
-  all_buckets     = distinct(concat(var.read_buckets, var.write_buckets))
 }
 
 data "aws_iam_policy_document" "assume" {
@@ -25,28 +24,10 @@ data "aws_iam_policy_document" "assume" {
 }
 
 # Least privilege: list and read the listed buckets; write only those in write_buckets.
-data "aws_iam_policy_document" "s3" {
-  statement {
-    sid       = "List"
-    actions   = ["s3:ListBucket", "s3:ListBucketVersions", "s3:GetBucketLocation"]
-    resources = [for b in local.all_buckets : "arn:aws:s3:::${b}"]
-  }
-  statement {
-    sid       = "Read"
-    actions   = ["s3:GetObject", "s3:GetObjectVersion", "s3:GetObjectAttributes", "s3:GetObjectTagging"]
-    resources = [for b in local.all_buckets : "arn:aws:s3:::${b}/*"]
-  }
-  dynamic "statement" {
-    for_each = length(var.write_buckets) > 0 ? [1] : []
-    content {
-      sid = "Write"
-      actions = [
-        "s3:PutObject", "s3:DeleteObject", "s3:DeleteObjectVersion", "s3:PutObjectTagging",
-        "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts",
-      ]
-      resources = [for b in var.write_buckets : "arn:aws:s3:::${b}/*"]
-    }
-  }
+module "s3_policy" {
+  source        = "../larder-s3-policy"
+  read_buckets  = var.read_buckets
+  write_buckets = var.write_buckets
 }
 
 resource "aws_iam_role" "larder" {
@@ -58,7 +39,7 @@ resource "aws_iam_role" "larder" {
 resource "aws_iam_role_policy" "s3" {
   name   = "s3-access"
   role   = aws_iam_role.larder.id
-  policy = data.aws_iam_policy_document.s3.json
+  policy = module.s3_policy.json
 }
 
 resource "aws_vpc_endpoint" "s3" {
