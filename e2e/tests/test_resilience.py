@@ -37,14 +37,23 @@ def object_gets(proxy, bucket, key):
 def test_5xx_and_slowdown_are_retried_within_the_attempt_budget(make_larder, faulty, direct, bucket):
     data = random.Random(1).randbytes(3 * MiB)
     direct.put_object(Bucket=bucket, Key="k", Body=data)
+    direct.put_object(Bucket=bucket, Key="k2", Body=data)
     larder = start(make_larder, faulty)
-    faulty.inject("status", 1, (500, "InternalError"), method="HEAD")
+    # The cold read's one GET (it brings the metadata too): 500, 503, then the good one — 3
+    # attempts, the budget.
+    faulty.inject("status", 1, (500, "InternalError"), method="GET")
     faulty.inject("status", 1, (503, "SlowDown"), method="GET")
-    faulty.inject("reset", 1, method="GET")
     assert larder.client().get_object(Bucket=bucket, Key="k")["Body"].read() == data
-    # HEAD: 1 failed + 1 good; GET: 503, reset, then the good one — 3 attempts, the budget.
-    assert len(faulty.seen("HEAD", f"/{bucket}/k")) == 2
     assert len(object_gets(faulty, bucket, "k")) == 3
+    # A connection reset before any answer: retried too.
+    faulty.inject("reset", 1, method="GET")
+    assert larder.client().get_object(Bucket=bucket, Key="k2")["Body"].read() == data
+    assert len(object_gets(faulty, bucket, "k2")) == 2
+    # A client's HEAD is answered from an upstream HEAD, retried the same way.
+    direct.put_object(Bucket=bucket, Key="k3", Body=b"x")
+    faulty.inject("status", 1, (500, "InternalError"), method="HEAD")
+    assert larder.client().head_object(Bucket=bucket, Key="k3")["ContentLength"] == 1
+    assert len(faulty.seen("HEAD", f"/{bucket}/k3")) == 2
 
 
 def test_a_persistent_5xx_is_a_clean_s3_error_after_the_budget(make_larder, faulty, direct, bucket):

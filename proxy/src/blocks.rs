@@ -19,7 +19,7 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 
 use crate::metrics::{Metrics, UpstreamStatus};
 use crate::origin::hedge::HedgePolicy;
-use crate::origin::{BodyStream, ObjectId, Origin, OriginError};
+use crate::origin::{BodyStream, ObjectId, ObjectMeta, Origin, OriginError};
 use crate::prefetch::{Detector, PrefetchConfig};
 use tracing::Instrument;
 
@@ -300,6 +300,7 @@ impl BlockStore {
                             etag,
                             slice,
                             Some(slot),
+                            None,
                             Purpose::Prefetch,
                         )
                         .await;
@@ -352,7 +353,7 @@ impl BlockStore {
                 let (object, etag) = (object.clone(), etag.clone());
                 tokio::spawn(async move {
                     store
-                        .fetch(writer, id, object, etag, slice, None, Purpose::Warm)
+                        .fetch(writer, id, object, etag, slice, None, None, Purpose::Warm)
                         .await
                 });
                 let mut bytes = 0;
@@ -535,13 +536,140 @@ impl BlockStore {
                 tokio::spawn(
                     async move {
                         store
-                            .fetch(writer, id, object, etag, slice, None, Purpose::Demand)
+                            .fetch(writer, id, object, etag, slice, None, None, Purpose::Demand)
                             .await
                     }
                     .instrument(span),
                 );
                 OpenBlock::Streaming(reader, tier)
             }
+        }
+    }
+
+    /// The disk tier's note that blocks of `object` were cached: a tiny entry under a block
+    /// index no object reaches, with no ETag.
+    fn marker(&self, object: &ObjectId) -> BlockId {
+        self.id(object, &Arc::from(""), u64::MAX)
+    }
+
+    /// Whether the disk tier notes that blocks of `object` were cached. After a restart the
+    /// metadata is gone but the disk tier is not: such an object is revalidated with a HEAD
+    /// (its blocks are likely still there) rather than opened with a block GET.
+    pub fn known_on_disk(&self, object: &ObjectId) -> bool {
+        self.cache.disk().is_some() && self.cache.locate(&self.marker(object)).is_some()
+    }
+
+    async fn remember(&self, object: &ObjectId) {
+        if self.cache.disk().is_none() {
+            return;
+        }
+        let marker = self.marker(object);
+        if self.cache.locate(&marker).is_none() {
+            // Best effort, like any disk write: a dropped note only costs a block GET later.
+            self.cache
+                .insert_cold(marker, Bytes::from_static(b"1"))
+                .await;
+        }
+    }
+
+    /// Metadata of an object nothing is known of, from a GET of its block `index` whose body
+    /// then fills that block, saving the HEAD round trip. `Ok(None)` when the answer cannot
+    /// stand for a HEAD (see [`Origin::get_with_meta`]). The fetch runs in a task of its own,
+    /// like any block fetch, so the block lands even if the caller goes away.
+    pub async fn open_cold(
+        self: &Arc<Self>,
+        object: ObjectId,
+        index: u64,
+    ) -> Result<Option<ObjectMeta>, OriginError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let store = self.clone();
+        let span = tracing::info_span!(
+            "block fetch",
+            larder.block = index,
+            larder.source = "upstream"
+        );
+        tokio::spawn(async move { store.fetch_cold(object, index, tx).await }.instrument(span));
+        rx.await.unwrap_or(Err(OriginError::Abandoned))
+    }
+
+    async fn fetch_cold(
+        &self,
+        object: ObjectId,
+        index: u64,
+        tx: tokio::sync::oneshot::Sender<Result<Option<ObjectMeta>, OriginError>>,
+    ) {
+        let Ok(slot) = self.upstream_slots.acquire().await else {
+            let _ = tx.send(Err(OriginError::Abandoned));
+            return;
+        };
+        let block_size = self.layout.block_size();
+        let start = index.saturating_mul(block_size);
+        let started = Instant::now();
+        let result = self
+            .origin
+            .get_with_meta(&object, start..start.saturating_add(block_size))
+            .instrument(tracing::info_span!(
+                "upstream",
+                otel.name = "GetObject",
+                otel.kind = "client"
+            ))
+            .await;
+        let status = match &result {
+            Ok(Some(_)) => UpstreamStatus::Http(206),
+            Ok(None) => UpstreamStatus::Http(416),
+            Err(e) => e.into(),
+        };
+        self.metrics
+            .upstream("GetObject", status, started.elapsed());
+        let (meta, body) = match result {
+            Ok(Some(found)) => found,
+            Ok(None) => {
+                let _ = tx.send(Ok(None));
+                return;
+            }
+            Err(e) => {
+                if !e.is_not_found() {
+                    self.metrics.upstream_failed(&e);
+                }
+                let _ = tx.send(Err(e));
+                return;
+            }
+        };
+        self.hedge.record(started.elapsed());
+        let etag: Arc<str> = meta.etag.as_str().into();
+        let Some(slice) = self.layout.block(index, meta.size) else {
+            let _ = tx.send(Ok(None));
+            return;
+        };
+        let id = self.id(&object, &etag, index);
+        // A block cached under this ETag (metadata forgotten for space, or a restart with the
+        // disk tier kept) is served from there: this body is dropped, having cost one request.
+        if self.cache.locate(&id).is_some() {
+            let _ = tx.send(Ok(Some(meta)));
+            return;
+        }
+        // Joined before the metadata is handed over, so the reader finds this fetch in flight
+        // instead of starting its own.
+        let writer = match self.flights.join(id.clone()) {
+            Joined::Leader { writer, reader } => {
+                drop(reader);
+                Some(writer)
+            }
+            Joined::Follower(_) => None,
+        };
+        let _ = tx.send(Ok(Some(meta)));
+        if let Some(writer) = writer {
+            self.fetch(
+                writer,
+                id,
+                object,
+                etag,
+                slice,
+                Some(slot),
+                Some(body),
+                Purpose::Demand,
+            )
+            .await;
         }
     }
 
@@ -554,12 +682,14 @@ impl BlockStore {
         etag: Arc<str>,
         slice: BlockSlice,
         slot: Option<SemaphorePermit<'_>>,
+        body: Option<BodyStream>,
         purpose: Purpose,
     ) {
         // Disk first: one read, verified, then promoted to memory. A disk miss (evicted since
         // `locate`, or failed verification) falls through to the origin. Warming skips it: it
-        // only fetches what the disk does not hold, and must not promote into memory.
-        if purpose != Purpose::Warm {
+        // only fetches what the disk does not hold, and must not promote into memory. A body
+        // already arriving (a cold open) was checked against the tiers before it came here.
+        if purpose != Purpose::Warm && body.is_none() {
             if let Some((bytes, tier)) = self.cache.get(&id).await {
                 debug_assert_ne!(tier, Tier::Fetched);
                 writer.push(bytes);
@@ -568,10 +698,13 @@ impl BlockStore {
             }
         }
         let range = slice.block_start..slice.block_start + slice.block_len;
-        let result = self.fetch_into(&writer, &object, &etag, range, slot).await;
+        let result = self
+            .fetch_into(&writer, &object, &etag, range, slot, body)
+            .await;
         match result {
             Ok(()) => {
                 let block = writer.finish();
+                self.remember(&object).await;
                 match purpose {
                     Purpose::Demand => self.cache.insert(id, block).await,
                     Purpose::Prefetch => self.cache.insert(id, block).await,
@@ -609,6 +742,7 @@ impl BlockStore {
         etag: &str,
         range: Range<u64>,
         slot: Option<SemaphorePermit<'_>>,
+        mut body: Option<BodyStream>,
     ) -> Result<(), OriginError> {
         let expected = range.end - range.start;
         // The permit is held until the body is complete: it bounds fetch buffers, not just requests.
@@ -623,10 +757,14 @@ impl BlockStore {
         let mut got = 0u64;
         let mut resumes = 0;
         loop {
-            let failure = match self
-                .get_hedged(object, etag, range.start + got..range.end)
-                .await
-            {
+            let attempt = match body.take() {
+                Some(body) => Ok(body),
+                None => {
+                    self.get_hedged(object, etag, range.start + got..range.end)
+                        .await
+                }
+            };
+            let failure = match attempt {
                 Ok(mut body) => loop {
                     let next = match tokio::time::timeout(self.idle_timeout, body.next()).await {
                         Ok(next) => next,

@@ -35,6 +35,10 @@ pub struct MetadataCache {
     cache: Option<Cache<ObjectId, Arc<ObjectMeta>>>,
     /// The same answers kept `serve_stale_on_error` longer, for when the upstream fails.
     stale: Option<Cache<ObjectId, Arc<ObjectMeta>>>,
+    /// Objects whose metadata was fetched before (and not invalidated since). These revalidate
+    /// with a HEAD, cheap next to fetching a block again that is likely still cached; objects
+    /// not in it are opened with a GET that brings metadata and a block at once.
+    seen: Option<moka::sync::Cache<ObjectId, ()>>,
     origin: Arc<dyn Origin>,
     metrics: Arc<Metrics>,
 }
@@ -81,6 +85,12 @@ impl MetadataCache {
         Self {
             cache: (!ttl.is_zero()).then(|| build(ttl)),
             stale: (!stale_for.is_zero()).then(|| build(ttl + stale_for)),
+            seen: (!ttl.is_zero()).then(|| {
+                moka::sync::Cache::builder()
+                    .max_capacity(capacity)
+                    .support_invalidation_closures()
+                    .build()
+            }),
             origin,
             metrics,
         }
@@ -88,30 +98,68 @@ impl MetadataCache {
 
     /// The object's metadata, and where it came from.
     pub async fn get(&self, id: &ObjectId) -> Result<(Arc<ObjectMeta>, Source), OriginError> {
+        let head = async { self.head(id).await.map_err(|e| (e, true)) };
+        self.lookup(id, head).await.map_err(|(e, _)| e)
+    }
+
+    /// Whether nothing is known of `id` (never fetched, or forgotten since), so that its first
+    /// read may use [`MetadataCache::get_or_open`]. Never with a zero TTL: every read then asks
+    /// the upstream, and a HEAD is the cheap way.
+    pub fn is_unknown(&self, id: &ObjectId) -> bool {
+        self.seen.as_ref().is_some_and(|s| !s.contains_key(id))
+    }
+
+    /// Like [`MetadataCache::get`], but the metadata comes from `open` (a GET that also brings
+    /// a block), or from a HEAD when `open` says its answer cannot stand for one. Concurrent
+    /// callers share one `open`. The error says whether it came from a HEAD (which has no
+    /// error code).
+    pub async fn get_or_open(
+        &self,
+        id: &ObjectId,
+        open: impl std::future::Future<Output = Result<Option<ObjectMeta>, OriginError>>,
+    ) -> Result<(Arc<ObjectMeta>, Source), (OriginError, bool)> {
+        let fetch = async {
+            match open.await {
+                Ok(Some(meta)) => Ok(Arc::new(meta)),
+                Ok(None) => self.head(id).await.map_err(|e| (e, true)),
+                Err(e) => Err((e, false)),
+            }
+        };
+        self.lookup(id, fetch).await
+    }
+
+    async fn lookup(
+        &self,
+        id: &ObjectId,
+        fetch: impl std::future::Future<Output = Result<Arc<ObjectMeta>, (OriginError, bool)>>,
+    ) -> Result<(Arc<ObjectMeta>, Source), (OriginError, bool)> {
         let fetched = match &self.cache {
-            None => self.head(id).await,
+            None => fetch.await,
             Some(cache) => {
                 if let Some(meta) = cache.get(id).await {
                     return Ok((meta, Source::Cached));
                 }
                 cache
-                    .try_get_with(id.clone(), self.head(id))
+                    .try_get_with(id.clone(), fetch)
                     .await
                     .map_err(|e| (*e).clone())
             }
         };
+        if let (Ok(_), Some(seen)) = (&fetched, &self.seen) {
+            seen.insert(id.clone(), ());
+        }
         match (fetched, &self.stale) {
             (Ok(meta), Some(stale)) => {
                 stale.insert(id.clone(), meta.clone()).await;
                 Ok((meta, Source::Fetched))
             }
             (Ok(meta), None) => Ok((meta, Source::Fetched)),
-            (Err(e), Some(stale)) if is_outage(&e) => match stale.get(id).await {
+            (Err((e, from_head)), Some(stale)) if is_outage(&e) => match stale.get(id).await {
                 Some(meta) => {
                     tracing::warn!(object = %id, error = %e, "upstream failing: serving stale metadata");
                     Ok((meta, Source::Stale))
                 }
-                None => Err(e),
+                None => Err((e, from_head)),
             },
             (Err(e), _) => Err(e),
         }
@@ -122,6 +170,9 @@ impl MetadataCache {
         for cache in self.cache.iter().chain(&self.stale) {
             cache.invalidate(id).await;
         }
+        if let Some(seen) = &self.seen {
+            seen.invalidate(id);
+        }
     }
 
     /// Forget every object of `bucket` (a write that names its keys only in its body).
@@ -130,6 +181,10 @@ impl MetadataCache {
             let bucket: Arc<str> = bucket.into();
             // Fails only if closures were not enabled at build time, which they are.
             let _ = cache.invalidate_entries_if(move |id, _| id.bucket == bucket);
+        }
+        if let Some(seen) = &self.seen {
+            let bucket: Arc<str> = bucket.into();
+            let _ = seen.invalidate_entries_if(move |id, _| id.bucket == bucket);
         }
     }
 

@@ -6,6 +6,7 @@
 //! ([`crate::s3`]) → bytes ([`BlockStore::read`]). Anything else goes to [`Forwarder::send`],
 //! and a write that succeeds forgets what was cached of its object.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -20,14 +21,14 @@ use tracing::Instrument;
 
 use crate::auth::chunked::{self, ChunkError, Decoder};
 use crate::auth::{copy_source_bucket, Authenticator, Payload, Principal};
-use crate::blocks::BlockStore;
+use crate::blocks::{BlockStore, CacheResult};
 use crate::metadata::{MetadataCache, Source};
 use crate::metrics::{Metrics, UpstreamStatus};
 use crate::origin::forward::{Forward, ForwardError, Forwarder, Reshaped};
 use crate::origin::{ObjectId, Origin, OriginError};
 use crate::s3::conditional::{self, Outcome};
 use crate::s3::headers::object_headers;
-use crate::s3::range::{self, Resolved};
+use crate::s3::range::{self, RangeSpec, Resolved};
 use crate::s3::request::{self, ObjectQuery, Target};
 use crate::s3::S3Error;
 
@@ -411,9 +412,33 @@ impl AppState {
         query: &ObjectQuery,
         head: bool,
     ) -> Result<Handled, Retry> {
-        let (meta, source) = match self.metadata.get(id).await {
+        let range_header = headers.get(header::RANGE).and_then(|v| v.to_str().ok());
+        // A GET of an object nothing is known of fetches its metadata together with the first
+        // block it needs: one upstream round trip before the first byte instead of two.
+        let cold_block = match (head, range_header.map(RangeSpec::parse)) {
+            (true, _) => None,
+            (false, None | Some(None)) => Some(0),
+            (false, Some(Some(RangeSpec::FromTo { first, .. }))) => {
+                Some(first / self.blocks.layout().block_size())
+            }
+            // The block is unknown until the size is: a HEAD first.
+            (false, Some(Some(RangeSpec::Suffix(_)))) => None,
+        }
+        .filter(|_| self.metadata.is_unknown(id) && !self.blocks.known_on_disk(id));
+        let opened = AtomicBool::new(false);
+        let fetched = match cold_block {
+            Some(index) => {
+                let open = async {
+                    opened.store(true, Ordering::Relaxed);
+                    self.blocks.open_cold(id.clone(), index).await
+                };
+                self.metadata.get_or_open(id, open).await
+            }
+            None => self.metadata.get(id).await.map_err(|e| (e, true)),
+        };
+        let (meta, source) = match fetched {
             Ok(m) => m,
-            Err(e) => return Ok(Err(self.explain(e, id, head, true).await)),
+            Err((e, from_head)) => return Ok(Err(self.explain(e, id, head, from_head).await)),
         };
         // For answers without a body, X-Cache says where the metadata came from.
         let meta_cache = match source {
@@ -436,7 +461,6 @@ impl AppState {
             }
             Outcome::PreconditionFailed => return Ok(Err(S3Error::PreconditionFailed)),
         }
-        let range_header = headers.get(header::RANGE).and_then(|v| v.to_str().ok());
         let (status, start, end) = match range::resolve(range_header, meta.size) {
             Resolved::Whole => (StatusCode::OK, 0, meta.size),
             Resolved::Partial { start, end } => {
@@ -460,7 +484,11 @@ impl AppState {
             return respond(Body::empty(), meta_cache);
         }
         let etag: Arc<str> = meta.etag.as_str().into();
-        let cache = self.blocks.classify(id, &etag, start..end, meta.size);
+        let cache = match self.blocks.classify(id, &etag, start..end, meta.size) {
+            // This request's own GET is the flight it finds.
+            CacheResult::Coalesced if opened.load(Ordering::Relaxed) => CacheResult::Miss,
+            other => other,
+        };
         self.blocks.read_ahead(id, &etag, start..end, meta.size);
         let mut body = Box::pin(self.blocks.read(id.clone(), etag, start..end, meta.size));
         // Wait for the first bytes before answering, so an upstream failure (or a changed object)
@@ -711,7 +739,54 @@ mod tests {
             "\"v2\"",
             "headers and bytes come from the same version"
         );
-        assert_eq!(origin.heads.load(std::sync::atomic::Ordering::SeqCst), 2);
+        // Both times nothing was known, so metadata came with a block GET: 1 for v1's block 0,
+        // 1 refused (If-Match v1), 1 for v2's block 2.
+        assert_eq!(origin.heads.load(Ordering::SeqCst), 0);
+        assert_eq!(origin.gets.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn a_cold_get_brings_metadata_and_its_block_in_one_request() {
+        let data: Bytes = (0..3 * 4096)
+            .map(|i| (i % 251) as u8)
+            .collect::<Vec<u8>>()
+            .into();
+        let origin = Arc::new(FakeOrigin::default());
+        origin.put("k", data.clone(), "\"v1\"");
+        let app = app(origin.clone());
+        let (status, headers, body) = get(&app, "bytes=5000-5009").await;
+        assert_eq!(
+            (status, &body[..]),
+            (StatusCode::PARTIAL_CONTENT, &data[5000..5010])
+        );
+        assert_eq!(headers[header::CONTENT_RANGE], "bytes 5000-5009/12288");
+        assert_eq!(headers["x-cache"], "miss");
+        assert_eq!(origin.heads.load(Ordering::SeqCst), 0);
+        assert_eq!(origin.gets.load(Ordering::SeqCst), 1, "one GET, of block 1");
+        let (_, headers, body) = get(&app, "bytes=4096-8191").await;
+        assert_eq!(&body[..], &data[4096..8192]);
+        // The block may still be arriving for the first reader's fetch: joined, not fetched again.
+        assert!(["hit-memory", "coalesced"].contains(&headers["x-cache"].to_str().unwrap()));
+        assert_eq!(origin.gets.load(Ordering::SeqCst), 1);
+
+        // A suffix range needs the size to find its block: HEAD first. So does an empty object,
+        // where the ranged GET is refused.
+        origin.put("s", data.clone(), "\"s1\"");
+        origin.put("e", Bytes::new(), "\"e1\"");
+        for (key, range, want) in [
+            ("s", Some("bytes=-10"), &data[12278..]),
+            ("e", None, &[][..]),
+        ] {
+            let mut req = Request::builder().uri(format!("/bucket/{key}"));
+            if let Some(range) = range {
+                req = req.header(header::RANGE, range);
+            }
+            let req = req.body(Body::empty()).unwrap();
+            let response = handle(State(app.clone()), req).await;
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            assert_eq!(&body[..], want, "{key}");
+        }
+        assert_eq!(origin.heads.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test]

@@ -91,6 +91,30 @@ impl Origin for FakeOrigin {
         })
     }
 
+    async fn get_with_meta(
+        &self,
+        object: &ObjectId,
+        range: Range<u64>,
+    ) -> Result<Option<(ObjectMeta, BodyStream)>, OriginError> {
+        let (data, etag) = self.lookup(object)?;
+        let size = data.len() as u64;
+        if range.start >= size {
+            self.gets.fetch_add(1, Ordering::SeqCst);
+            return Ok(None);
+        }
+        let body = self
+            .get(object, None, Some(range.start..range.end.min(size)))
+            .await?;
+        let meta = ObjectMeta {
+            size,
+            etag,
+            last_modified: None,
+            version_id: None,
+            headers: vec![],
+        };
+        Ok(Some((meta, body)))
+    }
+
     async fn list(
         &self,
         _bucket: &str,

@@ -121,6 +121,18 @@ pub trait Origin: Send + Sync + 'static {
         range: Option<Range<u64>>,
     ) -> Result<BodyStream, OriginError>;
 
+    /// GetObject of `range` of an object nothing is known of yet: the answer's headers stand in
+    /// for a HEAD (Content-Range gives the size), so a cold read costs one round trip, not two.
+    /// `Ok(None)` when they cannot (no Content-Range, or the range starts past the end): the
+    /// caller asks with HEAD instead. The default always says so.
+    async fn get_with_meta(
+        &self,
+        _object: &ObjectId,
+        _range: Range<u64>,
+    ) -> Result<Option<(ObjectMeta, BodyStream)>, OriginError> {
+        Ok(None)
+    }
+
     /// One page of ListObjectsV2 under `prefix`: keys with their sizes, and the token for the
     /// next page (`None` on the last).
     async fn list(

@@ -206,19 +206,70 @@ impl Origin for S3Origin {
                 });
             }
         }
-        let body = out.body;
-        let stream = futures::stream::unfold(body, |mut body| async move {
-            match body.next().await {
-                None => None,
-                Some(Ok(bytes)) => Some((Ok(bytes), body)),
-                Some(Err(e)) => Some((
-                    Err(OriginError::Transport(DisplayErrorContext(&e).to_string())),
-                    body,
-                )),
-            }
-        });
-        Ok(stream.boxed())
+        Ok(body_stream(out.body))
     }
+
+    async fn get_with_meta(
+        &self,
+        object: &ObjectId,
+        range: Range<u64>,
+    ) -> Result<Option<(ObjectMeta, BodyStream)>, OriginError> {
+        let result = self
+            .client
+            .get_object()
+            .bucket(object.bucket.as_ref())
+            .key(object.key.as_ref())
+            .set_version_id(object.version_id.as_deref().map(str::to_owned))
+            .range(format!("bytes={}-{}", range.start, range.end - 1))
+            .send()
+            .await;
+        let mut out = match result {
+            Ok(out) => out,
+            Err(e) => {
+                return match map_error(e) {
+                    // Past the end, or an empty object: only a HEAD says which.
+                    OriginError::Service { status: 416, .. } => Ok(None),
+                    other => Err(other),
+                };
+            }
+        };
+        let Some(size) = out
+            .content_range
+            .as_deref()
+            .and_then(total_of_content_range)
+        else {
+            return Ok(None);
+        };
+        let expected = range.end.min(size).saturating_sub(range.start);
+        if out.content_length.and_then(|l| u64::try_from(l).ok()) != Some(expected) {
+            return Err(OriginError::BodyLength {
+                got: out.content_length.unwrap_or(0).max(0) as u64,
+                expected,
+            });
+        }
+        let body = std::mem::take(&mut out.body);
+        let meta = object_meta!(out, size, "GET")?;
+        Ok(Some((meta, body_stream(body))))
+    }
+}
+
+fn body_stream(body: aws_sdk_s3::primitives::ByteStream) -> BodyStream {
+    futures::stream::unfold(body, |mut body| async move {
+        match body.next().await {
+            None => None,
+            Some(Ok(bytes)) => Some((Ok(bytes), body)),
+            Some(Err(e)) => Some((
+                Err(OriginError::Transport(DisplayErrorContext(&e).to_string())),
+                body,
+            )),
+        }
+    })
+    .boxed()
+}
+
+/// The object size in a Content-Range (`bytes 0-99/1234`); `None` for `*` or garbage.
+fn total_of_content_range(v: &str) -> Option<u64> {
+    v.strip_prefix("bytes ")?.split_once('/')?.1.parse().ok()
 }
 
 fn map_error<E>(err: SdkError<E, aws_sdk_s3::config::http::HttpResponse>) -> OriginError
@@ -273,80 +324,96 @@ fn meta_from_head(out: HeadObjectOutput) -> Result<ObjectMeta, OriginError> {
             code: "InternalError".into(),
             message: "upstream HEAD had no Content-Length".into(),
         })?;
-    let etag = out.e_tag.clone().ok_or_else(|| OriginError::Service {
-        status: 502,
-        code: "InternalError".into(),
-        message: "upstream HEAD had no ETag".into(),
-    })?;
-    let last_modified = out.last_modified.and_then(|t| SystemTime::try_from(t).ok());
-    let mut headers = Vec::new();
-    let mut add = |name: &str, value: Option<&str>| {
-        if let Some(v) = value {
-            if let (Ok(n), Ok(v)) = (HeaderName::try_from(name), HeaderValue::from_str(v)) {
-                headers.push((n, v));
+    object_meta!(out, size, "HEAD")
+}
+
+/// [`ObjectMeta`] from a HeadObject or GetObject output (the SDK gives them the same fields,
+/// but no common type).
+macro_rules! object_meta {
+    ($out:expr, $size:expr, $op:literal) => {{
+        let out = $out;
+        match out.e_tag.clone() {
+            None => Err(OriginError::Service {
+                status: 502,
+                code: "InternalError".into(),
+                message: concat!("upstream ", $op, " had no ETag").into(),
+            }),
+            Some(etag) => {
+                let last_modified = out.last_modified.and_then(|t| SystemTime::try_from(t).ok());
+                let mut headers = Vec::new();
+                let mut add = |name: &str, value: Option<&str>| {
+                    if let Some(v) = value {
+                        if let (Ok(n), Ok(v)) =
+                            (HeaderName::try_from(name), HeaderValue::from_str(v))
+                        {
+                            headers.push((n, v));
+                        }
+                    }
+                };
+                add("content-type", out.content_type.as_deref());
+                add("content-encoding", out.content_encoding.as_deref());
+                add("content-language", out.content_language.as_deref());
+                add("content-disposition", out.content_disposition.as_deref());
+                add("cache-control", out.cache_control.as_deref());
+                add("expires", out.expires_string.as_deref());
+                add(
+                    "x-amz-storage-class",
+                    out.storage_class.as_ref().map(|s| s.as_str()),
+                );
+                add(
+                    "x-amz-server-side-encryption",
+                    out.server_side_encryption.as_ref().map(|s| s.as_str()),
+                );
+                add(
+                    "x-amz-server-side-encryption-aws-kms-key-id",
+                    out.ssekms_key_id.as_deref(),
+                );
+                add(
+                    "x-amz-website-redirect-location",
+                    out.website_redirect_location.as_deref(),
+                );
+                add(
+                    "x-amz-object-lock-mode",
+                    out.object_lock_mode.as_ref().map(|s| s.as_str()),
+                );
+                add(
+                    "x-amz-object-lock-legal-hold",
+                    out.object_lock_legal_hold_status
+                        .as_ref()
+                        .map(|s| s.as_str()),
+                );
+                add(
+                    "x-amz-replication-status",
+                    out.replication_status.as_ref().map(|s| s.as_str()),
+                );
+                add("x-amz-restore", out.restore.as_deref());
+                let retain = out
+                    .object_lock_retain_until_date
+                    .and_then(|d| d.fmt(aws_smithy_types::date_time::Format::DateTime).ok());
+                add("x-amz-object-lock-retain-until-date", retain.as_deref());
+                let tag_count = out.tag_count.map(|n| n.to_string());
+                add("x-amz-tagging-count", tag_count.as_deref());
+                let missing = out.missing_meta.map(|n| n.to_string());
+                add("x-amz-missing-meta", missing.as_deref());
+                if let Some(meta) = &out.metadata {
+                    let mut pairs: Vec<_> = meta.iter().collect();
+                    pairs.sort();
+                    for (k, v) in pairs {
+                        add(&format!("x-amz-meta-{}", k.to_ascii_lowercase()), Some(v));
+                    }
+                }
+                Ok(ObjectMeta {
+                    size: $size,
+                    etag,
+                    last_modified,
+                    version_id: out.version_id,
+                    headers,
+                })
             }
         }
-    };
-    add("content-type", out.content_type.as_deref());
-    add("content-encoding", out.content_encoding.as_deref());
-    add("content-language", out.content_language.as_deref());
-    add("content-disposition", out.content_disposition.as_deref());
-    add("cache-control", out.cache_control.as_deref());
-    add("expires", out.expires_string.as_deref());
-    add(
-        "x-amz-storage-class",
-        out.storage_class.as_ref().map(|s| s.as_str()),
-    );
-    add(
-        "x-amz-server-side-encryption",
-        out.server_side_encryption.as_ref().map(|s| s.as_str()),
-    );
-    add(
-        "x-amz-server-side-encryption-aws-kms-key-id",
-        out.ssekms_key_id.as_deref(),
-    );
-    add(
-        "x-amz-website-redirect-location",
-        out.website_redirect_location.as_deref(),
-    );
-    add(
-        "x-amz-object-lock-mode",
-        out.object_lock_mode.as_ref().map(|s| s.as_str()),
-    );
-    add(
-        "x-amz-object-lock-legal-hold",
-        out.object_lock_legal_hold_status
-            .as_ref()
-            .map(|s| s.as_str()),
-    );
-    add(
-        "x-amz-replication-status",
-        out.replication_status.as_ref().map(|s| s.as_str()),
-    );
-    add("x-amz-restore", out.restore.as_deref());
-    let retain = out
-        .object_lock_retain_until_date
-        .and_then(|d| d.fmt(aws_smithy_types::date_time::Format::DateTime).ok());
-    add("x-amz-object-lock-retain-until-date", retain.as_deref());
-    let tag_count = out.tag_count.map(|n| n.to_string());
-    add("x-amz-tagging-count", tag_count.as_deref());
-    let missing = out.missing_meta.map(|n| n.to_string());
-    add("x-amz-missing-meta", missing.as_deref());
-    if let Some(meta) = &out.metadata {
-        let mut pairs: Vec<_> = meta.iter().collect();
-        pairs.sort();
-        for (k, v) in pairs {
-            add(&format!("x-amz-meta-{}", k.to_ascii_lowercase()), Some(v));
-        }
-    }
-    Ok(ObjectMeta {
-        size,
-        etag,
-        last_modified,
-        version_id: out.version_id,
-        headers,
-    })
+    }};
 }
+use object_meta;
 
 #[cfg(test)]
 mod tests {

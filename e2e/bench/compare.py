@@ -1,0 +1,698 @@
+"""Larder vs direct S3 vs nginx proxy_cache + slice, side by side, in one run on one machine.
+
+Usage (e2e/bench/run.sh installs the tools and builds the binaries first, then calls this):
+
+    python3 e2e/bench/compare.py --mode quick|full --out DIR
+
+It starts MinIO (the real S3 server), the latency proxy in front of it (every request held
+20-50 ms, 1 % of them 200 ms more, counted where it lands), Larder and nginx, both reading
+through that proxy, and drives all three targets with the same workloads:
+
+- memory hits and disk hits of 1 / 8 / 64 MiB objects at 1-64 connections (wrk);
+- cold misses: time to first byte, one request at a time, over direct;
+- a thundering herd of 64 clients on the same cold objects: upstream GETs and bytes;
+- Zipf reads over a working set 10x Larder's memory and 2x its disk, nginx given the same
+  total capacity: hit ratio, upstream requests avoided, dollars per million requests;
+- Parquet-like ranged reads: the last 64 KiB, then a few column chunks.
+
+Clients sign for Larder (presigned SigV4 URLs, verified on every request, as a real client's
+would be); nginx and direct reads are anonymous GETs of a public-read bucket, since neither can
+verify a signature. Results go to DIR as results.json, results.md and PNG plots.
+"""
+
+import argparse
+import bisect
+import datetime
+import http.client
+import json
+import os
+import platform
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from conftest import CLIENT_KEY, CLIENT_SECRET, ROOT, Larder, Minio, binary, free_port, s3_client, wait_http  # noqa: E402
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+BLOCK = 8 * MiB  # Larder's default block size, used throughout
+BUCKET = "bench"
+GET_PRICE = 0.0004 / 1000  # S3 Standard GET-class request, us-east-1 (HEAD is GET-class)
+HERE = Path(__file__).resolve().parent
+
+MODES = {
+    "quick": dict(seconds=2, clients=[1, 16], ttfb={1 * MiB: 20, 64 * MiB: 4}, herd_objects=2, herd_size=16 * MiB,
+                  disk_sets={1 * MiB: 48, 8 * MiB: 12, 64 * MiB: 3}, zipf_objects=320, zipf_requests=6000,
+                  zipf_region="16MiB", parquet_files=4, parquet_size=64 * MiB),
+    "full": dict(seconds=10, clients=[1, 4, 16, 64], ttfb={1 * MiB: 100, 64 * MiB: 16}, herd_objects=4,
+                 herd_size=16 * MiB, disk_sets={1 * MiB: 128, 8 * MiB: 32, 64 * MiB: 6}, zipf_objects=2048,
+                 zipf_requests=40000, zipf_region="64MiB", parquet_files=16, parquet_size=64 * MiB),
+}
+SIZES = [1 * MiB, 8 * MiB, 64 * MiB]
+
+
+def size_name(n: int) -> str:
+    return f"{n // MiB} MiB" if n >= MiB else f"{n // KiB} KiB"
+
+
+# ---------------------------------------------------------------------------------------------
+# Object contents: every object is a window into one random buffer, starting at an offset of its
+# own, so objects differ and every body is checked byte for byte without keeping them all.
+_BASE = os.urandom(64 * MiB + 4 * KiB)
+_VIEW = memoryview(_BASE)
+
+
+def content(key: str, size: int) -> memoryview:
+    """The bytes of object `key` (a view: comparing and slicing it copies nothing)."""
+    if size > 64 * MiB:
+        raise ValueError("objects are at most 64 MiB")
+    start = hash_key(key) % (4 * KiB)
+    return _VIEW[start:start + size]
+
+
+def hash_key(key: str) -> int:
+    h = 1469598103934665603
+    for b in key.encode():
+        h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+# ---------------------------------------------------------------------------------------------
+class LatencyProxy:
+    """The Rust pass-through that stands in for S3's latency (e2e/latency-proxy)."""
+
+    def __init__(self, workdir: Path, upstream_port: int):
+        self.port = free_port()
+        self.log = open(workdir / "latency-proxy.log", "wb")
+        self.proc = subprocess.Popen([binary("larder-latency-proxy"), "--listen", f"127.0.0.1:{self.port}",
+                                      "--upstream", f"127.0.0.1:{upstream_port}"],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        wait_http(f"{self.endpoint}/__proxy/stats")
+
+    def control(self, path: str) -> dict:
+        with urllib.request.urlopen(f"{self.endpoint}/__proxy/{path}", timeout=10) as r:
+            return json.loads(r.read())
+
+    def latency(self, delay_ms=20.0, jitter_ms=30.0, tail_fraction=0.01, tail_ms=200.0) -> dict:
+        return self.control(f"latency?delay_ms={delay_ms}&jitter_ms={jitter_ms}"
+                            f"&tail_fraction={tail_fraction}&tail_ms={tail_ms}")
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        self.log.close()
+
+
+NGINX_CONF = """
+# nginx as the S3 caching guides set it up: nginx-s3-gateway's default.conf.template (a cache for
+# whole-object GETs keyed by method, host and URI; lock, revalidate, background update, stale on
+# errors; 1h for 200s) and its sliced location for Range requests (slice module, 1m slices, the
+# gateway's PROXY_CACHE_SLICE_SIZE default), as in "Smart and Efficient Byte-Range Caching with
+# NGINX". The gateway signs with njs; here the bucket is public-read, so no signing is needed.
+worker_processes auto;
+daemon off;
+pid {work}/nginx.pid;
+error_log {work}/nginx-error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    sendfile on;
+    tcp_nodelay on;
+    keepalive_timeout 65;
+    keepalive_requests 1000000;
+    client_body_temp_path {work}/client-temp;
+    proxy_temp_path {work}/proxy-temp;
+    fastcgi_temp_path {work}/fastcgi-temp;
+    uwsgi_temp_path {work}/uwsgi-temp;
+    scgi_temp_path {work}/scgi-temp;
+    proxy_cache_path {work}/cache levels=1:2 keys_zone=s3_cache:10m max_size={max_size} inactive=60m use_temp_path=off;
+    proxy_cache_path {work}/cache-slices levels=1:2 keys_zone=s3_cache_slices:10m max_size={max_size} inactive=60m use_temp_path=off;
+    upstream s3 {{
+        server 127.0.0.1:{upstream};
+        keepalive 64;
+    }}
+    server {{
+        listen 127.0.0.1:{port};
+        add_header X-Cache-Status $upstream_cache_status;
+        proxy_http_version 1.1;
+        proxy_set_header Connection "";
+        proxy_cache_valid 200 302 1h;
+        proxy_cache_valid 404 1m;
+        proxy_cache_valid 403 30s;
+        proxy_cache_methods GET HEAD;
+        proxy_cache_convert_head off;
+        proxy_cache_revalidate on;
+        proxy_cache_background_update on;
+        proxy_cache_lock on;
+        proxy_cache_use_stale error timeout http_500 http_502 http_503 http_504;
+
+        location / {{
+            # The gateway sends Range requests to its sliced location (in njs); same here.
+            if ($http_range) {{
+                rewrite ^ /__sliced$uri last;
+            }}
+            proxy_cache s3_cache;
+            proxy_cache_key "$request_method$host$uri";
+            proxy_pass http://s3;
+        }}
+        location /__sliced/ {{
+            internal;
+            rewrite ^/__sliced(/.*)$ $1 break;
+            slice 1m;
+            proxy_cache s3_cache_slices;
+            proxy_cache_key "$request_method$host$uri$slice_range";
+            proxy_set_header Range $slice_range;
+            proxy_cache_valid 200 206 1h;
+            proxy_pass http://s3;
+        }}
+    }}
+}}
+"""
+
+
+class Nginx:
+    def __init__(self, workdir: Path, upstream_port: int, max_size: int, name: str = "nginx"):
+        self.work = workdir / name
+        self.work.mkdir()
+        self.port = free_port()
+        conf = self.work / "nginx.conf"
+        conf.write_text(NGINX_CONF.format(work=self.work, upstream=upstream_port, port=self.port,
+                                          max_size=f"{max_size // MiB}m"))
+        self.log = open(self.work / "stdout.log", "wb")
+        self.proc = subprocess.Popen(["nginx", "-p", str(self.work), "-c", str(conf)],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with urllib.request.urlopen(f"{self.endpoint}/{BUCKET}/__ready__", timeout=2):
+                    break
+            except urllib.error.HTTPError:
+                break  # any HTTP answer means it is up
+            except Exception:  # noqa: BLE001
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError(f"nginx did not start: {(self.work / 'nginx-error.log').read_text()}")
+                time.sleep(0.2)
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=20)
+        self.log.close()
+
+
+class Target:
+    """One thing to read from: the URL (path and query) of an object, and how hits show."""
+
+    def __init__(self, name: str, endpoint: str, presigner=None):
+        self.name = name
+        self.endpoint = endpoint
+        u = urllib.parse.urlsplit(endpoint)
+        self.host, self.port = u.hostname, u.port
+        self.presigner = presigner
+
+    def path(self, key: str) -> str:
+        if self.presigner is None:
+            return f"/{BUCKET}/{key}"
+        url = self.presigner.generate_presigned_url("get_object", Params={"Bucket": BUCKET, "Key": key},
+                                                    ExpiresIn=6 * 3600)
+        u = urllib.parse.urlsplit(url)
+        return f"{u.path}?{u.query}"
+
+
+def cache_header(resp) -> str:
+    return resp.getheader("x-cache") or resp.getheader("x-cache-status") or "-"
+
+
+class Reader:
+    """One keep-alive HTTP/1.1 connection: timed GETs, every body checked."""
+
+    def __init__(self, target: Target):
+        self.target = target
+        self.conn = http.client.HTTPConnection(target.host, target.port, timeout=120)
+
+    def get(self, key: str, expected: bytes, range_: str | None = None, path: str | None = None):
+        path = path or self.target.path(key)
+        t0 = time.perf_counter()
+        # The same request wrk sends (no Accept-Encoding): MinIO answers `Vary: Accept-Encoding`,
+        # so nginx would keep a separate copy for clients that send one.
+        self.conn.putrequest("GET", path, skip_accept_encoding=True)
+        if range_:
+            self.conn.putheader("Range", range_)
+        self.conn.endheaders()
+        resp = self.conn.getresponse()
+        first = resp.read(1)
+        t_first = time.perf_counter() - t0
+        body = first + resp.read()
+        t_all = time.perf_counter() - t0
+        if resp.status not in (200, 206) or body != expected:
+            raise RuntimeError(f"{self.target.name} {key} {range_}: status {resp.status}, {len(body)} bytes, "
+                               f"expected {len(expected)}: {body[:200]!r}")
+        return t_first, t_all, cache_header(resp)
+
+    def close(self):
+        self.conn.close()
+
+
+def percentile(values, q):
+    if not values:
+        return float("nan")
+    v = sorted(values)
+    return v[min(len(v) - 1, int(round(q / 100 * (len(v) - 1))))]
+
+
+def metric_sum(text: str, name: str, by: str) -> dict:
+    """Series of `name` in Prometheus text, summed by the label `by`."""
+    out: dict = {}
+    for line in text.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        m = re.search(by + r'="([^"]*)"', line)
+        out[m.group(1) if m else ""] = out.get(m.group(1) if m else "", 0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def delta(after: dict, before: dict) -> dict:
+    return {k: int(v - before.get(k, 0)) for k, v in after.items() if v - before.get(k, 0)}
+
+
+# ---------------------------------------------------------------------------------------------
+class Bench:
+    def __init__(self, mode: str, out: Path):
+        self.mode = mode
+        self.cfg = MODES[mode]
+        self.out = out
+        self.work = Path(tempfile.mkdtemp(prefix="larder-compare-", dir="/var/tmp"))
+        self.work.chmod(0o755)  # nginx's workers run as an unprivileged user when started as root
+        self.results: dict = {"mode": mode, "machine": machine(), "workloads": {}}
+        self.stoppers = []
+
+    def start(self):
+        self.minio = Minio(self.work)
+        self.stoppers.append(self.minio.stop)
+        self.s3 = s3_client(self.minio.endpoint)
+        self.s3.create_bucket(Bucket=BUCKET)
+        self.s3.put_bucket_policy(Bucket=BUCKET, Policy=json.dumps({
+            "Version": "2012-10-17",
+            "Statement": [{"Effect": "Allow", "Principal": {"AWS": ["*"]}, "Action": ["s3:GetObject"],
+                           "Resource": [f"arn:aws:s3:::{BUCKET}/*"]}],
+        }))
+        self.proxy = LatencyProxy(self.work, self.minio.port)
+        self.stoppers.append(self.proxy.stop)
+        self.proxy.latency()
+        self.results["latency"] = self.proxy.latency()
+
+    def stop(self):
+        for stop in reversed(self.stoppers):
+            try:
+                stop()
+            except Exception as e:  # noqa: BLE001 - keep stopping the rest
+                print(f"stop: {e}", file=sys.stderr)
+        if not os.environ.get("LARDER_BENCH_KEEP"):
+            shutil.rmtree(self.work, ignore_errors=True)
+
+    def upload(self, keys_sizes):
+        def put(ks):
+            key, size = ks
+            s3 = s3_client(self.minio.endpoint)
+            s3.put_object(Bucket=BUCKET, Key=key, Body=bytes(content(key, size)))
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(put, keys_sizes))
+
+    def larder(self, name: str, *extra: str) -> tuple[Larder, Target]:
+        l = Larder(self.work, self.proxy.endpoint, *extra, name=name)
+        self.stoppers.append(l.stop)
+        presigner = s3_client(l.endpoint, CLIENT_KEY, CLIENT_SECRET)
+        return l, Target("Larder", l.endpoint, presigner)
+
+    def nginx(self, name: str, max_size: int) -> tuple[Nginx, Target]:
+        n = Nginx(self.work, self.proxy.port, max_size, name)
+        self.stoppers.append(n.stop)
+        return n, Target("nginx", n.endpoint)
+
+    def direct(self) -> Target:
+        return Target("direct", self.proxy.endpoint)
+
+    def upstream(self) -> dict:
+        s = self.proxy.control("stats")
+        return {"gets": s["by_method"].get("GET", 0), "heads": s["by_method"].get("HEAD", 0),
+                "bytes": s["response_bytes"]}
+
+    def wrk(self, target: Target, keys: list[str], clients: int, seconds: int) -> dict:
+        paths = self.work / f"paths-{target.name}.txt"
+        paths.write_text("".join(target.path(k) + "\n" for k in keys))
+        cmd = ["wrk", "-t", str(min(2, clients)), "-c", str(clients), "-d", f"{seconds}s", "--timeout", "60s",
+               "-s", str(HERE / "wrk.lua"), target.endpoint, "--", str(paths)]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        r = json.loads(out.split("WRK-JSON ", 1)[1].splitlines()[0])
+        errors = sum(r[k] for k in ("connect_errors", "read_errors", "write_errors", "status_errors", "timeouts"))
+        if errors:
+            raise RuntimeError(f"wrk against {target.name}: {errors} errors: {r}")
+        secs = r["duration_us"] / 1e6
+        return {"rps": r["requests"] / secs, "mib_s": r["bytes"] / secs / MiB, "requests": r["requests"],
+                **{k: r[k] / 1000 for k in ("p50_us", "p90_us", "p99_us", "p999_us", "max_us")}}
+
+    # --- workloads -------------------------------------------------------------------------
+    def hits(self, tier: str, larder: Larder, targets: list[Target], keys_by_size: dict):
+        rows = []
+        for size in SIZES:
+            keys = keys_by_size[size]
+            for clients in self.cfg["clients"]:
+                for t in targets:
+                    before = metric_sum(larder.metrics(), "larder_requests_total", "cache") if t.name == "Larder" else None
+                    r = self.wrk(t, keys, clients, self.cfg["seconds"])
+                    if before is not None:
+                        r["cache"] = delta(metric_sum(larder.metrics(), "larder_requests_total", "cache"), before)
+                    rows.append({"size": size, "clients": clients, "target": t.name, **r})
+                    print(f"  {tier} {size_name(size)} x{clients} {t.name}: {r['rps']:.0f} req/s, "
+                          f"{r['mib_s']:.0f} MiB/s, p50 {r['p50_us']:.2f} p99 {r['p99_us']:.2f} ms {r.get('cache', '')}",
+                          flush=True)
+        return rows
+
+    def warm_by_reading(self, target: Target, keys: list[str], sizes: dict, want: set, tries: int = 10):
+        r = Reader(target)
+        try:
+            for key in keys:
+                for _ in range(tries):
+                    _, _, status = r.get(key, content(key, sizes[key]))
+                    if status in want:
+                        break
+                    time.sleep(0.05)
+                else:
+                    raise RuntimeError(f"{target.name} {key} not a hit after {tries} reads ({status})")
+        finally:
+            r.close()
+
+    def memory_hits(self, larder, lt, nt):
+        print("== memory hits", flush=True)
+        keys = {s: [f"hot/{s}"] for s in SIZES}
+        sizes = {f"hot/{s}": s for s in SIZES}
+        self.upload(sizes.items())
+        self.warm_by_reading(lt, list(sizes), sizes, {"hit-memory"})
+        self.warm_by_reading(nt, list(sizes), sizes, {"HIT"})
+        self.results["workloads"]["memory_hits"] = self.hits("memory", larder, [self.direct(), nt, lt], keys)
+
+    def disk_hits(self, nt):
+        print("== disk hits", flush=True)
+        sets = self.cfg["disk_sets"]
+        keys = {s: [f"disk/{s}/{i}" for i in range(n)] for s, n in sets.items()}
+        sizes = {k: s for s, ks in keys.items() for k in ks}
+        self.upload(sizes.items())
+        total = sum(sizes.values())
+        larder, lt = self.larder("larder-disk", "--memory-capacity", "8MiB", "--disk-path",
+                                 str(self.work / "larder-disk.cache"), "--disk-capacity", f"{2 * total // MiB}MiB")
+        job = post_json(f"{larder.admin}/warm", {"bucket": BUCKET, "prefix": "disk/"})
+        deadline = time.monotonic() + 600
+        while True:
+            with urllib.request.urlopen(f"{larder.admin}/warm/{job['id']}", timeout=10) as r:
+                p = json.loads(r.read())
+            if p["state"] != "running":
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"warm-up did not finish: {p}")
+            time.sleep(0.5)
+        if p["state"] != "done" or p["errors"]:
+            raise RuntimeError(f"warm-up failed: {p}")
+        self.warm_by_reading(nt, list(sizes), sizes, {"HIT"})
+        rows = self.hits("disk", larder, [self.direct(), nt, lt], keys)
+        self.results["workloads"]["disk_hits"] = rows
+        self.results["disk_hits_setup"] = {"larder_memory": 8 * MiB, "objects": {str(s): n for s, n in sets.items()},
+                                           "warm_seconds": p["elapsed_seconds"]}
+
+    def cold_ttfb(self, lt, nt):
+        print("== cold misses: time to first byte", flush=True)
+        # A fixed latency, so the difference between targets is the cache's own overhead.
+        self.proxy.latency(delay_ms=30, jitter_ms=0, tail_fraction=0, tail_ms=0)
+        rows = []
+        try:
+            for size, n in self.cfg["ttfb"].items():
+                keys = [f"cold/{size}/{i}" for i in range(n)]
+                self.upload([(k, size) for k in keys])
+                for t in (self.direct(), nt, lt):
+                    r = Reader(t)
+                    r.get(f"hot/{SIZES[0]}", content(f"hot/{SIZES[0]}", SIZES[0]))  # open the connection
+                    firsts, alls, statuses = [], [], {}
+                    for key in keys:
+                        first, total, status = r.get(key, content(key, size))
+                        firsts.append(first * 1000)
+                        alls.append(total * 1000)
+                        statuses[status] = statuses.get(status, 0) + 1
+                    r.close()
+                    row = {"size": size, "target": t.name, "requests": n, "cache": statuses,
+                           "ttfb_p50": percentile(firsts, 50), "ttfb_p90": percentile(firsts, 90),
+                           "ttfb_p99": percentile(firsts, 99), "total_p50": percentile(alls, 50)}
+                    rows.append(row)
+                    print(f"  {size_name(size)} {t.name}: TTFB p50 {row['ttfb_p50']:.2f} p90 {row['ttfb_p90']:.2f} ms, "
+                          f"whole p50 {row['total_p50']:.2f} ms {statuses}", flush=True)
+        finally:
+            self.proxy.latency()
+        self.results["workloads"]["cold_ttfb"] = rows
+
+    def herd(self, lt, nt, clients: int = 64):
+        print("== thundering herd", flush=True)
+        n, size = self.cfg["herd_objects"], self.cfg["herd_size"]
+        keys = [f"herd/{i}" for i in range(n)]
+        self.upload([(k, size) for k in keys])
+        rows = []
+        for t in (self.direct(), nt, lt):
+            paths = {k: t.path(k) for k in keys}
+            barrier = threading.Barrier(clients)
+            latencies, errors = [], []
+
+            def client():
+                r = Reader(t)
+                try:
+                    barrier.wait()
+                    for k in keys:
+                        _, total, _ = r.get(k, content(k, size), path=paths[k])
+                        latencies.append(total * 1000)
+                except Exception as e:  # noqa: BLE001 - reported below
+                    errors.append(e)
+                finally:
+                    r.close()
+            self.proxy.control("reset")
+            threads = [threading.Thread(target=client) for _ in range(clients)]
+            t0 = time.perf_counter()
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            elapsed = time.perf_counter() - t0
+            if errors:
+                raise RuntimeError(f"herd on {t.name}: {errors[0]}")
+            up = self.upstream()
+            row = {"target": t.name, "clients": clients, "objects": n, "size": size,
+                   "blocks": n * -(-size // BLOCK), "upstream_gets": up["gets"], "upstream_heads": up["heads"],
+                   "upstream_mib": up["bytes"] / MiB, "served_mib": clients * n * size / MiB,
+                   "p50": percentile(latencies, 50), "p99": percentile(latencies, 99), "seconds": elapsed}
+            rows.append(row)
+            print(f"  {t.name}: {up['gets']} GETs + {up['heads']} HEADs upstream, {row['upstream_mib']:.1f} MiB; "
+                  f"p50 {row['p50']:.0f} p99 {row['p99']:.0f} ms", flush=True)
+        self.results["workloads"]["herd"] = rows
+
+    def zipf(self, threads: int = 16, s: float = 1.0):
+        print("== Zipf", flush=True)
+        n, size, requests = self.cfg["zipf_objects"], 1 * MiB, self.cfg["zipf_requests"]
+        working_set = n * size
+        memory, disk = working_set // 10, working_set // 2
+        keys = [f"zipf/{i}" for i in range(n)]
+        self.upload([(k, size) for k in keys])
+        rng = random.Random(20261123)
+        order = keys[:]
+        rng.shuffle(order)  # popularity is not key order
+        weights = [1 / (rank + 1) ** s for rank in range(n)]
+        cdf, acc = [], 0.0
+        for w in weights:
+            acc += w
+            cdf.append(acc)
+        sequence = [order[bisect.bisect_left(cdf, rng.random() * acc)] for _ in range(requests)]
+        larder, lt = self.larder("larder-zipf", "--memory-capacity", f"{memory // MiB}MiB",
+                                 "--disk-path", str(self.work / "larder-zipf.cache"),
+                                 "--disk-capacity", f"{disk // MiB}MiB", "--disk-region-size", self.cfg["zipf_region"])
+        _, nt = self.nginx("nginx-zipf", memory + disk)
+        rows = []
+        for t in (nt, lt):
+            self.proxy.control("reset")
+            statuses: dict = {}
+            lock = threading.Lock()
+            latencies = []
+            nxt = iter(range(requests))
+            errors = []
+
+            def worker():
+                r = Reader(t)
+                try:
+                    while True:
+                        with lock:
+                            i = next(nxt, None)
+                        if i is None:
+                            return
+                        k = sequence[i]
+                        _, total, status = r.get(k, content(k, size))
+                        with lock:
+                            statuses[status] = statuses.get(status, 0) + 1
+                            latencies.append(total * 1000)
+                except Exception as e:  # noqa: BLE001 - reported below
+                    errors.append(e)
+                finally:
+                    r.close()
+            t0 = time.perf_counter()
+            ws = [threading.Thread(target=worker) for _ in range(threads)]
+            for w in ws:
+                w.start()
+            for w in ws:
+                w.join()
+            elapsed = time.perf_counter() - t0
+            if errors:
+                raise RuntimeError(f"Zipf on {t.name}: {errors[0]}")
+            up = self.upstream()
+            hits = sum(v for k, v in statuses.items() if k.startswith("hit") or k == "HIT")
+            upstream_requests = up["gets"] + up["heads"]
+            row = {"target": t.name, "requests": requests, "cache": statuses, "hit_ratio": hits / requests,
+                   "upstream_gets": up["gets"], "upstream_heads": up["heads"],
+                   "avoided": 1 - upstream_requests / requests,
+                   "byte_hit_ratio": 1 - up["bytes"] / (requests * size),
+                   "dollars_per_million_direct": 1e6 * GET_PRICE,
+                   "dollars_per_million": 1e6 * GET_PRICE * upstream_requests / requests,
+                   "p50": percentile(latencies, 50), "p99": percentile(latencies, 99), "seconds": elapsed}
+            row["saved_per_million"] = row["dollars_per_million_direct"] - row["dollars_per_million"]
+            rows.append(row)
+            print(f"  {t.name}: hit ratio {row['hit_ratio']:.3f}, {up['gets']} GETs + {up['heads']} HEADs upstream "
+                  f"for {requests} requests, saved ${row['saved_per_million']:.3f}/M {statuses}", flush=True)
+        self.results["workloads"]["zipf"] = rows
+        self.results["zipf_setup"] = {"objects": n, "object_size": size, "exponent": s, "requests": requests,
+                                      "threads": threads, "larder_memory": memory, "larder_disk": disk,
+                                      "nginx_max_size": memory + disk}
+
+    def parquet(self, lt, nt, threads: int = 8):
+        print("== Parquet-like ranged reads", flush=True)
+        n, size = self.cfg["parquet_files"], self.cfg["parquet_size"]
+        keys = [f"parquet/{i}.parquet" for i in range(n)]
+        self.upload([(k, size) for k in keys])
+        rng = random.Random(7)
+
+        def query():
+            reads = [("footer", f"bytes=-{64 * KiB}", size - 64 * KiB, size)]
+            for _ in range(3):
+                length = rng.choice([256 * KiB, 512 * KiB, 1 * MiB, 2 * MiB, 4 * MiB])
+                start = rng.randrange(0, size - 64 * KiB - length)
+                reads.append(("column", f"bytes={start}-{start + length - 1}", start, start + length))
+            return reads
+        first = {k: query() for k in keys}
+        second = {k: query() for k in keys}
+        passes = [("cold: footer + 3 column chunks", first), ("same query again", first),
+                  ("other columns, same files", second)]
+        rows = []
+        for t in (self.direct(), nt, lt):
+            for label, plan in passes:
+                self.proxy.control("reset")
+                latencies = {"footer": [], "column": []}
+                errors = []
+                todo = iter(keys)
+                lock = threading.Lock()
+
+                def worker():
+                    r = Reader(t)
+                    try:
+                        while True:
+                            with lock:
+                                k = next(todo, None)
+                            if k is None:
+                                return
+                            path = t.path(k)
+                            whole = content(k, size)
+                            for kind, rng_header, a, b in plan[k]:
+                                _, total, _ = r.get(k, whole[a:b], rng_header, path=path)
+                                with lock:
+                                    latencies[kind].append(total * 1000)
+                    except Exception as e:  # noqa: BLE001 - reported below
+                        errors.append(e)
+                    finally:
+                        r.close()
+                ws = [threading.Thread(target=worker) for _ in range(threads)]
+                for w in ws:
+                    w.start()
+                for w in ws:
+                    w.join()
+                if errors:
+                    raise RuntimeError(f"Parquet reads on {t.name}: {errors[0]}")
+                up = self.upstream()
+                served = sum(b - a for k in keys for _, _, a, b in plan[k])
+                row = {"target": t.name, "pass": label, "reads": 4 * n, "served_mib": served / MiB,
+                       "upstream_gets": up["gets"], "upstream_heads": up["heads"], "upstream_mib": up["bytes"] / MiB,
+                       "footer_p50": percentile(latencies["footer"], 50), "column_p50": percentile(latencies["column"], 50),
+                       "p99": percentile(latencies["footer"] + latencies["column"], 99)}
+                rows.append(row)
+                print(f"  {t.name} / {label}: {up['gets']} GETs + {up['heads']} HEADs, {row['upstream_mib']:.1f} MiB "
+                      f"upstream for {row['served_mib']:.1f} MiB; footer p50 {row['footer_p50']:.1f} "
+                      f"column p50 {row['column_p50']:.1f} ms", flush=True)
+        self.results["workloads"]["parquet"] = rows
+
+    def run(self):
+        self.start()
+        started = time.monotonic()
+        larder, lt = self.larder("larder", "--memory-capacity", "2GiB")
+        _, nt = self.nginx("nginx", 8 * GiB)
+        self.memory_hits(larder, lt, nt)
+        self.cold_ttfb(lt, nt)
+        self.herd(lt, nt)
+        self.parquet(lt, nt)
+        self.disk_hits(nt)
+        self.zipf()
+        self.results["seconds"] = time.monotonic() - started
+
+
+def post_json(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def machine() -> dict:
+    def cmd(*args):
+        try:
+            p = subprocess.run(args, capture_output=True, text=True, timeout=10)
+            return (p.stdout + p.stderr).strip().splitlines()[0]
+        except Exception:  # noqa: BLE001
+            return "?"
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    mem = next((int(l.split()[1]) * 1024 for l in open("/proc/meminfo") if l.startswith("MemTotal")), 0)
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem / GiB, 1),
+        "kernel": platform.release(),
+        "commit": cmd("git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"),
+        "nginx": cmd("nginx", "-v"), "wrk": cmd("wrk", "-v"),
+        "minio": cmd(shutil.which("minio") or str(Path.home() / "go/bin/minio"), "--version"),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mode", choices=MODES, default="quick")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    bench = Bench(args.mode, args.out)
+    try:
+        bench.run()
+    finally:
+        bench.stop()
+    (args.out / "results.json").write_text(json.dumps(bench.results, indent=1))
+    import report  # noqa: PLC0415 - matplotlib loads only once there is something to plot
+    report.write(bench.results, args.out)
+    print(f"results in {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,274 @@
+"""Tables (Markdown) and plots (PNG) from compare.py's results.json.
+
+    python3 e2e/bench/report.py DIR    # rewrites DIR/results.md and DIR/*.png from DIR/results.json
+"""
+
+import json
+import sys
+from pathlib import Path
+
+MiB = 1 << 20
+TARGETS = ["direct", "nginx", "Larder"]
+COLORS = {"direct": "#888888", "nginx": "#2b8a3e", "Larder": "#c2410c"}
+
+
+def size_name(n: int) -> str:
+    return f"{n // MiB} MiB" if n >= MiB else f"{n // 1024} KiB"
+
+
+def ratio(a, b):
+    return f"{a / b:.2f}x" if b else "–"
+
+
+def by(rows, **kw):
+    return [r for r in rows if all(r.get(k) == v for k, v in kw.items())]
+
+
+def one(rows, **kw):
+    found = by(rows, **kw)
+    return found[0] if found else None
+
+
+def hits_table(rows) -> list[str]:
+    out = ["| object | clients | target | req/s | MiB/s | p50 ms | p99 ms | p99.9 ms |",
+           "|---|---|---|---|---|---|---|---|"]
+    for size in sorted({r["size"] for r in rows}):
+        for clients in sorted({r["clients"] for r in rows}):
+            rs = {t: one(rows, size=size, clients=clients, target=t) for t in TARGETS}
+            for t in TARGETS:
+                r = rs[t]
+                if r:
+                    out.append(f"| {size_name(size)} | {clients} | {t} | {r['rps']:.0f} | {r['mib_s']:.0f} | "
+                               f"{r['p50_us']:.2f} | {r['p99_us']:.2f} | {r['p999_us']:.2f} |")
+            lt = rs["Larder"]
+            for base in ("direct", "nginx"):
+                b = rs[base]
+                if lt and b:
+                    out.append(f"| {size_name(size)} | {clients} | **Larder / {base}** | **{ratio(lt['rps'], b['rps'])}** | | "
+                               f"{ratio(lt['p50_us'], b['p50_us'])} | **{ratio(lt['p99_us'], b['p99_us'])}** | "
+                               f"{ratio(lt['p999_us'], b['p999_us'])} |")
+    tiers: dict = {}
+    for r in by(rows, target="Larder"):
+        for k, v in r.get("cache", {}).items():
+            tiers[k] = tiers.get(k, 0) + v
+    out.append("")
+    out.append("Larder's answers during these runs, by `X-Cache` (from its own request counter): " +
+               ", ".join(f"{k} {v:,}" for k, v in sorted(tiers.items())) + ".")
+    return out
+
+
+def goals(res) -> list[str]:
+    w = res["workloads"]
+    out = []
+    mem = w.get("memory_hits", [])
+    cases = [(one(mem, size=s, clients=c, target="Larder"), one(mem, size=s, clients=c, target="nginx"))
+             for s in sorted({r["size"] for r in mem}) for c in sorted({r["clients"] for r in mem})]
+    cases = [(lt, nx) for lt, nx in cases if lt and nx]
+    faster = sum(lt["rps"] >= nx["rps"] for lt, nx in cases)
+    lower = sum(lt["p99_us"] < nx["p99_us"] for lt, nx in cases)
+    both = sum(lt["rps"] >= nx["rps"] and lt["p99_us"] < nx["p99_us"] for lt, nx in cases)
+    out.append(f"- **Memory hits at least as fast as nginx's cache hits, with lower p99**: met in {both} of "
+               f"{len(cases)} cases (size × clients); throughput ≥ nginx in {faster}, p99 lower in {lower}.")
+    herd = one(w.get("herd", []), target="Larder")
+    if herd:
+        ok = herd["upstream_gets"] == herd["blocks"]
+        out.append(f"- **Thundering herd, exactly one upstream GET per block**: {'met' if ok else 'NOT met'}: "
+                   f"{herd['upstream_gets']} GETs for {herd['blocks']} blocks ({herd['clients']} clients), plus "
+                   f"{herd['upstream_heads']} HEADs.")
+    ttfb = w.get("cold_ttfb", [])
+    for size in sorted({r["size"] for r in ttfb}):
+        lt, d = one(ttfb, size=size, target="Larder"), one(ttfb, size=size, target="direct")
+        if lt and d:
+            over = lt["ttfb_p50"] - d["ttfb_p50"]
+            out.append(f"- **Cold-miss time-to-first-byte overhead under 1 ms at p50** ({size_name(size)}): "
+                       f"{'met' if over < 1 else 'NOT met'}: {over:+.2f} ms (Larder {lt['ttfb_p50']:.2f} ms, "
+                       f"direct {d['ttfb_p50']:.2f} ms).")
+    z = {r["target"]: r for r in w.get("zipf", [])}
+    if "Larder" in z and "nginx" in z:
+        ok = z["Larder"]["hit_ratio"] >= z["nginx"]["hit_ratio"]
+        out.append(f"- **Zipf hit ratio at least nginx's at the same capacity**: {'met' if ok else 'NOT met'}: "
+                   f"Larder {z['Larder']['hit_ratio']:.3f}, nginx {z['nginx']['hit_ratio']:.3f}.")
+    return out
+
+
+def markdown(res) -> str:
+    m, w = res["machine"], res["workloads"]
+    lat = res["latency"]
+    out = [f"# Larder vs direct S3 vs nginx proxy_cache: {res['mode']} run", "",
+           f"**Machine**: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, Linux {m['kernel']}; "
+           f"{m['nginx']}; {m['wrk']}; {m['minio']}; Larder at commit {m['commit']}; {m['date']}. "
+           f"Everything (MinIO, the latency proxy, Larder, nginx, the load generators) shares these cores.",
+           "",
+           f"**Upstream latency** added to every request reaching MinIO: {lat['delay_ms']:.0f} ms + "
+           f"uniform 0–{lat['jitter_ms']:.0f} ms, and {lat['tail_fraction'] * 100:.0f} % of requests "
+           f"{lat['tail_ms']:.0f} ms more (the cold-miss test uses a fixed 30 ms instead).",
+           f"Run time: {res.get('seconds', 0) / 60:.1f} min.", "", "## Goals", "", *goals(res), ""]
+    if "memory_hits" in w:
+        out += ["## Memory hits", "", *hits_table(w["memory_hits"]), ""]
+    if "disk_hits" in w:
+        setup = res.get("disk_hits_setup", {})
+        objs = ", ".join(f"{n} × {size_name(int(s))}" for s, n in setup.get("objects", {}).items())
+        out += ["## Disk hits", "",
+                f"Larder with an 8 MiB memory tier over a disk tier warmed with `POST /warm` ({objs}, "
+                f"{setup.get('warm_seconds', 0):.1f} s): reads come from the disk tier (O_DIRECT, every byte "
+                "CRC-checked). nginx's cache is files read through the kernel's page cache, which held them: its "
+                "rows are the same kind of hit as in the memory table.", "", *hits_table(w["disk_hits"]), ""]
+    if "cold_ttfb" in w:
+        out += ["## Cold misses: time to first byte", "",
+                "One request at a time on a kept-alive connection, each for an object that target has not seen; "
+                "time to the first body byte, and to the last.", "",
+                "| object | target | requests | TTFB p50 ms | p90 ms | p99 ms | whole object p50 ms | answered as |",
+                "|---|---|---|---|---|---|---|---|"]
+        rows = w["cold_ttfb"]
+        for size in sorted({r["size"] for r in rows}):
+            d = one(rows, size=size, target="direct")
+            for t in TARGETS:
+                r = one(rows, size=size, target=t)
+                if r:
+                    cache = ", ".join(f"{k} {v}" for k, v in r["cache"].items())
+                    out.append(f"| {size_name(size)} | {t} | {r['requests']} | {r['ttfb_p50']:.2f} | {r['ttfb_p90']:.2f} | "
+                               f"{r['ttfb_p99']:.2f} | {r['total_p50']:.2f} | {cache} |")
+            for t in ("nginx", "Larder"):
+                r = one(rows, size=size, target=t)
+                if r and d:
+                    out.append(f"| {size_name(size)} | **{t} − direct** | | **{r['ttfb_p50'] - d['ttfb_p50']:+.2f}** | "
+                               f"{r['ttfb_p90'] - d['ttfb_p90']:+.2f} | {r['ttfb_p99'] - d['ttfb_p99']:+.2f} | "
+                               f"{r['total_p50'] - d['total_p50']:+.2f} | |")
+        out.append("")
+    if "herd" in w:
+        rows = w["herd"]
+        r0 = rows[0]
+        out += ["## Thundering herd", "",
+                f"{r0['clients']} clients, released together, each read the same {r0['objects']} cold "
+                f"{size_name(r0['size'])} objects ({r0['objects'] * -(-r0['size'] // (8 * MiB))} Larder blocks) whole, "
+                "every body checked; upstream requests counted at the latency proxy.", "",
+                "| target | upstream GETs | upstream HEADs | upstream MiB | served MiB | p50 ms | p99 ms |",
+                "|---|---|---|---|---|---|---|"]
+        for r in rows:
+            out.append(f"| {r['target']} | {r['upstream_gets']} | {r['upstream_heads']} | {r['upstream_mib']:.1f} | "
+                       f"{r['served_mib']:.0f} | {r['p50']:.0f} | {r['p99']:.0f} |")
+        lt, d, nx = (one(rows, target=t) for t in ("Larder", "direct", "nginx"))
+        if lt and d and nx:
+            for base, b in (("direct", d), ("nginx", nx)):
+                out.append(f"| **Larder / {base}** | {ratio(lt['upstream_gets'], b['upstream_gets'])} | | "
+                           f"{ratio(lt['upstream_mib'], b['upstream_mib'])} | | {ratio(lt['p50'], b['p50'])} | "
+                           f"{ratio(lt['p99'], b['p99'])} |")
+        out.append("")
+    if "zipf" in w:
+        z = res["zipf_setup"]
+        rows = w["zipf"]
+        out += ["## Zipf reads over a working set larger than the cache", "",
+                f"{z['requests']:,} GETs of whole {size_name(z['object_size'])} objects, {z['threads']} clients, "
+                f"keys drawn from a Zipf distribution (exponent {z['exponent']}) over {z['objects']:,} objects "
+                f"({z['objects'] * z['object_size'] // MiB:,} MiB): 10× Larder's memory tier "
+                f"({z['larder_memory'] // MiB} MiB) and 2× its disk tier ({z['larder_disk'] // MiB} MiB). nginx gets "
+                f"the same total capacity (`max_size` {z['nginx_max_size'] // MiB} MiB). The same sequence goes to "
+                "both. Direct would send every request to S3. Dollars are S3 Standard GET-class prices "
+                "($0.0004 per 1,000; HEAD is GET-class), requests only.", "",
+                "| target | request hit ratio | byte hit ratio | upstream GETs | upstream HEADs | upstream requests avoided | "
+                "$ per 1M requests | saved per 1M requests | p50 ms | p99 ms |",
+                "|---|---|---|---|---|---|---|---|---|---|",
+                f"| direct | 0 | 0 | {z['requests']:,} | 0 | 0 | {1e6 * 0.0004 / 1000:.3f} | 0 | | |"]
+        for r in rows:
+            out.append(f"| {r['target']} | {r['hit_ratio']:.3f} | {r['byte_hit_ratio']:.3f} | {r['upstream_gets']:,} | "
+                       f"{r['upstream_heads']:,} | {r['avoided']:.3f} | {r['dollars_per_million']:.3f} | "
+                       f"{r['saved_per_million']:.3f} | {r['p50']:.1f} | {r['p99']:.1f} |")
+        lt, nx = one(rows, target="Larder"), one(rows, target="nginx")
+        if lt and nx:
+            out.append(f"| **Larder / nginx** | {ratio(lt['hit_ratio'], nx['hit_ratio'])} | "
+                       f"{ratio(lt['byte_hit_ratio'], nx['byte_hit_ratio'])} | {ratio(lt['upstream_gets'], nx['upstream_gets'])} | | "
+                       f"{ratio(lt['avoided'], nx['avoided'])} | {ratio(lt['dollars_per_million'], nx['dollars_per_million'])} | | "
+                       f"{ratio(lt['p50'], nx['p50'])} | {ratio(lt['p99'], nx['p99'])} |")
+        out += ["", "How each answered: " + "; ".join(
+            f"{r['target']}: " + ", ".join(f"{k} {v:,}" for k, v in sorted(r["cache"].items())) for r in rows) + ".", ""]
+    if "parquet" in w:
+        rows = w["parquet"]
+        out += ["## Parquet-like ranged reads", "",
+                "Per file: the last 64 KiB (`Range: bytes=-65536`, as readers fetch the footer), then three column "
+                "chunks of 256 KiB–4 MiB at random offsets; 8 clients, one file each at a time. Three passes over "
+                "the same files: cold, the same query again, then other columns.", "",
+                "| target | pass | reads | served MiB | upstream GETs | upstream HEADs | upstream MiB | footer p50 ms | "
+                "column chunk p50 ms | p99 ms |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            out.append(f"| {r['target']} | {r['pass']} | {r['reads']} | {r['served_mib']:.1f} | {r['upstream_gets']} | "
+                       f"{r['upstream_heads']} | {r['upstream_mib']:.1f} | {r['footer_p50']:.1f} | "
+                       f"{r['column_p50']:.1f} | {r['p99']:.1f} |")
+        out.append("")
+    out += ["## Plots", "", "![hits](hits.png)", "", "![cold misses, herd, Zipf, Parquet](upstream.png)", ""]
+    return "\n".join(out)
+
+
+def plots(res, out: Path):
+    import matplotlib  # noqa: PLC0415
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    w = res["workloads"]
+    tiers = [k for k in ("memory_hits", "disk_hits") if k in w]
+    if tiers:
+        sizes = sorted({r["size"] for r in w[tiers[0]]})
+        fig, axes = plt.subplots(2 * len(tiers), len(sizes), figsize=(4.2 * len(sizes), 3.2 * 2 * len(tiers)),
+                                 squeeze=False)
+        for ti, tier in enumerate(tiers):
+            for si, size in enumerate(sizes):
+                for mi, (metric, label) in enumerate((("mib_s", "MiB/s"), ("p99_us", "p99 ms"))):
+                    ax = axes[2 * ti + mi][si]
+                    for t in TARGETS:
+                        rs = sorted(by(w[tier], size=size, target=t), key=lambda r: r["clients"])
+                        if rs:
+                            ax.plot([r["clients"] for r in rs], [r[metric] for r in rs], "o-", label=t,
+                                    color=COLORS[t])
+                    ax.set_xscale("log", base=2)
+                    if metric == "p99_us":
+                        ax.set_yscale("log")
+                    ax.set_title(f"{tier.replace('_', ' ')}, {size_name(size)}: {label}", fontsize=9)
+                    ax.set_xlabel("clients", fontsize=8)
+                    ax.grid(alpha=0.3)
+                    ax.legend(fontsize=7)
+        fig.suptitle(f"Cache hits: Larder vs nginx vs direct ({res['mode']} run, {res['machine']['date']})",
+                     fontsize=10)
+        fig.tight_layout()
+        fig.savefig(out / "hits.png", dpi=90)
+        plt.close(fig)
+
+    fig, axes = plt.subplots(1, 4, figsize=(18, 3.8))
+    rows = w.get("cold_ttfb", [])
+    sizes = sorted({r["size"] for r in rows})
+    for i, t in enumerate(TARGETS):
+        vals = [(one(rows, size=s, target=t) or {}).get("ttfb_p50", 0) for s in sizes]
+        axes[0].bar([x + i * 0.27 for x in range(len(sizes))], vals, 0.27, label=t, color=COLORS[t])
+    axes[0].set_xticks([x + 0.27 for x in range(len(sizes))], [size_name(s) for s in sizes])
+    axes[0].set_title("cold miss: time to first byte, p50 ms", fontsize=9)
+    axes[0].legend(fontsize=7)
+    herd = w.get("herd", [])
+    axes[1].bar([r["target"] for r in herd], [r["upstream_gets"] for r in herd],
+                color=[COLORS[r["target"]] for r in herd])
+    axes[1].set_yscale("log")
+    axes[1].set_title("thundering herd: upstream GETs (log)", fontsize=9)
+    z = w.get("zipf", [])
+    axes[2].bar([r["target"] for r in z], [r["hit_ratio"] for r in z], color=[COLORS[r["target"]] for r in z])
+    axes[2].set_ylim(0, 1)
+    axes[2].set_title("Zipf: request hit ratio", fontsize=9)
+    pq = w.get("parquet", [])
+    passes = list(dict.fromkeys(r["pass"] for r in pq))
+    for i, t in enumerate(TARGETS):
+        vals = [(one(pq, target=t, **{"pass": p}) or {}).get("upstream_mib", 0) for p in passes]
+        axes[3].bar([x + i * 0.27 for x in range(len(passes))], vals, 0.27, label=t, color=COLORS[t])
+    axes[3].set_xticks([x + 0.27 for x in range(len(passes))], [p.split(":")[0] for p in passes], fontsize=7)
+    axes[3].set_title("Parquet-like reads: upstream MiB per pass", fontsize=9)
+    axes[3].legend(fontsize=7)
+    for ax in axes:
+        ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(out / "upstream.png", dpi=90)
+    plt.close(fig)
+
+
+def write(res, out: Path):
+    (out / "results.md").write_text(markdown(res))
+    plots(res, out)
+
+
+if __name__ == "__main__":
+    d = Path(sys.argv[1])
+    write(json.loads((d / "results.json").read_text()), d)

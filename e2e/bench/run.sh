@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Larder vs direct S3 vs nginx proxy_cache + slice, one command:
+#
+#   e2e/bench/run.sh [--quick | --full] [--out DIR]
+#
+# --quick (the default, ~5 minutes; the test suite runs it) or --full (~30 minutes, the figures in
+# docs/benchmarks.md). Results (results.md, results.json, PNG plots) go to DIR, by default
+# target/bench/<mode>. Installs what it needs: nginx (with the slice module) and wrk from Debian,
+# matplotlib from PyPI, MinIO through e2e/setup.sh's pinned `go install` when missing.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+mode=quick
+out=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) mode=quick ;;
+    --full) mode=full ;;
+    --out) out="$2"; shift ;;
+    *) echo "usage: $0 [--quick|--full] [--out DIR]" >&2; exit 2 ;;
+  esac
+  shift
+done
+out="${out:-target/bench/$mode}"
+
+sudo_if_needed() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+missing=()
+command -v nginx >/dev/null || missing+=(nginx-light)
+command -v wrk >/dev/null || missing+=(wrk)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "bench: installing ${missing[*]} from apt"
+  sudo_if_needed apt-get install -y -q --no-install-recommends "${missing[@]}" \
+    || { sudo_if_needed apt-get update -q && sudo_if_needed apt-get install -y -q --no-install-recommends "${missing[@]}"; }
+fi
+# Debian starts a system nginx on :80 when it installs one; the benchmark runs its own.
+python3 -c "import matplotlib" 2>/dev/null \
+  || python3 -m pip install -q --disable-pip-version-check matplotlib==3.11.2 2>/dev/null \
+  || python3 -m pip install -q --disable-pip-version-check --user --break-system-packages matplotlib==3.11.2
+[ -x /usr/local/go/bin/go ] && PATH="$PATH:/usr/local/go/bin"
+gobin="$(go env GOPATH 2>/dev/null || echo "$HOME/go")/bin"
+export PATH="$gobin:$PATH:$HOME/.local/bin"
+command -v minio >/dev/null || e2e/setup.sh
+python3 -c "import boto3" 2>/dev/null || e2e/setup.sh
+
+cargo build --release --locked -p larder -p larder-latency-proxy
+LARDER_E2E_PROFILE=release python3 e2e/bench/compare.py --mode "$mode" --out "$out"

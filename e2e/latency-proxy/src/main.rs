@@ -1,0 +1,360 @@
+//! The benchmarks' stand-in for S3's latency: an HTTP/1.1 pass-through in front of the real S3
+//! server (MinIO) that holds every request for 20–50 ms (with a tail) before forwarding it, and
+//! counts what it forwards, so misses cost what they cost against S3 and upstream requests are
+//! counted where they land, not by the caches under test.
+//!
+//! It is written in Rust rather than reusing the e2e suite's Python pass-through because the
+//! baseline "direct to S3" runs push GiB/s through it on the same two cores as the caches under
+//! test: a pass-through that is itself the bottleneck would flatter every cache.
+//!
+//! It parses only request heads (to delay and count each request, including the ones a
+//! keep-alive connection carries one after another) and copies everything else untouched.
+//! Control requests on their own connection: `GET /__proxy/stats`, `GET /__proxy/reset`,
+//! `GET /__proxy/latency?delay_ms=20&jitter_ms=30&tail_fraction=0.01&tail_ms=200`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const MAX_HEAD: usize = 64 * 1024;
+
+/// Added latency, in microseconds (and parts per million for the tail's share).
+#[derive(Default)]
+struct Latency {
+    delay_us: AtomicU64,
+    jitter_us: AtomicU64,
+    tail_ppm: AtomicU64,
+    tail_us: AtomicU64,
+}
+
+impl Latency {
+    fn set(&self, delay_ms: f64, jitter_ms: f64, tail_fraction: f64, tail_ms: f64) {
+        self.delay_us
+            .store((delay_ms * 1e3) as u64, Ordering::Relaxed);
+        self.jitter_us
+            .store((jitter_ms * 1e3) as u64, Ordering::Relaxed);
+        self.tail_ppm
+            .store((tail_fraction * 1e6) as u64, Ordering::Relaxed);
+        self.tail_us
+            .store((tail_ms * 1e3) as u64, Ordering::Relaxed);
+    }
+
+    fn sample(&self, rng: &mut Rng) -> Duration {
+        let mut us = self.delay_us.load(Ordering::Relaxed);
+        let jitter = self.jitter_us.load(Ordering::Relaxed);
+        if jitter > 0 {
+            us += rng.next() % (jitter + 1);
+        }
+        if rng.next() % 1_000_000 < self.tail_ppm.load(Ordering::Relaxed) {
+            us += self.tail_us.load(Ordering::Relaxed);
+        }
+        Duration::from_micros(us)
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "delay_ms": self.delay_us.load(Ordering::Relaxed) as f64 / 1e3,
+            "jitter_ms": self.jitter_us.load(Ordering::Relaxed) as f64 / 1e3,
+            "tail_fraction": self.tail_ppm.load(Ordering::Relaxed) as f64 / 1e6,
+            "tail_ms": self.tail_us.load(Ordering::Relaxed) as f64 / 1e3,
+        })
+    }
+}
+
+/// xorshift64*: enough randomness for latency jitter, no dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
+
+#[derive(Default)]
+struct Stats {
+    by_method: Mutex<BTreeMap<String, u64>>,
+    response_bytes: AtomicU64,
+}
+
+impl Stats {
+    fn count(&self, method: &str) {
+        let mut m = self.by_method.lock().unwrap_or_else(|e| e.into_inner());
+        *m.entry(method.to_owned()).or_default() += 1;
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let m = self.by_method.lock().unwrap_or_else(|e| e.into_inner());
+        serde_json::json!({
+            "requests": m.values().sum::<u64>(),
+            "by_method": *m,
+            "response_bytes": self.response_bytes.load(Ordering::Relaxed),
+        })
+    }
+
+    fn reset(&self) {
+        self.by_method
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        self.response_bytes.store(0, Ordering::Relaxed);
+    }
+}
+
+struct Proxy {
+    upstream: SocketAddr,
+    latency: Latency,
+    stats: Stats,
+    connections: AtomicU64,
+}
+
+/// One parsed request head: its length in the buffer and what follows it.
+struct Head {
+    len: usize,
+    method: String,
+    target: String,
+    content_length: u64,
+    chunked: bool,
+}
+
+fn parse_head(buf: &[u8]) -> anyhow::Result<Option<Head>> {
+    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+        if buf.len() > MAX_HEAD {
+            bail!("request head over {MAX_HEAD} bytes");
+        }
+        return Ok(None);
+    };
+    let text = std::str::from_utf8(&buf[..end]).context("request head is not UTF-8")?;
+    let mut lines = text.split("\r\n");
+    let mut first = lines.next().unwrap_or("").split(' ');
+    let method = first.next().unwrap_or("").to_owned();
+    let target = first.next().unwrap_or("").to_owned();
+    let (mut content_length, mut chunked) = (0, false);
+    for line in lines {
+        let Some((name, value)) = line.split_once(':') else {
+            continue;
+        };
+        let value = value.trim();
+        if name.eq_ignore_ascii_case("content-length") {
+            content_length = value.parse().context("bad Content-Length")?;
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            chunked = value.to_ascii_lowercase().contains("chunked");
+        }
+    }
+    Ok(Some(Head {
+        len: end + 4,
+        method,
+        target,
+        content_length,
+        chunked,
+    }))
+}
+
+/// Reads until `buf` holds a whole request head; `None` when the client closed first.
+async fn read_head<R: AsyncRead + Unpin>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+) -> anyhow::Result<Option<Head>> {
+    loop {
+        if let Some(head) = parse_head(buf)? {
+            return Ok(Some(head));
+        }
+        let mut chunk = [0u8; 16 * 1024];
+        let n = r.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(None);
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+impl Proxy {
+    async fn serve(self: Arc<Self>, client: TcpStream) -> anyhow::Result<()> {
+        client.set_nodelay(true)?;
+        let (mut cr, mut cw) = client.into_split();
+        let mut buf = Vec::new();
+        let Some(first) = read_head(&mut cr, &mut buf).await? else {
+            return Ok(());
+        };
+        if first.target.starts_with("/__proxy/") {
+            return self.control(&first.target, &mut cw).await;
+        }
+        let upstream = TcpStream::connect(self.upstream).await?;
+        upstream.set_nodelay(true)?;
+        let (mut ur, mut uw) = upstream.into_split();
+        let this = self.clone();
+        let responses = tokio::spawn(async move {
+            let mut chunk = vec![0u8; 256 * 1024];
+            loop {
+                let n = match ur.read(&mut chunk).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                this.stats
+                    .response_bytes
+                    .fetch_add(n as u64, Ordering::Relaxed);
+                if cw.write_all(&chunk[..n]).await.is_err() {
+                    break;
+                }
+            }
+            let _ = cw.shutdown().await;
+        });
+        let seed = self.connections.fetch_add(1, Ordering::Relaxed);
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ seed.wrapping_mul(0xBF58_476D_1CE4_E5B9) | 1);
+        let mut head = Some(first);
+        while let Some(h) = head.take() {
+            self.stats.count(&h.method);
+            tokio::time::sleep(self.latency.sample(&mut rng)).await;
+            uw.write_all(&buf[..h.len]).await?;
+            buf.drain(..h.len);
+            if h.chunked {
+                // Not parsed: the rest of the connection is copied as it is, undelayed.
+                uw.write_all(&buf).await?;
+                tokio::io::copy(&mut cr, &mut uw).await?;
+                break;
+            }
+            copy_body(&mut cr, &mut uw, &mut buf, h.content_length).await?;
+            head = read_head(&mut cr, &mut buf).await?;
+        }
+        let _ = uw.shutdown().await;
+        let _ = responses.await;
+        Ok(())
+    }
+
+    async fn control<W: AsyncWrite + Unpin>(&self, target: &str, w: &mut W) -> anyhow::Result<()> {
+        let (path, query) = target.split_once('?').unwrap_or((target, ""));
+        let body = match path {
+            "/__proxy/stats" => self.stats.json(),
+            "/__proxy/reset" => {
+                self.stats.reset();
+                self.stats.json()
+            }
+            "/__proxy/latency" => {
+                let get = |name: &str| {
+                    query
+                        .split('&')
+                        .filter_map(|kv| kv.split_once('='))
+                        .find(|(k, _)| *k == name)
+                        .and_then(|(_, v)| v.parse::<f64>().ok())
+                        .unwrap_or(0.0)
+                };
+                self.latency.set(
+                    get("delay_ms"),
+                    get("jitter_ms"),
+                    get("tail_fraction"),
+                    get("tail_ms"),
+                );
+                self.latency.json()
+            }
+            _ => serde_json::json!({"error": "unknown control path"}),
+        }
+        .to_string();
+        let response = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        w.write_all(response.as_bytes()).await?;
+        w.shutdown().await?;
+        Ok(())
+    }
+}
+
+/// Forwards `len` body bytes: first what is already buffered, then from the client.
+async fn copy_body<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    r: &mut R,
+    w: &mut W,
+    buf: &mut Vec<u8>,
+    len: u64,
+) -> anyhow::Result<()> {
+    let buffered = (buf.len() as u64).min(len) as usize;
+    w.write_all(&buf[..buffered]).await?;
+    buf.drain(..buffered);
+    let rest = len - buffered as u64;
+    if rest > 0 {
+        let copied = tokio::io::copy(&mut r.take(rest), w).await?;
+        if copied < rest {
+            bail!("client closed mid-body");
+        }
+    }
+    Ok(())
+}
+
+fn flag(args: &[String], name: &str) -> Option<String> {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let usage = "usage: larder-latency-proxy --listen ADDR --upstream ADDR [--delay-ms 20] [--jitter-ms 30] [--tail-fraction 0.01] [--tail-ms 200]";
+    let listen: SocketAddr = flag(&args, "--listen").context(usage)?.parse()?;
+    let upstream: SocketAddr = flag(&args, "--upstream").context(usage)?.parse()?;
+    let num = |name: &str, default: f64| -> anyhow::Result<f64> {
+        flag(&args, name).map_or(Ok(default), |v| {
+            v.parse().with_context(|| format!("{name} {v}"))
+        })
+    };
+    let proxy = Arc::new(Proxy {
+        upstream,
+        latency: Latency::default(),
+        stats: Stats::default(),
+        connections: AtomicU64::new(0),
+    });
+    proxy.latency.set(
+        num("--delay-ms", 20.0)?,
+        num("--jitter-ms", 30.0)?,
+        num("--tail-fraction", 0.01)?,
+        num("--tail-ms", 200.0)?,
+    );
+    let listener = TcpListener::bind(listen).await?;
+    println!("listening on {}", listener.local_addr()?);
+    loop {
+        let (conn, _) = listener.accept().await?;
+        let proxy = proxy.clone();
+        tokio::spawn(async move {
+            if let Err(e) = proxy.serve(conn).await {
+                eprintln!("connection: {e:#}");
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heads_are_parsed_only_when_whole() {
+        assert!(parse_head(b"GET /b/k HTTP/1.1\r\nHost: x\r\n")
+            .unwrap()
+            .is_none());
+        let h = parse_head(b"PUT /b/k HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello")
+            .unwrap()
+            .unwrap();
+        assert_eq!((h.method.as_str(), h.target.as_str()), ("PUT", "/b/k"));
+        assert_eq!((h.len, h.content_length, h.chunked), (40, 5, false));
+        assert!(parse_head(&vec![b'a'; MAX_HEAD + 1]).is_err());
+    }
+
+    #[test]
+    fn latency_stays_within_delay_jitter_and_tail() {
+        let l = Latency::default();
+        l.set(20.0, 30.0, 0.5, 200.0);
+        let mut rng = Rng(42);
+        let samples: Vec<Duration> = (0..2000).map(|_| l.sample(&mut rng)).collect();
+        let ms = |d: &Duration| d.as_secs_f64() * 1e3;
+        assert!(samples.iter().all(|d| (20.0..=250.0).contains(&ms(d))));
+        let tail = samples.iter().filter(|d| ms(d) > 50.0).count();
+        assert!((800..1200).contains(&tail), "{tail} of 2000 in the tail");
+    }
+}
