@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Larder's whole test suite: formatting, lints, unit and property tests, a short fuzz run, then the end-to-end
-# tests (real MinIO on loopback, the real `larder` binary, boto3 / aws CLI / aws-sdk-rust).
+# tests (real MinIO on loopback, the real `larder` binary, boto3 / aws CLI / aws-sdk-rust), and the
+# benchmark harness in its quick mode (e2e/bench/run.sh).
 # Installs what it needs first (e2e/setup.sh). Extra arguments go to pytest, e.g. `-k ranges`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +19,8 @@ cargo test --workspace --locked
 echo "== fuzz (short run; LARDER_FUZZ_SECONDS sets the time per target)"
 proxy/fuzz/run.sh
 echo "== cargo build --release (binaries under test)"
-cargo build --release --locked -p larder -p larder-e2e-sdk-client
+cargo build --release --locked -p larder -p larder-e2e-sdk-client -p larder-latency-proxy
 echo "== e2e"
-cd e2e
-LARDER_E2E_PROFILE=release python3 -m pytest "$@"
+(cd e2e && LARDER_E2E_PROFILE=release python3 -m pytest "$@")
+echo "== benchmark harness, quick mode (Larder vs direct S3 vs nginx: every body is checked, the figures are reported, not judged)"
+e2e/bench/run.sh --quick --out target/bench/ci

@@ -55,7 +55,7 @@ MODES = {
                   zipf_region="16MiB", parquet_files=4, parquet_size=64 * MiB),
     "full": dict(seconds=10, clients=[1, 4, 16, 64], ttfb={1 * MiB: 100, 64 * MiB: 16}, herd_objects=4,
                  herd_size=16 * MiB, disk_sets={1 * MiB: 128, 8 * MiB: 32, 64 * MiB: 6}, zipf_objects=2048,
-                 zipf_requests=40000, zipf_region="64MiB", parquet_files=16, parquet_size=64 * MiB),
+                 zipf_requests=40000, zipf_region="16MiB", parquet_files=16, parquet_size=64 * MiB),
 }
 SIZES = [1 * MiB, 8 * MiB, 64 * MiB]
 
@@ -565,6 +565,12 @@ class Bench:
                    "dollars_per_million": 1e6 * GET_PRICE * upstream_requests / requests,
                    "p50": percentile(latencies, 50), "p99": percentile(latencies, 99), "seconds": elapsed}
             row["saved_per_million"] = row["dollars_per_million_direct"] - row["dollars_per_million"]
+            if t is lt:
+                m = larder.metrics()
+                row["larder_disk"] = {k: v for k, v in ((l.split(" ")[0], float(l.split(" ")[1]))
+                                                        for l in m.splitlines()
+                                                        if l.startswith(("larder_disk_", "larder_cache_write_dropped",
+                                                                         "larder_memory_")))}
             rows.append(row)
             print(f"  {t.name}: hit ratio {row['hit_ratio']:.3f}, {up['gets']} GETs + {up['heads']} HEADs upstream "
                   f"for {requests} requests, saved ${row['saved_per_million']:.3f}/M {statuses}", flush=True)
@@ -637,17 +643,17 @@ class Bench:
                       f"column p50 {row['column_p50']:.1f} ms", flush=True)
         self.results["workloads"]["parquet"] = rows
 
-    def run(self):
+    def run(self, only: set):
         self.start()
         started = time.monotonic()
         larder, lt = self.larder("larder", "--memory-capacity", "2GiB")
         _, nt = self.nginx("nginx", 8 * GiB)
-        self.memory_hits(larder, lt, nt)
-        self.cold_ttfb(lt, nt)
-        self.herd(lt, nt)
-        self.parquet(lt, nt)
-        self.disk_hits(nt)
-        self.zipf()
+        steps = [("memory", lambda: self.memory_hits(larder, lt, nt)), ("ttfb", lambda: self.cold_ttfb(lt, nt)),
+                 ("herd", lambda: self.herd(lt, nt)), ("parquet", lambda: self.parquet(lt, nt)),
+                 ("disk", lambda: self.disk_hits(nt)), ("zipf", self.zipf)]
+        for name, step in steps:
+            if not only or name in only:
+                step()
         self.results["seconds"] = time.monotonic() - started
 
 
@@ -681,11 +687,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", choices=MODES, default="quick")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--only", default="", help="comma-separated workloads: memory,ttfb,herd,parquet,disk,zipf")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     bench = Bench(args.mode, args.out)
     try:
-        bench.run()
+        bench.run({w for w in args.only.split(",") if w})
     finally:
         bench.stop()
     (args.out / "results.json").write_text(json.dumps(bench.results, indent=1))

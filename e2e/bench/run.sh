@@ -12,12 +12,14 @@ cd "$(dirname "$0")/../.."
 
 mode=quick
 out=""
+only=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) mode=quick ;;
     --full) mode=full ;;
     --out) out="$2"; shift ;;
-    *) echo "usage: $0 [--quick|--full] [--out DIR]" >&2; exit 2 ;;
+    --only) only="$2"; shift ;;
+    *) echo "usage: $0 [--quick|--full] [--out DIR] [--only memory,ttfb,herd,parquet,disk,zipf]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -43,4 +45,4 @@ command -v minio >/dev/null || e2e/setup.sh
 python3 -c "import boto3" 2>/dev/null || e2e/setup.sh
 
 cargo build --release --locked -p larder -p larder-latency-proxy
-LARDER_E2E_PROFILE=release python3 e2e/bench/compare.py --mode "$mode" --out "$out"
+LARDER_E2E_PROFILE=release python3 e2e/bench/compare.py --mode "$mode" --out "$out" --only "$only"
