@@ -263,6 +263,27 @@ class Reader:
         self.conn.close()
 
 
+def run_threads(n: int, body, what: str) -> float:
+    """Runs `body` on `n` threads at once; the seconds it took. The first error of any thread is
+    raised, naming `what`."""
+    errors = []
+
+    def guarded():
+        try:
+            body()
+        except Exception as e:  # noqa: BLE001 - raised below, in the caller's thread
+            errors.append(e)
+    threads = [threading.Thread(target=guarded) for _ in range(n)]
+    t0 = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    if errors:
+        raise RuntimeError(f"{what}: {errors[0]}") from errors[0]
+    return time.perf_counter() - t0
+
+
 def percentile(values, q):
     if not values:
         return float("nan")
@@ -466,7 +487,7 @@ class Bench:
         for t in (self.direct(), nt, lt):
             paths = {k: t.path(k) for k in keys}
             barrier = threading.Barrier(clients)
-            latencies, errors = [], []
+            latencies = []
 
             def client():
                 r = Reader(t)
@@ -475,20 +496,10 @@ class Bench:
                     for k in keys:
                         _, total, _ = r.get(k, content(k, size), path=paths[k])
                         latencies.append(total * 1000)
-                except Exception as e:  # noqa: BLE001 - reported below
-                    errors.append(e)
                 finally:
                     r.close()
             self.proxy.control("reset")
-            threads = [threading.Thread(target=client) for _ in range(clients)]
-            t0 = time.perf_counter()
-            for th in threads:
-                th.start()
-            for th in threads:
-                th.join()
-            elapsed = time.perf_counter() - t0
-            if errors:
-                raise RuntimeError(f"herd on {t.name}: {errors[0]}")
+            elapsed = run_threads(clients, client, f"herd on {t.name}")
             up = self.upstream()
             row = {"target": t.name, "clients": clients, "objects": n, "size": size,
                    "blocks": n * -(-size // BLOCK), "upstream_gets": up["gets"], "upstream_heads": up["heads"],
@@ -526,7 +537,6 @@ class Bench:
             lock = threading.Lock()
             latencies = []
             nxt = iter(range(requests))
-            errors = []
 
             def worker():
                 r = Reader(t)
@@ -541,19 +551,9 @@ class Bench:
                         with lock:
                             statuses[status] = statuses.get(status, 0) + 1
                             latencies.append(total * 1000)
-                except Exception as e:  # noqa: BLE001 - reported below
-                    errors.append(e)
                 finally:
                     r.close()
-            t0 = time.perf_counter()
-            ws = [threading.Thread(target=worker) for _ in range(threads)]
-            for w in ws:
-                w.start()
-            for w in ws:
-                w.join()
-            elapsed = time.perf_counter() - t0
-            if errors:
-                raise RuntimeError(f"Zipf on {t.name}: {errors[0]}")
+            elapsed = run_threads(threads, worker, f"Zipf on {t.name}")
             up = self.upstream()
             hits = sum(v for k, v in statuses.items() if k.startswith("hit") or k == "HIT")
             upstream_requests = up["gets"] + up["heads"]
@@ -602,7 +602,6 @@ class Bench:
             for label, plan in passes:
                 self.proxy.control("reset")
                 latencies = {"footer": [], "column": []}
-                errors = []
                 todo = iter(keys)
                 lock = threading.Lock()
 
@@ -620,17 +619,9 @@ class Bench:
                                 _, total, _ = r.get(k, whole[a:b], rng_header, path=path)
                                 with lock:
                                     latencies[kind].append(total * 1000)
-                    except Exception as e:  # noqa: BLE001 - reported below
-                        errors.append(e)
                     finally:
                         r.close()
-                ws = [threading.Thread(target=worker) for _ in range(threads)]
-                for w in ws:
-                    w.start()
-                for w in ws:
-                    w.join()
-                if errors:
-                    raise RuntimeError(f"Parquet reads on {t.name}: {errors[0]}")
+                run_threads(threads, worker, f"Parquet reads on {t.name}")
                 up = self.upstream()
                 served = sum(b - a for k in keys for _, _, a, b in plan[k])
                 row = {"target": t.name, "pass": label, "reads": 4 * n, "served_mib": served / MiB,

@@ -179,6 +179,17 @@ def markdown(res) -> str:
                        f"{ratio(lt['byte_hit_ratio'], nx['byte_hit_ratio'])} | {ratio(lt['upstream_gets'], nx['upstream_gets'])} | | "
                        f"{ratio(lt['avoided'], nx['avoided'])} | {ratio(lt['dollars_per_million'], nx['dollars_per_million'])} | | "
                        f"{ratio(lt['p50'], nx['p50'])} | {ratio(lt['p99'], nx['p99'])} |")
+        d = (lt or {}).get("larder_disk", {})
+        if d:
+            dropped = sum(v for k, v in d.items() if k.startswith("larder_disk_writes_dropped_total"))
+            out += ["", f"Larder's tiers at the end: memory {d.get('larder_memory_entries', 0):.0f} blocks; disk "
+                    f"{d.get('larder_disk_capacity_bytes', 0) / MiB:.0f} MiB usable of the "
+                    f"{z['larder_disk'] // MiB} MiB configured (the rest is its superblock and region alignment), of "
+                    f"which {d.get('larder_disk_free_regions', 0):.0f} regions kept free for writing, "
+                    f"{d.get('larder_disk_live_bytes', 0) / MiB:.0f} MiB live in {d.get('larder_disk_entries', 0):.0f} "
+                    f"entries; {d.get('larder_disk_evicted_entries_total', 0):.0f} entries evicted (region FIFO), "
+                    f"{d.get('larder_disk_reinserted_entries_total', 0):.0f} re-inserted because they had been hit, "
+                    f"{dropped:.0f} writes dropped. Blocks in memory are on disk too (`disk_write_policy = on-insert`)."]
         out += ["", "How each answered: " + "; ".join(
             f"{r['target']}: " + ", ".join(f"{k} {v:,}" for k, v in sorted(r["cache"].items())) for r in rows) + ".", ""]
     if "parquet" in w:

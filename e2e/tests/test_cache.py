@@ -60,6 +60,35 @@ def test_a_cold_range_fetches_only_the_blocks_it_touches(larder, direct, bucket,
     assert all(r[0] == "GET" for r in upstream.seen("GET", f"/{bucket}/sparse.bin"))
 
 
+def test_a_cold_footer_read_is_one_get_and_its_block_follows(larder, direct, bucket, upstream):
+    size = 20 * MiB + 123
+    data = random.Random(8).randbytes(size)
+    direct.put_object(Bucket=bucket, Key="t.parquet", Body=data)
+    upstream.reset()
+    client = larder.client()
+    r = client.get_object(Bucket=bucket, Key="t.parquet", Range="bytes=-65536")
+    assert r["Body"].read() == data[-65536:]
+    assert r["ContentRange"] == f"bytes {size - 65536}-{size - 1}/{size}"
+    assert r["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "miss"
+    # The footer itself came in one request, which also told Larder the size and ETag: no HEAD.
+    assert upstream.seen("HEAD", f"/{bucket}/t.parquet") == []
+    assert upstream.seen("GET", f"/{bucket}/t.parquet")[0][2] == "bytes=-65536"
+    # Then the block under it was fetched behind the reader, so the next footer read is a hit.
+    last = f"bytes={2 * BLOCK}-{size - 1}"
+    deadline = time.monotonic() + 10
+    while [g[2] for g in upstream.seen("GET", f"/{bucket}/t.parquet")] != ["bytes=-65536", last]:
+        assert time.monotonic() < deadline, upstream.seen("GET", f"/{bucket}/t.parquet")
+        time.sleep(0.05)
+    for _ in range(100):
+        r = client.get_object(Bucket=bucket, Key="t.parquet", Range="bytes=-8")
+        assert r["Body"].read() == data[-8:]
+        if r["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "hit-memory":
+            break
+        time.sleep(0.05)
+    assert r["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "hit-memory"
+    assert len(upstream.seen(None, f"/{bucket}/t.parquet")) == 2
+
+
 def test_overwrite_is_seen_after_the_ttl_and_versions_never_mix(make_larder, direct, bucket):
     ttl = 2
     larder = make_larder("--metadata-ttl", f"{ttl}s", "--block-size", "1MiB", "--memory-capacity", "64MiB")

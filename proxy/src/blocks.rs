@@ -20,7 +20,7 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 
 use crate::metrics::{Metrics, UpstreamStatus};
 use crate::origin::hedge::HedgePolicy;
-use crate::origin::{BodyStream, ObjectId, ObjectMeta, Origin, OriginError};
+use crate::origin::{BodyStream, ObjectId, ObjectMeta, Origin, OriginError, Span};
 use crate::prefetch::{Detector, PrefetchConfig};
 use tracing::Instrument;
 
@@ -270,6 +270,37 @@ impl BlockStore {
             range,
             size,
         );
+        self.prefetch(object, etag, blocks, size);
+    }
+
+    /// Fetch the blocks under `range` in the background, as read-ahead does: `range` was just
+    /// read straight from the upstream (a cold suffix range), and is likely to be read again.
+    pub fn fetch_behind(
+        self: &Arc<Self>,
+        object: &ObjectId,
+        etag: &Arc<str>,
+        range: Range<u64>,
+        size: u64,
+    ) {
+        if !self.prefetch.enabled() {
+            return;
+        }
+        let blocks = self
+            .layout
+            .slices(range.start, range.end, size)
+            .map(|s| s.index);
+        self.prefetch(object, etag, blocks, size);
+    }
+
+    /// Fetch `blocks` in tasks of their own, only with an upstream slot free (never ahead of a
+    /// demand fetch) and within the read-ahead budget; counted as read-ahead.
+    fn prefetch(
+        self: &Arc<Self>,
+        object: &ObjectId,
+        etag: &Arc<str>,
+        blocks: impl IntoIterator<Item = u64>,
+        size: u64,
+    ) {
         for index in blocks {
             let id = self.id(object, etag, index);
             if self.cache.locate(&id).is_some() || self.flights.contains(&id) {
@@ -595,6 +626,57 @@ impl BlockStore {
         }
     }
 
+    /// The last `len` bytes of an object nothing is known of, and its metadata, from one GET
+    /// (`Range: bytes=-len`): a Parquet reader's first request. The body goes to the client as
+    /// it arrives, counted like a block fetch's; `Ok(None)` when the answer cannot stand for a
+    /// HEAD.
+    pub async fn open_tail(
+        &self,
+        object: &ObjectId,
+        len: u64,
+    ) -> Result<Option<(ObjectMeta, BodyStream)>, OriginError> {
+        let started = Instant::now();
+        let result = self
+            .origin
+            .get_with_meta(object, Span::Last(len))
+            .instrument(tracing::info_span!(
+                "upstream",
+                otel.name = "GetObject",
+                otel.kind = "client"
+            ))
+            .await;
+        self.record_cold(&result, started);
+        let Some((meta, body)) = result? else {
+            return Ok(None);
+        };
+        let (metrics, bucket) = (self.metrics.clone(), object.bucket.clone());
+        let body = body
+            .inspect(move |chunk| {
+                if let Ok(b) = chunk {
+                    metrics.upstream_received(b.len() as u64);
+                    metrics.served("upstream", Some(&bucket), b.len() as u64);
+                }
+            })
+            .boxed();
+        Ok(Some((meta, body)))
+    }
+
+    /// Metrics of a GET that also brings metadata.
+    fn record_cold<T>(&self, result: &Result<Option<T>, OriginError>, started: Instant) {
+        let status = match result {
+            Ok(Some(_)) => UpstreamStatus::Http(206),
+            Ok(None) => UpstreamStatus::Http(416),
+            Err(e) => e.into(),
+        };
+        self.metrics
+            .upstream("GetObject", status, started.elapsed());
+        match result {
+            Ok(Some(_)) => self.hedge.record(started.elapsed()),
+            Err(e) if !e.is_not_found() => self.metrics.upstream_failed(e),
+            _ => {}
+        }
+    }
+
     /// Metadata of an object nothing is known of, from a GET of its block `index` whose body
     /// then fills that block, saving the HEAD round trip. `Ok(None)` when the answer cannot
     /// stand for a HEAD (see [`Origin::get_with_meta`]). The fetch runs in a task of its own,
@@ -630,20 +712,17 @@ impl BlockStore {
         let started = Instant::now();
         let result = self
             .origin
-            .get_with_meta(&object, start..start.saturating_add(block_size))
+            .get_with_meta(
+                &object,
+                Span::Bytes(start..start.saturating_add(block_size)),
+            )
             .instrument(tracing::info_span!(
                 "upstream",
                 otel.name = "GetObject",
                 otel.kind = "client"
             ))
             .await;
-        let status = match &result {
-            Ok(Some(_)) => UpstreamStatus::Http(206),
-            Ok(None) => UpstreamStatus::Http(416),
-            Err(e) => e.into(),
-        };
-        self.metrics
-            .upstream("GetObject", status, started.elapsed());
+        self.record_cold(&result, started);
         let (meta, body) = match result {
             Ok(Some(found)) => found,
             Ok(None) => {
@@ -651,14 +730,10 @@ impl BlockStore {
                 return;
             }
             Err(e) => {
-                if !e.is_not_found() {
-                    self.metrics.upstream_failed(&e);
-                }
                 let _ = tx.send(Err(e));
                 return;
             }
         };
-        self.hedge.record(started.elapsed());
         let etag: Arc<str> = meta.etag.as_str().into();
         let Some(slice) = self.layout.block(index, meta.size) else {
             let _ = tx.send(Ok(None));

@@ -62,7 +62,9 @@ pub struct Config {
     /// expire: versions are immutable. Writes through Larder drop what they change at once.
     /// Default: `60s`.
     pub metadata_ttl: HumanDuration,
-    /// Most object-metadata entries held. Default: `100000`.
+    /// Most object-metadata entries held; as many object names are also remembered as read
+    /// before, so that they revalidate with a HEAD (an object not remembered is opened with a
+    /// GET of its first needed block, which brings the metadata too). Default: `100000`.
     pub metadata_capacity: u64,
     /// Blocks a single response fetches ahead of the one it is sending. Default: `4`.
     pub read_window: usize,

@@ -414,23 +414,34 @@ impl AppState {
     ) -> Result<Handled, Retry> {
         let range_header = headers.get(header::RANGE).and_then(|v| v.to_str().ok());
         // A GET of an object nothing is known of fetches its metadata together with the first
-        // block it needs: one upstream round trip before the first byte instead of two.
-        let cold_block = match (head, range_header.map(RangeSpec::parse)) {
+        // block it needs (or, for a suffix range, with those last bytes): one upstream round
+        // trip before the first byte instead of two.
+        let cold = match (head, range_header.map(RangeSpec::parse)) {
             (true, _) => None,
-            (false, None | Some(None)) => Some(0),
+            (false, None | Some(None)) => Some(Cold::Block(0)),
             (false, Some(Some(RangeSpec::FromTo { first, .. }))) => {
-                Some(first / self.blocks.layout().block_size())
+                Some(Cold::Block(first / self.blocks.layout().block_size()))
             }
-            // The block is unknown until the size is: a HEAD first.
-            (false, Some(Some(RangeSpec::Suffix(_)))) => None,
+            (false, Some(Some(RangeSpec::Suffix(n)))) => (n > 0).then_some(Cold::Tail(n)),
         }
         .filter(|_| self.metadata.is_unknown(id) && !self.blocks.known_on_disk(id));
         let opened = AtomicBool::new(false);
-        let fetched = match cold_block {
-            Some(index) => {
+        let tail = Mutex::new(None);
+        let fetched = match cold {
+            Some(Cold::Block(index)) => {
                 let open = async {
                     opened.store(true, Ordering::Relaxed);
                     self.blocks.open_cold(id.clone(), index).await
+                };
+                self.metadata.get_or_open(id, open).await
+            }
+            Some(Cold::Tail(len)) => {
+                let open = async {
+                    opened.store(true, Ordering::Relaxed);
+                    Ok(self.blocks.open_tail(id, len).await?.map(|(meta, body)| {
+                        *tail.lock() = Some(body);
+                        meta
+                    }))
                 };
                 self.metadata.get_or_open(id, open).await
             }
@@ -484,6 +495,12 @@ impl AppState {
             return respond(Body::empty(), meta_cache);
         }
         let etag: Arc<str> = meta.etag.as_str().into();
+        // This request's own suffix GET: its bytes go to the client as they arrive, and the
+        // blocks under them are fetched behind it for the next reader.
+        if let Some(body) = tail.lock().take() {
+            self.blocks.fetch_behind(id, &etag, start..end, meta.size);
+            return respond(Body::from_stream(body), CacheResult::Miss.as_str());
+        }
         let cache = match self.blocks.classify(id, &etag, start..end, meta.size) {
             // This request's own GET is the flight it finds.
             CacheResult::Coalesced if opened.load(Ordering::Relaxed) => CacheResult::Miss,
@@ -650,6 +667,14 @@ fn operation_name(
     }
 }
 
+/// How a GET of an object nothing is known of fetches its metadata.
+enum Cold {
+    /// With the block of this index.
+    Block(u64),
+    /// With the last this many bytes (a suffix range).
+    Tail(u64),
+}
+
 /// The object changed upstream between reading its metadata and its first block.
 struct Retry;
 
@@ -769,8 +794,8 @@ mod tests {
         assert!(["hit-memory", "coalesced"].contains(&headers["x-cache"].to_str().unwrap()));
         assert_eq!(origin.gets.load(Ordering::SeqCst), 1);
 
-        // A suffix range needs the size to find its block: HEAD first. So does an empty object,
-        // where the ranged GET is refused.
+        // A suffix range asks for just those bytes, and gets the metadata with them. An empty
+        // object refuses a ranged GET: HEAD then.
         origin.put("s", data.clone(), "\"s1\"");
         origin.put("e", Bytes::new(), "\"e1\"");
         for (key, range, want) in [
@@ -786,7 +811,9 @@ mod tests {
             let body = response.into_body().collect().await.unwrap().to_bytes();
             assert_eq!(&body[..], want, "{key}");
         }
-        assert_eq!(origin.heads.load(Ordering::SeqCst), 2);
+        assert_eq!(origin.heads.load(Ordering::SeqCst), 1, "the empty object's");
+        // "s": one GET of its last 10 bytes; "e": one refused ranged GET.
+        assert_eq!(origin.gets.load(Ordering::SeqCst), 1 + 1 + 1);
     }
 
     #[tokio::test]

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use futures::stream::{self, StreamExt};
 use parking_lot::Mutex;
 
-use super::{BodyStream, ObjectId, ObjectMeta, Origin, OriginError};
+use super::{BodyStream, ObjectId, ObjectMeta, Origin, OriginError, Span};
 
 #[derive(Default)]
 pub(crate) struct FakeOrigin {
@@ -94,17 +94,16 @@ impl Origin for FakeOrigin {
     async fn get_with_meta(
         &self,
         object: &ObjectId,
-        range: Range<u64>,
+        span: Span,
     ) -> Result<Option<(ObjectMeta, BodyStream)>, OriginError> {
         let (data, etag) = self.lookup(object)?;
         let size = data.len() as u64;
-        if range.start >= size {
+        let within = span.within(size);
+        if within.is_empty() {
             self.gets.fetch_add(1, Ordering::SeqCst);
             return Ok(None);
         }
-        let body = self
-            .get(object, None, Some(range.start..range.end.min(size)))
-            .await?;
+        let body = self.get(object, None, Some(within)).await?;
         let meta = ObjectMeta {
             size,
             etag,

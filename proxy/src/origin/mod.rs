@@ -55,6 +55,33 @@ pub struct ObjectMeta {
     pub headers: Vec<(HeaderName, HeaderValue)>,
 }
 
+/// The bytes a GET asks for before the object's size is known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Span {
+    /// `[start, end)`, cut short at the object's end.
+    Bytes(Range<u64>),
+    /// The last this many bytes (all of them in a smaller object).
+    Last(u64),
+}
+
+impl Span {
+    /// The `Range` header asking for it.
+    pub fn header(&self) -> String {
+        match self {
+            Span::Bytes(r) => format!("bytes={}-{}", r.start, r.end.saturating_sub(1)),
+            Span::Last(n) => format!("bytes=-{n}"),
+        }
+    }
+
+    /// Its bytes within an object of `size` bytes.
+    pub fn within(&self, size: u64) -> Range<u64> {
+        match self {
+            Span::Bytes(r) => r.start.min(size)..r.end.min(size),
+            Span::Last(n) => size.saturating_sub(*n)..size,
+        }
+    }
+}
+
 /// A body arriving from the upstream.
 pub type BodyStream = BoxStream<'static, Result<Bytes, OriginError>>;
 
@@ -121,14 +148,14 @@ pub trait Origin: Send + Sync + 'static {
         range: Option<Range<u64>>,
     ) -> Result<BodyStream, OriginError>;
 
-    /// GetObject of `range` of an object nothing is known of yet: the answer's headers stand in
+    /// GetObject of `span` of an object nothing is known of yet: the answer's headers stand in
     /// for a HEAD (Content-Range gives the size), so a cold read costs one round trip, not two.
     /// `Ok(None)` when they cannot (no Content-Range, or the range starts past the end): the
     /// caller asks with HEAD instead. The default always says so.
     async fn get_with_meta(
         &self,
         _object: &ObjectId,
-        _range: Range<u64>,
+        _span: Span,
     ) -> Result<Option<(ObjectMeta, BodyStream)>, OriginError> {
         Ok(None)
     }

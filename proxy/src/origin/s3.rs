@@ -19,7 +19,7 @@ use aws_smithy_runtime_api::client::retries::RequestAttempts;
 use futures::StreamExt;
 use http::{HeaderName, HeaderValue};
 
-use super::{BodyStream, ObjectId, ObjectMeta, Origin, OriginError};
+use super::{BodyStream, ObjectId, ObjectMeta, Origin, OriginError, Span};
 
 /// How to reach the upstream.
 #[derive(Debug, Clone)]
@@ -212,7 +212,7 @@ impl Origin for S3Origin {
     async fn get_with_meta(
         &self,
         object: &ObjectId,
-        range: Range<u64>,
+        span: Span,
     ) -> Result<Option<(ObjectMeta, BodyStream)>, OriginError> {
         let result = self
             .client
@@ -220,7 +220,7 @@ impl Origin for S3Origin {
             .bucket(object.bucket.as_ref())
             .key(object.key.as_ref())
             .set_version_id(object.version_id.as_deref().map(str::to_owned))
-            .range(format!("bytes={}-{}", range.start, range.end - 1))
+            .range(span.header())
             .send()
             .await;
         let mut out = match result {
@@ -240,7 +240,8 @@ impl Origin for S3Origin {
         else {
             return Ok(None);
         };
-        let expected = range.end.min(size).saturating_sub(range.start);
+        let within = span.within(size);
+        let expected = within.end - within.start;
         if out.content_length.and_then(|l| u64::try_from(l).ok()) != Some(expected) {
             return Err(OriginError::BodyLength {
                 got: out.content_length.unwrap_or(0).max(0) as u64,
