@@ -3,7 +3,7 @@
 #
 #   e2e/bench/run.sh [--quick | --full] [--out DIR]
 #
-# --quick (the default, ~5 minutes; the test suite runs it) or --full (~30 minutes, the figures in
+# --quick (the default, ~4 minutes; the test suite runs it) or --full (~20 minutes, the figures in
 # docs/benchmarks.md). Results (results.md, results.json, PNG plots) go to DIR, by default
 # target/bench/<mode>. Installs what it needs: nginx (with the slice module) and wrk from Debian,
 # matplotlib from PyPI, MinIO through e2e/setup.sh's pinned `go install` when missing.
