@@ -635,18 +635,7 @@ impl BlockStore {
         object: &ObjectId,
         len: u64,
     ) -> Result<Option<(ObjectMeta, BodyStream)>, OriginError> {
-        let started = Instant::now();
-        let result = self
-            .origin
-            .get_with_meta(object, Span::Last(len))
-            .instrument(tracing::info_span!(
-                "upstream",
-                otel.name = "GetObject",
-                otel.kind = "client"
-            ))
-            .await;
-        self.record_cold(&result, started);
-        let Some((meta, body)) = result? else {
+        let Some((meta, body)) = self.get_cold(object, Span::Last(len)).await? else {
             return Ok(None);
         };
         let (metrics, bucket) = (self.metrics.clone(), object.bucket.clone());
@@ -661,20 +650,35 @@ impl BlockStore {
         Ok(Some((meta, body)))
     }
 
-    /// Metrics of a GET that also brings metadata.
-    fn record_cold<T>(&self, result: &Result<Option<T>, OriginError>, started: Instant) {
-        let status = match result {
+    /// A GET that also brings metadata ([`Origin::get_with_meta`]), traced and counted.
+    async fn get_cold(
+        &self,
+        object: &ObjectId,
+        span: Span,
+    ) -> Result<Option<(ObjectMeta, BodyStream)>, OriginError> {
+        let started = Instant::now();
+        let result = self
+            .origin
+            .get_with_meta(object, span)
+            .instrument(tracing::info_span!(
+                "upstream",
+                otel.name = "GetObject",
+                otel.kind = "client"
+            ))
+            .await;
+        let status = match &result {
             Ok(Some(_)) => UpstreamStatus::Http(206),
             Ok(None) => UpstreamStatus::Http(416),
             Err(e) => e.into(),
         };
         self.metrics
             .upstream("GetObject", status, started.elapsed());
-        match result {
+        match &result {
             Ok(Some(_)) => self.hedge.record(started.elapsed()),
             Err(e) if !e.is_not_found() => self.metrics.upstream_failed(e),
             _ => {}
         }
+        result
     }
 
     /// Metadata of an object nothing is known of, from a GET of its block `index` whose body
@@ -709,20 +713,12 @@ impl BlockStore {
         };
         let block_size = self.layout.block_size();
         let start = index.saturating_mul(block_size);
-        let started = Instant::now();
         let result = self
-            .origin
-            .get_with_meta(
+            .get_cold(
                 &object,
                 Span::Bytes(start..start.saturating_add(block_size)),
             )
-            .instrument(tracing::info_span!(
-                "upstream",
-                otel.name = "GetObject",
-                otel.kind = "client"
-            ))
             .await;
-        self.record_cold(&result, started);
         let (meta, body) = match result {
             Ok(Some(found)) => found,
             Ok(None) => {
