@@ -93,11 +93,13 @@ class Minio:
 class Larder:
     """One `larder serve` process."""
 
-    def __init__(self, workdir: Path, upstream: str, *extra: str, name: str = "larder", env: dict | None = None):
+    def __init__(self, workdir: Path, upstream: str, *extra: str, name: str = "larder", env: dict | None = None,
+                 host: str = "127.0.0.1"):
+        self.host = host
         self.port = free_port()
         self.admin_port = free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.admin = f"http://127.0.0.1:{self.admin_port}"
+        self.endpoint = f"http://{host}:{self.port}"
+        self.admin = f"http://{host}:{self.admin_port}"
         self.log_path = workdir / f"{name}.log"
         self.log = open(self.log_path, "wb")
         self.credentials = workdir / f"{name}.keys"
@@ -107,8 +109,8 @@ class Larder:
             del env[k]
         args = [
             binary("larder"), "serve",
-            "--listen", f"127.0.0.1:{self.port}",
-            "--admin-listen", f"127.0.0.1:{self.admin_port}",
+            "--listen", f"{host}:{self.port}",
+            "--admin-listen", f"{host}:{self.admin_port}",
             "--upstream-endpoint", upstream,
             "--upstream-path-style",
             *([] if "--auth" in extra else ["--auth-credentials", str(self.credentials)]),
@@ -130,11 +132,17 @@ class Larder:
                     AWS_REGION=REGION, AWS_EC2_METADATA_DISABLED="true")
 
     def stop(self):
-        self.proc.terminate()
+        if self.proc.poll() is None:
+            self.proc.terminate()
         try:
             self.proc.wait(timeout=30)
         finally:
             self.log.close()
+
+    def kill(self):
+        """SIGKILL: no graceful shutdown, connections cut mid-stream."""
+        self.proc.kill()
+        self.proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="session")
@@ -197,8 +205,9 @@ def make_larder(workdir, upstream):
     """Start extra Larders with other options; stopped at the end of the test."""
     started = []
 
-    def make(*extra, name="larder-extra", upstream_url=None, env=None):
-        l = Larder(workdir, upstream_url or f"http://127.0.0.1:{upstream.port}", *extra, name=f"{name}-{len(started)}", env=env)
+    def make(*extra, name="larder-extra", upstream_url=None, env=None, host="127.0.0.1"):
+        l = Larder(workdir, upstream_url or f"http://127.0.0.1:{upstream.port}", *extra, name=f"{name}-{len(started)}",
+                   env=env, host=host)
         started.append(l)
         return l
 

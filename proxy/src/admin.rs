@@ -22,6 +22,8 @@ pub struct AdminState {
     pub blocks: Arc<BlockStore>,
     /// Warm-up jobs.
     pub warmer: Arc<Warmer>,
+    /// The fleet, if this replica is part of one.
+    pub fleet: Option<Arc<crate::fleet::Fleet>>,
     /// Set once the S3 listener accepts connections.
     pub ready: AtomicBool,
 }
@@ -36,6 +38,8 @@ pub fn router(state: Arc<AdminState>) -> axum::Router {
         .route("/metrics", get(metrics))
         .route("/warm", get(warm_list).post(warm_start))
         .route("/warm/{id}", get(warm_get).delete(warm_cancel))
+        .route("/fleet", get(fleet))
+        .route("/fleet/owner", get(fleet_owner))
         .with_state(state)
 }
 
@@ -70,6 +74,57 @@ async fn warm_start(
         Err(e @ WarmError::Invalid(_)) => json_error(StatusCode::BAD_REQUEST, e.to_string()),
         Err(e @ WarmError::Busy) => json_error(StatusCode::TOO_MANY_REQUESTS, e.to_string()),
     }
+}
+
+/// The fleet as this replica sees it.
+async fn fleet(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
+    let Some(fleet) = &s.fleet else {
+        return json_error(StatusCode::NOT_FOUND, "not part of a fleet".into());
+    };
+    let view = fleet.view();
+    let members: Vec<_> = view
+        .members()
+        .iter()
+        .map(|m| serde_json::json!({ "name": &*m.name, "zone": m.zone.as_deref() }))
+        .collect();
+    json(
+        StatusCode::OK,
+        &serde_json::json!({
+            "me": view.me(),
+            "members": members,
+            "owners": view.candidates(),
+            "changes": fleet.changes(),
+            "last_moved": fleet.last_moved(),
+        }),
+    )
+}
+
+/// Which replica owns block `index` of `bucket`/`key` (`?bucket=&key=&index=`).
+async fn fleet_owner(State(s): State<Arc<AdminState>>, uri: axum::http::Uri) -> impl IntoResponse {
+    let Some(fleet) = &s.fleet else {
+        return json_error(StatusCode::NOT_FOUND, "not part of a fleet".into());
+    };
+    let params: std::collections::HashMap<String, String> =
+        form_urlencoded::parse(uri.query().unwrap_or("").as_bytes())
+            .into_owned()
+            .collect();
+    let (Some(bucket), Some(key), Some(Ok(index))) = (
+        params.get("bucket"),
+        params.get("key"),
+        params.get("index").map(|i| i.parse::<u64>()),
+    ) else {
+        return json_error(StatusCode::BAD_REQUEST, "give bucket, key and index".into());
+    };
+    let object = crate::origin::ObjectId {
+        bucket: bucket.as_str().into(),
+        key: key.as_str().into(),
+        version_id: None,
+    };
+    let view = fleet.view();
+    let owner = fleet
+        .owner(&object, index)
+        .map_or_else(|| view.me().to_owned(), |o| o.to_string());
+    json(StatusCode::OK, &serde_json::json!({ "owner": owner }))
 }
 
 async fn warm_list(State(s): State<Arc<AdminState>>) -> impl IntoResponse {

@@ -18,6 +18,8 @@ use futures::future::{self, FutureExt};
 use futures::stream::{self, Stream, StreamExt};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
+use crate::fleet::client::PeerError;
+use crate::fleet::Fleet;
 use crate::metrics::{Metrics, UpstreamStatus};
 use crate::origin::hedge::HedgePolicy;
 use crate::origin::{BodyStream, ObjectId, ObjectMeta, Origin, OriginError, Span};
@@ -85,6 +87,8 @@ pub enum CacheResult {
     Coalesced,
     /// No block was in memory.
     Miss,
+    /// No block was here; the first missing one is owned by another replica, which was asked.
+    Peer,
 }
 
 impl CacheResult {
@@ -96,6 +100,7 @@ impl CacheResult {
             CacheResult::Partial => "partial",
             CacheResult::Coalesced => "coalesced",
             CacheResult::Miss => "miss",
+            CacheResult::Peer => "peer",
         }
     }
 
@@ -107,6 +112,7 @@ impl CacheResult {
             CacheResult::Partial => "stale-partial",
             CacheResult::Coalesced => "stale-coalesced",
             CacheResult::Miss => "stale-miss",
+            CacheResult::Peer => "stale-peer",
         }
     }
 }
@@ -137,6 +143,8 @@ pub struct BlockStore {
     /// Blocks read ahead and not yet read by anyone, with their size: read → used, evicted or
     /// expired → wasted.
     prefetched: moka::sync::Cache<BlockId, u64>,
+    /// The other replicas, when this one is part of a fleet.
+    fleet: Option<Arc<Fleet>>,
     metrics: Arc<Metrics>,
 }
 
@@ -149,6 +157,35 @@ enum Purpose {
     Prefetch,
     /// A warm-up job: it goes to the disk tier, not into the hot memory set.
     Warm,
+    /// Another replica, which found this one owns the block: fetched from here or the
+    /// upstream, never from a third replica, so requests cannot chase each other around.
+    Peer,
+}
+
+impl Purpose {
+    /// Whether a block this replica does not own is asked of its owner.
+    fn asks_owner(self) -> bool {
+        self != Purpose::Peer
+    }
+}
+
+/// Where a fetched block's bytes came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Supplier {
+    /// S3 (at least some of them): the block is cached here as any fetched block is.
+    Upstream,
+    /// All from the replica owning it, which caches it: only a brief copy is kept here.
+    Peer,
+}
+
+/// How a fetch starts.
+enum FirstAttempt {
+    /// With a body already arriving.
+    Body(BodyStream, Supplier),
+    /// By asking the block's owner.
+    Owner(Arc<str>),
+    /// By asking the upstream.
+    Upstream,
 }
 
 /// What warming one block did.
@@ -190,6 +227,8 @@ pub struct BlockStoreConfig {
     pub hedge_quantile: Option<f64>,
     /// Read-ahead across requests.
     pub prefetch: PrefetchConfig,
+    /// The fleet this replica is part of, if any.
+    pub fleet: Option<Arc<Fleet>>,
 }
 
 #[cfg(test)]
@@ -208,6 +247,7 @@ impl BlockStoreConfig {
             max_resumes: 3,
             hedge_quantile: None,
             prefetch: PrefetchConfig::off(),
+            fleet: None,
         }
     }
 }
@@ -248,6 +288,7 @@ impl BlockStore {
                     })
                     .build()
             },
+            fleet: config.fleet,
             metrics,
         }
     }
@@ -430,7 +471,7 @@ impl BlockStore {
         size: u64,
     ) -> CacheResult {
         let (mut in_memory, mut on_disk, mut missing) = (0usize, 0usize, 0usize);
-        let mut first_missing_in_flight = None;
+        let mut first_missing = None;
         for slice in self.layout.slices(range.start, range.end, size) {
             let id = self.id(object, etag, slice.index);
             match self.cache.locate(&id) {
@@ -438,19 +479,21 @@ impl BlockStore {
                 Some(_) => on_disk += 1,
                 None => {
                     missing += 1;
-                    first_missing_in_flight.get_or_insert_with(|| self.flights.contains(&id));
+                    first_missing.get_or_insert_with(|| {
+                        let owned_elsewhere = self
+                            .fleet
+                            .as_ref()
+                            .is_some_and(|f| f.owner(object, slice.index).is_some());
+                        (self.flights.contains(&id), owned_elsewhere)
+                    });
                 }
             }
         }
-        match (
-            in_memory + on_disk,
-            on_disk,
-            missing,
-            first_missing_in_flight,
-        ) {
+        match (in_memory + on_disk, on_disk, missing, first_missing) {
             (_, 0, 0, _) => CacheResult::HitMemory,
             (_, _, 0, _) => CacheResult::HitDisk,
-            (0, _, _, Some(true)) => CacheResult::Coalesced,
+            (0, _, _, Some((true, _))) => CacheResult::Coalesced,
+            (0, _, _, Some((_, true))) => CacheResult::Peer,
             (0, _, _, _) => CacheResult::Miss,
             _ => CacheResult::Partial,
         }
@@ -467,6 +510,29 @@ impl BlockStore {
         range: Range<u64>,
         size: u64,
     ) -> impl Stream<Item = Result<Bytes, OriginError>> + Send + 'static {
+        self.read_as(object, etag, range, size, Purpose::Demand)
+    }
+
+    /// [`BlockStore::read`] for another replica that found this one owns the blocks: what is
+    /// missing here comes from the upstream, never from a third replica.
+    pub fn read_for_peer(
+        self: &Arc<Self>,
+        object: ObjectId,
+        etag: Arc<str>,
+        range: Range<u64>,
+        size: u64,
+    ) -> impl Stream<Item = Result<Bytes, OriginError>> + Send + 'static {
+        self.read_as(object, etag, range, size, Purpose::Peer)
+    }
+
+    fn read_as(
+        self: &Arc<Self>,
+        object: ObjectId,
+        etag: Arc<str>,
+        range: Range<u64>,
+        size: u64,
+        purpose: Purpose,
+    ) -> impl Stream<Item = Result<Bytes, OriginError>> + Send + 'static {
         let store = self.clone();
         let slices: Vec<BlockSlice> = self.layout.slices(range.start, range.end, size).collect();
         let bucket = object.bucket.clone();
@@ -474,7 +540,9 @@ impl BlockStore {
             .map(move |slice| {
                 let (store, object, etag) = (store.clone(), object.clone(), etag.clone());
                 let mut open =
-                    Box::pin(async move { (slice, store.open(&object, &etag, slice).await) });
+                    Box::pin(
+                        async move { (slice, store.open(&object, &etag, slice, purpose).await) },
+                    );
                 // A block at hand (the usual hit) is opened right here. One that has to wait
                 // goes on in a task of its own: `flat_map` polls this stream only between
                 // blocks, so a paused open would otherwise wait for the block before it to be
@@ -536,6 +604,7 @@ impl BlockStore {
         object: &ObjectId,
         etag: &Arc<str>,
         slice: BlockSlice,
+        purpose: Purpose,
     ) -> OpenBlock {
         let id = self.id(object, etag, slice.index);
         if self.prefetch.enabled() {
@@ -548,6 +617,15 @@ impl BlockStore {
             return OpenBlock::Ready(bytes);
         }
         self.metrics.lookup("memory", false);
+        if let Some(fleet) = &self.fleet {
+            if let Some(bytes) = fleet.copy(&id).await {
+                self.metrics.lookup("peer-copy", true);
+                return OpenBlock::Ready(bytes);
+            }
+            if fleet.keeps_copies() {
+                self.metrics.lookup("peer-copy", false);
+            }
+        }
         let on_disk = self.cache.locate(&id) == Some(Tier::Disk);
         if self.cache.disk().is_some() {
             self.metrics.lookup("disk", on_disk);
@@ -576,7 +654,11 @@ impl BlockStore {
                     writer.finish();
                     return OpenBlock::Streaming(reader, "memory");
                 }
-                let tier = if on_disk { "disk" } else { "upstream" };
+                let tier = match (on_disk, self.remote_owner(object, slice.index, purpose)) {
+                    (true, _) => "disk",
+                    (false, Some(_)) => "peer",
+                    (false, None) => "upstream",
+                };
                 // The read runs in a task of its own: a client that goes away does not cancel
                 // it for the readers that joined, and the block still lands in the cache.
                 let store = self.clone();
@@ -590,7 +672,7 @@ impl BlockStore {
                 tokio::spawn(
                     async move {
                         store
-                            .fetch(writer, id, object, etag, slice, None, None, Purpose::Demand)
+                            .fetch(writer, id, object, etag, slice, None, None, purpose)
                             .await
                     }
                     .instrument(span),
@@ -682,14 +764,34 @@ impl BlockStore {
     }
 
     /// Metadata of an object nothing is known of, from a GET of its block `index` whose body
-    /// then fills that block, saving the HEAD round trip. `Ok(None)` when the answer cannot
-    /// stand for a HEAD (see [`Origin::get_with_meta`]). The fetch runs in a task of its own,
-    /// like any block fetch, so the block lands even if the caller goes away.
+    /// then fills that block, saving the HEAD round trip; in a fleet, from the replica owning
+    /// that block, which does the same (once for everyone asking). With the metadata comes how
+    /// long ago the upstream said it. `Ok(None)` when the answer cannot stand for a HEAD (see
+    /// [`Origin::get_with_meta`]). The fetch runs in a task of its own, like any block fetch,
+    /// so the block lands even if the caller goes away.
     pub async fn open_cold(
         self: &Arc<Self>,
         object: ObjectId,
         index: u64,
-    ) -> Result<Option<ObjectMeta>, OriginError> {
+    ) -> Result<Option<(ObjectMeta, Duration)>, OriginError> {
+        self.open_cold_as(object, index, Purpose::Demand).await
+    }
+
+    /// [`BlockStore::open_cold`] for another replica: never asks a third one.
+    pub async fn open_cold_for_peer(
+        self: &Arc<Self>,
+        object: ObjectId,
+        index: u64,
+    ) -> Result<Option<(ObjectMeta, Duration)>, OriginError> {
+        self.open_cold_as(object, index, Purpose::Peer).await
+    }
+
+    async fn open_cold_as(
+        self: &Arc<Self>,
+        object: ObjectId,
+        index: u64,
+        purpose: Purpose,
+    ) -> Result<Option<(ObjectMeta, Duration)>, OriginError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let store = self.clone();
         let span = tracing::info_span!(
@@ -697,7 +799,9 @@ impl BlockStore {
             larder.block = index,
             larder.source = "upstream"
         );
-        tokio::spawn(async move { store.fetch_cold(object, index, tx).await }.instrument(span));
+        tokio::spawn(
+            async move { store.fetch_cold(object, index, purpose, tx).await }.instrument(span),
+        );
         rx.await.unwrap_or(Err(OriginError::Abandoned))
     }
 
@@ -705,21 +809,31 @@ impl BlockStore {
         &self,
         object: ObjectId,
         index: u64,
-        tx: tokio::sync::oneshot::Sender<Result<Option<ObjectMeta>, OriginError>>,
+        purpose: Purpose,
+        tx: tokio::sync::oneshot::Sender<Result<Option<(ObjectMeta, Duration)>, OriginError>>,
     ) {
         let Ok(slot) = self.upstream_slots.acquire().await else {
             let _ = tx.send(Err(OriginError::Abandoned));
             return;
         };
-        let block_size = self.layout.block_size();
-        let start = index.saturating_mul(block_size);
-        let result = self
-            .get_cold(
-                &object,
-                Span::Bytes(start..start.saturating_add(block_size)),
-            )
-            .await;
-        let (meta, body) = match result {
+        let at_owner = match self.remote_owner(&object, index, purpose) {
+            Some(peer) => self.open_at_owner(&peer, &object, index).await,
+            None => None,
+        };
+        let result = match at_owner {
+            Some(opened) => {
+                opened.map(|o| o.map(|(meta, age, body)| (meta, age, body, Supplier::Peer)))
+            }
+            None => {
+                let block_size = self.layout.block_size();
+                let start = index.saturating_mul(block_size);
+                let span = Span::Bytes(start..start.saturating_add(block_size));
+                self.get_cold(&object, span)
+                    .await
+                    .map(|o| o.map(|(meta, body)| (meta, Duration::ZERO, body, Supplier::Upstream)))
+            }
+        };
+        let (meta, age, body, supplier) = match result {
             Ok(Some(found)) => found,
             Ok(None) => {
                 let _ = tx.send(Ok(None));
@@ -739,7 +853,7 @@ impl BlockStore {
         // A block cached under this ETag (metadata forgotten for space, or a restart with the
         // disk tier kept) is served from there: this body is dropped, having cost one request.
         if self.cache.locate(&id).is_some() {
-            let _ = tx.send(Ok(Some(meta)));
+            let _ = tx.send(Ok(Some((meta, age))));
             return;
         }
         // Joined before the metadata is handed over, so the reader finds this fetch in flight
@@ -751,7 +865,7 @@ impl BlockStore {
             }
             Joined::Follower(_) => None,
         };
-        let _ = tx.send(Ok(Some(meta)));
+        let _ = tx.send(Ok(Some((meta, age))));
         if let Some(writer) = writer {
             self.fetch(
                 writer,
@@ -760,10 +874,66 @@ impl BlockStore {
                 etag,
                 slice,
                 Some(slot),
-                Some(body),
-                Purpose::Demand,
+                Some((body, supplier)),
+                purpose,
             )
             .await;
+        }
+    }
+
+    /// The replica owning block `index` of `object`, when it is not this one and `purpose`
+    /// may ask it.
+    fn remote_owner(&self, object: &ObjectId, index: u64, purpose: Purpose) -> Option<Arc<str>> {
+        if !purpose.asks_owner() {
+            return None;
+        }
+        self.fleet.as_ref()?.owner(object, index)
+    }
+
+    /// A call to a peer, traced and counted; a peer that fails is counted as a fallback.
+    async fn ask_peer<T>(
+        &self,
+        kind: &'static str,
+        call: impl std::future::Future<Output = Result<T, PeerError>>,
+    ) -> Result<T, PeerError> {
+        let started = Instant::now();
+        let result = call
+            .instrument(tracing::info_span!(
+                "peer",
+                otel.name = kind,
+                otel.kind = "client"
+            ))
+            .await;
+        let outcome = match &result {
+            Ok(_) => "ok",
+            Err(PeerError::Answer(_)) => "answer",
+            Err(PeerError::Unavailable { reason, message }) => {
+                tracing::info!(kind, reason, %message, "peer unavailable; asking the upstream");
+                self.metrics.peer_fallback(reason);
+                "unavailable"
+            }
+        };
+        self.metrics
+            .peer_request("made", kind, outcome, Some(started.elapsed()));
+        result
+    }
+
+    /// Metadata and block `index` of `object` from `peer`, its owner; `None` when the peer
+    /// could not be used (the caller asks the upstream).
+    async fn open_at_owner(
+        &self,
+        peer: &str,
+        object: &ObjectId,
+        index: u64,
+    ) -> Option<Result<Option<crate::fleet::client::Opened>, OriginError>> {
+        let fleet = self.fleet.as_ref()?;
+        match self
+            .ask_peer("open", fleet.client().open(peer, object, index))
+            .await
+        {
+            Ok(opened) => Some(Ok(opened)),
+            Err(PeerError::Answer(e)) => Some(Err(e)),
+            Err(PeerError::Unavailable { .. }) => None,
         }
     }
 
@@ -776,7 +946,7 @@ impl BlockStore {
         etag: Arc<str>,
         slice: BlockSlice,
         slot: Option<SemaphorePermit<'_>>,
-        body: Option<BodyStream>,
+        body: Option<(BodyStream, Supplier)>,
         purpose: Purpose,
     ) {
         // Disk first: one read, verified, then promoted to memory. A disk miss (evicted since
@@ -791,17 +961,34 @@ impl BlockStore {
                 return;
             }
         }
+        let first = match body {
+            Some((body, supplier)) => FirstAttempt::Body(body, supplier),
+            None => match self.remote_owner(&object, slice.index, purpose) {
+                Some(peer) => FirstAttempt::Owner(peer),
+                None => FirstAttempt::Upstream,
+            },
+        };
         let range = slice.block_start..slice.block_start + slice.block_len;
         let result = self
-            .fetch_into(&writer, &object, &etag, range, slot, body)
+            .fetch_into(&writer, &object, &etag, range, slot, first)
             .await;
         match result {
-            Ok(()) => {
+            // The owner caches it; here only a brief copy for the next local reader (and none
+            // for a warm-up, whose point is the owner's disk).
+            Ok(Supplier::Peer) => {
+                let block = writer.finish();
+                if let (Some(fleet), false) = (&self.fleet, purpose == Purpose::Warm) {
+                    fleet.keep_copy(id, block).await;
+                }
+                drop(writer);
+            }
+            Ok(Supplier::Upstream) => {
                 let block = writer.finish();
                 self.remember(&object).await;
                 match purpose {
-                    Purpose::Demand => self.cache.insert(id, block).await,
-                    Purpose::Prefetch => self.cache.insert(id, block).await,
+                    Purpose::Demand | Purpose::Prefetch | Purpose::Peer => {
+                        self.cache.insert(id, block).await
+                    }
                     Purpose::Warm => {
                         if !self.cache.insert_cold(id, block).await {
                             self.metrics.cache_write_dropped("warm_rejected");
@@ -825,10 +1012,12 @@ impl BlockStore {
         }
     }
 
-    /// Fetch `range` of `object` at `etag` into `writer`. A body that breaks or stalls is
-    /// resumed from the byte where it stopped, with a new ranged GET pinned to the same ETag
-    /// (`If-Match`), up to `max_resumes` times: the readers see one uninterrupted stream, and a
-    /// changed object fails the resume rather than mixing versions.
+    /// Fetch `range` of `object` at `etag` into `writer`, starting as `first` says. A body that
+    /// breaks or stalls is resumed from the byte where it stopped, with a new ranged GET pinned
+    /// to the same ETag (`If-Match`), up to `max_resumes` times: the readers see one
+    /// uninterrupted stream, and a changed object fails the resume rather than mixing versions.
+    /// A peer that fails, before its first byte or after, is replaced by the upstream from the
+    /// byte where it stopped (a fallback, not a resume). Says who supplied the bytes.
     async fn fetch_into(
         &self,
         writer: &FlightWriter<BlockId, OriginError>,
@@ -836,8 +1025,8 @@ impl BlockStore {
         etag: &str,
         range: Range<u64>,
         slot: Option<SemaphorePermit<'_>>,
-        mut body: Option<BodyStream>,
-    ) -> Result<(), OriginError> {
+        first: FirstAttempt,
+    ) -> Result<Supplier, OriginError> {
         let expected = range.end - range.start;
         // The permit is held until the body is complete: it bounds fetch buffers, not just requests.
         let _slot = match slot {
@@ -848,16 +1037,32 @@ impl BlockStore {
                 .await
                 .map_err(|_| OriginError::Abandoned)?,
         };
+        let mut first = Some(first);
+        let mut supplied = Supplier::Peer;
         let mut got = 0u64;
         let mut resumes = 0;
         loop {
-            let attempt = match body.take() {
-                Some(body) => Ok(body),
-                None => {
-                    self.get_hedged(object, etag, range.start + got..range.end)
-                        .await
+            let (attempt, supplier) = match first.take() {
+                Some(FirstAttempt::Body(body, supplier)) => (Ok(body), supplier),
+                Some(FirstAttempt::Owner(peer)) => {
+                    match self.ask_owner(&peer, object, etag, range.clone()).await {
+                        Ok(body) => (Ok(body), Supplier::Peer),
+                        Err(PeerError::Answer(e)) => return Err(e),
+                        Err(PeerError::Unavailable { .. }) => (
+                            self.get_hedged(object, etag, range.clone()).await,
+                            Supplier::Upstream,
+                        ),
+                    }
                 }
+                Some(FirstAttempt::Upstream) | None => (
+                    self.get_hedged(object, etag, range.start + got..range.end)
+                        .await,
+                    Supplier::Upstream,
+                ),
             };
+            if supplier == Supplier::Upstream {
+                supplied = Supplier::Upstream;
+            }
             let failure = match attempt {
                 Ok(mut body) => loop {
                     let next = match tokio::time::timeout(self.idle_timeout, body.next()).await {
@@ -875,17 +1080,30 @@ impl BlockStore {
                             if got > expected {
                                 return Err(OriginError::BodyLength { got, expected });
                             }
-                            self.metrics.upstream_received(chunk.len() as u64);
+                            match supplier {
+                                Supplier::Upstream => {
+                                    self.metrics.upstream_received(chunk.len() as u64)
+                                }
+                                Supplier::Peer => {
+                                    self.metrics.peer_bytes("received", chunk.len() as u64)
+                                }
+                            }
                             writer.push(chunk);
                         }
                         // Every byte arrived: a connection that breaks after them loses nothing.
-                        Some(Err(_)) | None if got == expected => return Ok(()),
+                        Some(Err(_)) | None if got == expected => return Ok(supplied),
                         Some(Err(e)) => break e,
                         None => break OriginError::BodyLength { got, expected },
                     }
                 },
                 Err(e) => e,
             };
+            if supplier == Supplier::Peer {
+                // Whatever broke the peer's body, the upstream takes over where it stopped.
+                tracing::info!(object = %object, at = range.start + got, error = %failure, "peer body broke; the upstream takes over");
+                self.metrics.peer_fallback("broken");
+                continue;
+            }
             // Only a body that started and broke is resumed; a request that failed outright was
             // already retried by the client library.
             let resumable = got > 0
@@ -902,6 +1120,24 @@ impl BlockStore {
             self.metrics.resumed();
             tracing::info!(object = %object, at = range.start + got, error = %failure, "resuming a broken upstream body");
         }
+    }
+
+    /// `range` of `object` at `etag` from `peer`, the block's owner.
+    async fn ask_owner(
+        &self,
+        peer: &str,
+        object: &ObjectId,
+        etag: &str,
+        range: Range<u64>,
+    ) -> Result<BodyStream, PeerError> {
+        let Some(fleet) = &self.fleet else {
+            return Err(PeerError::Unavailable {
+                reason: "error",
+                message: "not in a fleet".into(),
+            });
+        };
+        self.ask_peer("block", fleet.client().block(peer, object, etag, range))
+            .await
     }
 
     /// One ranged GET; with hedging on, a second one if the first has not answered within the

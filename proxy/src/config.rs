@@ -175,6 +175,56 @@ pub struct Config {
     /// directly), choosing the per-GB price: `same-region` (free), `cross-az`, `cross-region`
     /// or `internet`. Default: `same-region`.
     pub upstream_transfer: TransferKind,
+    /// Fleet members as a fixed list of peer addresses (`host:port` of each replica's
+    /// `fleet_listen`, this replica's own among them). Setting one of `fleet_peers`,
+    /// `fleet_peers_file` or `fleet_peers_dns` makes this replica part of a fleet: each block
+    /// is owned by one replica, and the others ask it instead of S3. Default: none (alone).
+    pub fleet_peers: Vec<String>,
+    /// A file of fleet members (`host:port`, whitespace or comma separated, `#` comments),
+    /// re-read every `fleet_refresh`. Default: none.
+    pub fleet_peers_file: Option<std::path::PathBuf>,
+    /// A DNS name and port whose addresses are the fleet members, re-resolved every
+    /// `fleet_refresh`: on Kubernetes, the headless Service of the StatefulSet
+    /// (`larder-peers.ns.svc.cluster.local:9002`). Default: none.
+    pub fleet_peers_dns: Option<String>,
+    /// Address of the peer listener, where the other replicas ask for blocks. Default:
+    /// `127.0.0.1:9002` (the Helm chart listens on all addresses).
+    pub fleet_listen: SocketAddr,
+    /// This replica's name in the member list, until a probe finds which listed name answers
+    /// with its own id. Default: none (`fleet_listen`).
+    pub fleet_advertise: Option<String>,
+    /// File holding the secret every replica signs peer requests with (at least 16 bytes).
+    /// Required in a fleet. Default: none.
+    pub fleet_secret_file: Option<std::path::PathBuf>,
+    /// This replica's zone (on Kubernetes, the node's `topology.kubernetes.io/zone`).
+    /// Default: none.
+    pub fleet_zone: Option<String>,
+    /// Which replicas may own a block for this one: `zone` (those in its zone: a block leaves
+    /// S3 once per zone, and no block crosses zones) or `fleet` (all: once per fleet, crossing
+    /// zones). Default: `zone`.
+    pub fleet_scope: FleetScope,
+    /// How often the member list is read and every member probed. Default: `5s`.
+    pub fleet_refresh: HumanDuration,
+    /// How long a peer has to start answering before this replica asks S3 itself (and counts
+    /// a fallback). Default: `2s`.
+    pub fleet_peer_timeout: HumanDuration,
+    /// Bytes of blocks fetched from their owners kept in this replica's memory for its next
+    /// readers (TinyLFU keeps the hot ones), apart from the memory tier. `0` keeps none.
+    /// Default: `64MiB`.
+    pub fleet_copy_capacity: ByteSize,
+    /// How long a block fetched from its owner is kept here. Default: `30s`.
+    pub fleet_copy_ttl: HumanDuration,
+}
+
+/// See [`Config::fleet_scope`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum FleetScope {
+    /// Owners within this replica's zone.
+    #[default]
+    Zone,
+    /// Owners anywhere in the fleet.
+    Fleet,
 }
 
 /// See [`Config::prefetch`].
@@ -341,6 +391,18 @@ impl Default for Config {
             price_cross_region_per_gb: 0.02,
             price_cross_az_per_gb: 0.01,
             upstream_transfer: TransferKind::default(),
+            fleet_peers: Vec::new(),
+            fleet_peers_file: None,
+            fleet_peers_dns: None,
+            fleet_listen: SocketAddr::from(([127, 0, 0, 1], 9002)),
+            fleet_advertise: None,
+            fleet_secret_file: None,
+            fleet_zone: None,
+            fleet_scope: FleetScope::default(),
+            fleet_refresh: HumanDuration(Duration::from_secs(5)),
+            fleet_peer_timeout: HumanDuration(Duration::from_secs(2)),
+            fleet_copy_capacity: ByteSize(64 << 20),
+            fleet_copy_ttl: HumanDuration(Duration::from_secs(30)),
         }
     }
 }
@@ -401,6 +463,18 @@ pub const OPTION_NAMES: &[&str] = &[
     "price_cross_region_per_gb",
     "price_cross_az_per_gb",
     "upstream_transfer",
+    "fleet_peers",
+    "fleet_peers_file",
+    "fleet_peers_dns",
+    "fleet_listen",
+    "fleet_advertise",
+    "fleet_secret_file",
+    "fleet_zone",
+    "fleet_scope",
+    "fleet_refresh",
+    "fleet_peer_timeout",
+    "fleet_copy_capacity",
+    "fleet_copy_ttl",
 ];
 
 /// Options that are lists of tables, set in the TOML file only (no flag).
@@ -423,6 +497,13 @@ pub enum ConfigError {
 }
 
 impl Config {
+    /// Whether this replica is part of a fleet.
+    pub fn in_fleet(&self) -> bool {
+        !self.fleet_peers.is_empty()
+            || self.fleet_peers_file.is_some()
+            || self.fleet_peers_dns.is_some()
+    }
+
     /// Load from defaults, then `file` (if given), then `LARDER_*` variables, then `overrides`
     /// (the command-line flags that were set), and validate.
     pub fn load(
@@ -508,6 +589,27 @@ impl Config {
                     );
                 }
             }
+        }
+        let sources = usize::from(!self.fleet_peers.is_empty())
+            + usize::from(self.fleet_peers_file.is_some())
+            + usize::from(self.fleet_peers_dns.is_some());
+        if sources > 1 {
+            return invalid(
+                "fleet_peers",
+                "fleet_peers, fleet_peers_file and fleet_peers_dns are alternatives: set one",
+            );
+        }
+        if sources == 1 && self.fleet_secret_file.is_none() {
+            return invalid(
+                "fleet_secret_file",
+                "is required in a fleet: replicas sign their requests to each other with it",
+            );
+        }
+        if self.fleet_refresh.0 < Duration::from_millis(100) {
+            return invalid("fleet_refresh", "must be at least 100ms");
+        }
+        if self.fleet_peer_timeout.0.is_zero() {
+            return invalid("fleet_peer_timeout", "must be positive");
         }
         if self.tls_cert.is_some() != self.tls_key.is_some() {
             return invalid("tls_cert", "and tls_key must be set together");
@@ -918,6 +1020,11 @@ access_key = "etl"
             tls_cert: Some("/x".into()),
             tls_key: Some("/x".into()),
             otlp_endpoint: Some("http://x".into()),
+            fleet_peers_file: Some("/x".into()),
+            fleet_peers_dns: Some("x:1".into()),
+            fleet_advertise: Some("x:1".into()),
+            fleet_secret_file: Some("/x".into()),
+            fleet_zone: Some("x".into()),
             ..Config::default()
         })
         .unwrap();

@@ -9,6 +9,7 @@ pub mod auth;
 pub mod blocks;
 pub mod config;
 pub mod demo;
+pub mod fleet;
 pub mod metadata;
 pub mod metrics;
 pub mod origin;

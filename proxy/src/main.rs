@@ -253,6 +253,54 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     upstream_transfer: Option<String>,
+    /// Fleet members' peer addresses, comma-separated host:port [default: none, alone].
+    #[arg(long, value_delimiter = ',')]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fleet_peers: Option<Vec<String>>,
+    /// File of fleet members, re-read every --fleet-refresh [default: none].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fleet_peers_file: Option<PathBuf>,
+    /// DNS name:port whose addresses are the fleet members (a headless Service) [default: none].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fleet_peers_dns: Option<String>,
+    /// Address of the peer listener [default: 127.0.0.1:9002].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fleet_listen: Option<String>,
+    /// This replica's name in the member list [default: the peer listener's address].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fleet_advertise: Option<String>,
+    /// File with the secret replicas sign peer requests with (required in a fleet).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fleet_secret_file: Option<PathBuf>,
+    /// This replica's zone [default: none].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fleet_zone: Option<String>,
+    /// Owners within the zone or across the fleet: zone or fleet [default: zone].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fleet_scope: Option<String>,
+    /// How often members are listed and probed, e.g. 5s [default: 5s].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fleet_refresh: Option<String>,
+    /// How long a peer has to start answering before S3 is asked, e.g. 2s [default: 2s].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fleet_peer_timeout: Option<String>,
+    /// Bytes of peers' blocks kept in memory here, e.g. 64MiB; 0 for none [default: 64MiB].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fleet_copy_capacity: Option<String>,
+    /// How long a peer's block is kept here, e.g. 30s [default: 30s].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fleet_copy_ttl: Option<String>,
 }
 
 fn main() -> anyhow::Result<()> {

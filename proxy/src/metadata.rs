@@ -1,7 +1,7 @@
 //! Object metadata, cached for `metadata_ttl`, with concurrent misses coalesced into one HEAD.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use moka::future::Cache;
 
@@ -9,32 +9,40 @@ use crate::metrics::{Metrics, UpstreamStatus};
 use crate::origin::{ObjectId, ObjectMeta, Origin, OriginError};
 use tracing::Instrument;
 
+/// Metadata as cached: what the upstream said, and when it said it (for metadata learnt from
+/// another replica, when that replica had it from the upstream).
+#[derive(Clone)]
+struct Entry {
+    meta: Arc<ObjectMeta>,
+    fetched: Instant,
+}
+
 /// Metadata of a named version never changes (S3 versions are immutable), so it stays until
-/// evicted for space or the version is deleted through Larder; everything else expires after the
-/// TTL.
+/// evicted for space or the version is deleted through Larder; everything else expires `ttl`
+/// after the upstream said it, however it reached this replica.
 struct VersionsKeep {
     ttl: Duration,
 }
 
-impl moka::Expiry<ObjectId, Arc<ObjectMeta>> for VersionsKeep {
+impl moka::Expiry<ObjectId, Entry> for VersionsKeep {
     fn expire_after_create(
         &self,
         id: &ObjectId,
-        _meta: &Arc<ObjectMeta>,
-        _created_at: std::time::Instant,
+        entry: &Entry,
+        _created_at: Instant,
     ) -> Option<Duration> {
         match id.version_id {
             Some(_) => None,
-            None => Some(self.ttl),
+            None => Some(self.ttl.saturating_sub(entry.fetched.elapsed())),
         }
     }
 }
 
 /// Cached HeadObject answers.
 pub struct MetadataCache {
-    cache: Option<Cache<ObjectId, Arc<ObjectMeta>>>,
+    cache: Option<Cache<ObjectId, Entry>>,
     /// The same answers kept `serve_stale_on_error` longer, for when the upstream fails.
-    stale: Option<Cache<ObjectId, Arc<ObjectMeta>>>,
+    stale: Option<Cache<ObjectId, Entry>>,
     /// Objects whose metadata was fetched before (and not invalidated since). These revalidate
     /// with a HEAD, cheap next to fetching a block again that is likely still cached; objects
     /// not in it are opened with a GET that brings metadata and a block at once.
@@ -98,8 +106,15 @@ impl MetadataCache {
 
     /// The object's metadata, and where it came from.
     pub async fn get(&self, id: &ObjectId) -> Result<(Arc<ObjectMeta>, Source), OriginError> {
-        let head = async { self.head(id).await.map_err(|e| (e, true)) };
-        self.lookup(id, head).await.map_err(|(e, _)| e)
+        let head = async {
+            let entry = Entry {
+                fetched: Instant::now(),
+                meta: self.head(id).await.map_err(|e| (e, true))?,
+            };
+            Ok(entry)
+        };
+        let (entry, source) = self.lookup(id, head).await.map_err(|(e, _)| e)?;
+        Ok((entry.meta, source))
     }
 
     /// Whether nothing is known of `id` (never fetched, or forgotten since), so that its first
@@ -110,29 +125,49 @@ impl MetadataCache {
     }
 
     /// Like [`MetadataCache::get`], but the metadata comes from `open` (a GET that also brings
-    /// a block), or from a HEAD when `open` says its answer cannot stand for one. Concurrent
+    /// a block, here or at the replica owning it), or from a HEAD when `open` says its answer
+    /// cannot stand for one. `open` also says how old its metadata already is (learnt from
+    /// another replica's cache), and it is trusted only for what remains of the TTL. Concurrent
     /// callers share one `open`. The error says whether it came from a HEAD (which has no
     /// error code).
     pub async fn get_or_open(
         &self,
         id: &ObjectId,
-        open: impl std::future::Future<Output = Result<Option<ObjectMeta>, OriginError>>,
+        open: impl std::future::Future<Output = Result<Option<(ObjectMeta, Duration)>, OriginError>>,
     ) -> Result<(Arc<ObjectMeta>, Source), (OriginError, bool)> {
+        let (meta, source, _) = self.get_or_open_aged(id, open).await?;
+        Ok((meta, source))
+    }
+
+    /// [`MetadataCache::get_or_open`], also saying how long ago the upstream said it (what a
+    /// replica asked by another passes on).
+    pub async fn get_or_open_aged(
+        &self,
+        id: &ObjectId,
+        open: impl std::future::Future<Output = Result<Option<(ObjectMeta, Duration)>, OriginError>>,
+    ) -> Result<(Arc<ObjectMeta>, Source, Duration), (OriginError, bool)> {
         let fetch = async {
             match open.await {
-                Ok(Some(meta)) => Ok(Arc::new(meta)),
-                Ok(None) => self.head(id).await.map_err(|e| (e, true)),
+                Ok(Some((meta, age))) => Ok(Entry {
+                    meta: Arc::new(meta),
+                    fetched: Instant::now().checked_sub(age).unwrap_or_else(Instant::now),
+                }),
+                Ok(None) => Ok(Entry {
+                    fetched: Instant::now(),
+                    meta: self.head(id).await.map_err(|e| (e, true))?,
+                }),
                 Err(e) => Err((e, false)),
             }
         };
-        self.lookup(id, fetch).await
+        let (entry, source) = self.lookup(id, fetch).await?;
+        Ok((entry.meta, source, entry.fetched.elapsed()))
     }
 
     async fn lookup(
         &self,
         id: &ObjectId,
-        fetch: impl std::future::Future<Output = Result<Arc<ObjectMeta>, (OriginError, bool)>>,
-    ) -> Result<(Arc<ObjectMeta>, Source), (OriginError, bool)> {
+        fetch: impl std::future::Future<Output = Result<Entry, (OriginError, bool)>>,
+    ) -> Result<(Entry, Source), (OriginError, bool)> {
         let fetched = match &self.cache {
             None => fetch.await,
             Some(cache) => {

@@ -132,6 +132,11 @@ pub struct Metrics {
     prefetch_bytes: Counter<u64>,
     warm_jobs: Counter<u64>,
     warm_bytes: Counter<u64>,
+    peer_requests: Counter<u64>,
+    peer_duration: Histogram<f64>,
+    peer_fallbacks: Counter<u64>,
+    peer_bytes: Counter<u64>,
+    fleet_changes: Counter<u64>,
 }
 
 fn latency_boundaries() -> Vec<f64> {
@@ -248,7 +253,33 @@ impl Metrics {
             warm_jobs.add(0, &[kv("outcome", outcome)]);
         }
         warm_bytes.add(0, &[]);
+        let peer_fallbacks = counter(
+            "larder.peer.fallbacks",
+            "Peer requests given up for the upstream, by reason: unreachable, timeout, error, broken (body cut mid-way)",
+        );
+        for reason in ["unreachable", "timeout", "error", "broken"] {
+            peer_fallbacks.add(0, &[kv("reason", reason)]);
+        }
+        let fleet_changes = counter(
+            "larder.fleet.membership.changes",
+            "Membership changes that moved block ownership",
+        );
+        fleet_changes.add(0, &[]);
         Ok(Self {
+            peer_requests: counter(
+                "larder.peer.requests",
+                "Requests between replicas by direction (made, served), kind (block, open) and outcome",
+            ),
+            peer_duration: latency(
+                "larder.peer.duration.seconds",
+                "Time for a peer to start answering, by kind",
+            ),
+            peer_fallbacks,
+            peer_bytes: counter(
+                "larder.peer.bytes",
+                "Block bytes between replicas by direction (received, sent)",
+            ),
+            fleet_changes,
             resumes,
             hedges,
             prefetch_blocks,
@@ -430,6 +461,68 @@ impl Metrics {
     /// Bytes a warm-up job fetched.
     pub fn warm_bytes(&self, bytes: u64) {
         self.warm_bytes.add(bytes, &[]);
+    }
+
+    /// A request between replicas: `direction` `made` or `served`, `kind` `block` or `open`,
+    /// and how it went; a request made also records how long the peer took to answer.
+    pub fn peer_request(
+        &self,
+        direction: &'static str,
+        kind: &'static str,
+        outcome: &'static str,
+        elapsed: Option<Duration>,
+    ) {
+        self.peer_requests.add(
+            1,
+            &[
+                kv("direction", direction),
+                kv("kind", kind),
+                kv("outcome", outcome),
+            ],
+        );
+        if let Some(elapsed) = elapsed {
+            self.peer_duration
+                .record(elapsed.as_secs_f64(), &[kv("kind", kind)]);
+        }
+    }
+
+    /// A peer could not be used and the upstream was asked instead.
+    pub fn peer_fallback(&self, reason: &'static str) {
+        self.peer_fallbacks.add(1, &[kv("reason", reason)]);
+    }
+
+    /// Block bytes received from or sent to another replica.
+    pub fn peer_bytes(&self, direction: &'static str, bytes: u64) {
+        self.peer_bytes.add(bytes, &[kv("direction", direction)]);
+    }
+
+    /// Membership changed ownership.
+    pub fn fleet_changed(&self) {
+        self.fleet_changes.add(1, &[]);
+    }
+
+    /// Export the fleet's gauges (members, candidates, keys moved at the last change), read at
+    /// each collection.
+    pub fn observe_fleet(&self, fleet: Arc<crate::fleet::Fleet>) {
+        let members = fleet.clone();
+        self.meter
+            .u64_observable_gauge("larder.fleet.members")
+            .with_description("Replicas this one sees, itself included")
+            .with_callback(move |o| o.observe(members.view().members().len() as u64, &[]))
+            .build();
+        let candidates = fleet.clone();
+        self.meter
+            .u64_observable_gauge("larder.fleet.owners")
+            .with_description("Replicas that may own blocks for this one (its zone, or all)")
+            .with_callback(move |o| o.observe(candidates.view().candidates() as u64, &[]))
+            .build();
+        self.meter
+            .f64_observable_gauge("larder.fleet.keys.moved.ratio")
+            .with_description(
+                "Share of block keys whose owner changed at the last membership change",
+            )
+            .with_callback(move |o| o.observe(fleet.last_moved(), &[]))
+            .build();
     }
 
     /// A block looked up in `tier` (`memory` or `disk`).

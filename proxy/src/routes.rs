@@ -440,7 +440,7 @@ impl AppState {
                     opened.store(true, Ordering::Relaxed);
                     Ok(self.blocks.open_tail(id, len).await?.map(|(meta, body)| {
                         *tail.lock() = Some(body);
-                        meta
+                        (meta, std::time::Duration::ZERO)
                     }))
                 };
                 self.metadata.get_or_open(id, open).await

@@ -21,7 +21,15 @@ use crate::admin::{self, AdminState};
 use crate::auth::Authenticator;
 use crate::blocks::{BlockStore, BlockStoreConfig};
 use crate::config::Config;
-use crate::config::{DiskAdmission, DiskRecovery, DiskWritePolicy, IoEngineKind, PrefetchMode};
+use crate::config::{
+    DiskAdmission, DiskRecovery, DiskWritePolicy, FleetScope, IoEngineKind, PrefetchMode,
+};
+use crate::fleet::auth::PeerSecret;
+use crate::fleet::client::{Info, PeerClient};
+use crate::fleet::membership::{MemberSource, Membership};
+use crate::fleet::ring::{Member, Scope, View};
+use crate::fleet::server::PeerState;
+use crate::fleet::{self, CopyLimits, Fleet};
 use crate::metadata::MetadataCache;
 use crate::metrics::{Metrics, MetricsError, MetricsOptions};
 use crate::origin::forward::{ForwardError, Forwarder};
@@ -40,6 +48,8 @@ pub struct Running {
     pub s3_addr: SocketAddr,
     /// Where the admin listener is bound.
     pub admin_addr: SocketAddr,
+    /// Where the peer listener is bound, in a fleet.
+    pub peer_addr: Option<SocketAddr>,
     /// Its metrics.
     pub metrics: Arc<Metrics>,
     shutdown: CancellationToken,
@@ -62,6 +72,9 @@ pub enum StartError {
     /// The metrics exporter could not be set up.
     #[error(transparent)]
     Metrics(#[from] MetricsError),
+    /// The fleet could not be joined.
+    #[error("joining the fleet: {0}")]
+    Fleet(String),
 }
 
 /// The upstream, as the cache reads it and as requests pass through to it.
@@ -121,6 +134,73 @@ fn disk_config(config: &Config, path: &std::path::Path) -> DiskConfig {
     d
 }
 
+/// This replica's place in a fleet, before its listener starts.
+struct Joined {
+    fleet: Arc<Fleet>,
+    membership: Membership,
+    secret: PeerSecret,
+    info: Info,
+}
+
+/// Join the fleet `config` names: read the shared secret, and start seeing only this replica
+/// until the first membership refresh.
+fn join_fleet(config: &Config, metrics: &Arc<Metrics>) -> Result<Joined, StartError> {
+    let path = config
+        .fleet_secret_file
+        .as_ref()
+        .ok_or_else(|| StartError::Fleet("fleet_secret_file is not set".into()))?;
+    let secret = std::fs::read(path)
+        .map_err(|e| StartError::Fleet(format!("reading {}: {e}", path.display())))
+        .and_then(|bytes| {
+            PeerSecret::new(&bytes)
+                .map_err(|e| StartError::Fleet(format!("{}: {e}", path.display())))
+        })?;
+    let source = match (&config.fleet_peers_file, &config.fleet_peers_dns) {
+        (Some(file), _) => MemberSource::File(file.clone()),
+        (None, Some(dns)) => MemberSource::Dns(dns.clone()),
+        (None, None) => MemberSource::Static(config.fleet_peers.clone()),
+    };
+    let scope = match config.fleet_scope {
+        FleetScope::Zone => Scope::Zone,
+        FleetScope::Fleet => Scope::Fleet,
+    };
+    let info = Info {
+        id: rand::random(),
+        zone: config.fleet_zone.clone(),
+        block_size: config.block_size.0,
+    };
+    let advertise = config
+        .fleet_advertise
+        .clone()
+        .unwrap_or_else(|| config.fleet_listen.to_string());
+    let client = PeerClient::new(
+        secret.clone(),
+        config.fleet_peer_timeout.0,
+        config.block_size.0,
+    );
+    let alone = View::new(Member::new(&advertise, info.zone.as_deref()), [], scope);
+    let copies = CopyLimits {
+        capacity: config.fleet_copy_capacity.0,
+        ttl: config.fleet_copy_ttl.0,
+    };
+    let fleet = Arc::new(Fleet::new(alone, client, copies, metrics.clone()));
+    metrics.observe_fleet(fleet.clone());
+    let membership = Membership::new(
+        fleet.clone(),
+        source,
+        info.clone(),
+        advertise,
+        scope,
+        config.fleet_refresh.0,
+    );
+    Ok(Joined {
+        fleet,
+        membership,
+        secret,
+        info,
+    })
+}
+
 /// Open the disk tier, if configured, then bind the listeners and start serving in front of
 /// `upstream` to the clients `auth` lets in.
 pub async fn start(
@@ -148,6 +228,11 @@ pub async fn start(
     if let Some(d) = &disk {
         metrics.observe_disk(d.clone());
     }
+    let fleet = if config.in_fleet() {
+        Some(join_fleet(config, &metrics)?)
+    } else {
+        None
+    };
     let block_config = BlockStoreConfig {
         layout: BlockLayout::new(config.block_size.0),
         memory_capacity: config.memory_capacity.0,
@@ -173,6 +258,7 @@ pub async fn start(
             max_window: config.prefetch_max_window,
             max_inflight: config.prefetch_max_inflight,
         },
+        fleet: fleet.as_ref().map(|f| f.fleet.clone()),
     };
     let blocks = Arc::new(BlockStore::new(
         block_config,
@@ -209,8 +295,9 @@ pub async fn start(
     });
     let admin_state = Arc::new(AdminState {
         metrics: metrics.clone(),
-        blocks,
+        blocks: blocks.clone(),
         warmer,
+        fleet: fleet.as_ref().map(|f| f.fleet.clone()),
         ready: AtomicBool::new(false),
     });
 
@@ -221,7 +308,34 @@ pub async fn start(
     if let Some(tls) = &tls {
         tokio::spawn(tls.clone().watch(shutdown.clone()));
     }
-    let tasks = vec![
+    let mut tasks = Vec::new();
+    let mut peer_addr = None;
+    if let Some(joined) = fleet {
+        let listener = TcpListener::bind(config.fleet_listen).await?;
+        peer_addr = Some(listener.local_addr()?);
+        let state = Arc::new(PeerState {
+            blocks: blocks.clone(),
+            metadata: metadata.clone(),
+            secret: joined.secret,
+            info: joined.info,
+            metrics: metrics.clone(),
+        });
+        // Peers are few and hold long-lived HTTP/2 connections; the cap only stops a runaway.
+        let limits = ClientLimits {
+            max_connections: 1024,
+            header_timeout: config.client_header_timeout.0,
+        };
+        tasks.push(tokio::spawn(serve_clients(
+            listener,
+            fleet::server::router(state),
+            limits,
+            None,
+            shutdown.clone(),
+        )));
+        // Started once the peer listener is up, so the first probe finds this replica too.
+        tokio::spawn(joined.membership.run(shutdown.clone()));
+    }
+    tasks.extend([
         tokio::spawn(serve_clients(
             s3_listener,
             routes::router(app),
@@ -237,12 +351,13 @@ pub async fn start(
             .with_graceful_shutdown(shutdown.clone().cancelled_owned())
             .into_future(),
         ),
-    ];
+    ]);
     admin_state.ready.store(true, Ordering::Release);
     tracing::info!(%s3_addr, %admin_addr, block_size = %config.block_size, memory_capacity = %config.memory_capacity, "larder is serving");
     Ok(Running {
         s3_addr,
         admin_addr,
+        peer_addr,
         metrics,
         shutdown,
         tasks,

@@ -1,0 +1,250 @@
+"""A fleet of Larder processes on loopback addresses 127.0.0.1 to .4, in front of one real MinIO:
+each block leaves the upstream once for the whole fleet, a replica killed mid-workload costs no
+client a wrong byte, and a fourth replica joining moves about a quarter of the blocks.
+
+Upstream requests are counted where they land (the counting pass-through), not by Larder."""
+
+import json
+import random
+import re
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from conftest import free_port
+
+SECRET = "fleet-e2e-shared-secret-0123456789"
+
+
+def fleet_state(node) -> dict:
+    with urllib.request.urlopen(f"{node.admin}/fleet", timeout=5) as r:
+        return json.loads(r.read())
+
+
+def owner(node, bucket, key, index) -> str:
+    url = f"{node.admin}/fleet/owner?bucket={bucket}&key={key}&index={index}"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.loads(r.read())["owner"]
+
+
+def metric(node, name, **labels) -> float:
+    """Sum of a metric's series whose labels include `labels`."""
+    total = 0.0
+    for line in node.metrics().splitlines():
+        if not line.startswith(name):
+            continue
+        m = re.match(r"^(\w+)(?:\{(.*)\})? (\S+)$", line)
+        if not m or m.group(1) != name:
+            continue
+        have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
+        if all(have.get(k) == v for k, v in labels.items()):
+            total += float(m.group(3))
+    return total
+
+
+class FleetOf:
+    """Larder replicas on 127.0.0.N, sharing a peer port number, a secret and a member file."""
+
+    def __init__(self, make_larder, workdir, name, *extra):
+        self.make_larder = make_larder
+        self.extra = extra
+        self.name = name
+        self.peer_port = free_port()
+        self.secret = workdir / f"{name}.secret"
+        self.secret.write_text(SECRET + "\n")
+        self.members = workdir / f"{name}.peers"
+        self.nodes = []
+
+    def peer(self, i) -> str:
+        return f"127.0.0.{i + 1}:{self.peer_port}"
+
+    def start(self, n):
+        self.members.write_text("\n".join(self.peer(i) for i in range(n)) + "\n")
+        for i in range(len(self.nodes), n):
+            self.nodes.append(self.make_larder(
+                "--block-size", "64KiB", "--memory-capacity", "256MiB",
+                "--fleet-listen", self.peer(i), "--fleet-peers-file", str(self.members),
+                "--fleet-secret-file", str(self.secret), *self.extra,
+                name=f"{self.name}-{i}", host=f"127.0.0.{i + 1}"))
+        self.wait_members(self.nodes, n)
+
+    def wait_members(self, nodes, n, timeout=30.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(len(fleet_state(node)["members"]) == n for node in nodes):
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"members never converged on {n}: {[fleet_state(x) for x in nodes]}")
+
+
+def put_objects(direct, bucket, sizes, seed=1):
+    rng = random.Random(seed)
+    objects = {}
+    for i, size in enumerate(sizes):
+        data = rng.randbytes(size)
+        key = f"part-{i:03d}.bin"
+        direct.put_object(Bucket=bucket, Key=key, Body=data)
+        objects[key] = data
+    return objects
+
+
+def blocks_of(size, block=64 * 1024):
+    return max(1, -(-size // block))
+
+
+def gets_of(upstream, bucket):
+    return upstream.seen("GET", f"/{bucket}/")
+
+
+def test_48_readers_over_three_replicas_fetch_each_block_once(make_larder, workdir, upstream, direct, bucket):
+    fleet = FleetOf(make_larder, workdir, "herd", "--fleet-refresh", "300ms")
+    fleet.start(3)
+    sizes = [64 * 1024 * 9 + 100, 200_000, 64 * 1024, 1000, 64 * 1024 * 5, 3 * 64 * 1024 - 1]
+    objects = put_objects(direct, bucket, sizes)
+    upstream.reset()
+    upstream.delay = 0.02  # answer like S3 does, so the readers truly overlap
+    clients = [node.client() for node in fleet.nodes]
+    barrier = threading.Barrier(48)
+    failures = []
+
+    def reader(i):
+        client = clients[i % 3]
+        keys = list(objects)
+        random.Random(i).shuffle(keys)
+        barrier.wait()
+        for key in keys:
+            body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+            if body != objects[key]:
+                failures.append((i, key, len(body)))
+
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(48)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not failures, failures
+    gets = gets_of(upstream, bucket)
+    expected = sum(blocks_of(s) for s in sizes)
+    ranges = [(path, rng) for _, path, rng in gets]
+    assert len(ranges) == len(set(ranges)), f"a block was fetched twice: {sorted(ranges)}"
+    assert len(gets) == expected, f"{len(gets)} upstream GETs for {expected} blocks across the fleet"
+    assert upstream.seen("HEAD", f"/{bucket}/") == [], "cold reads need no HEAD"
+    made = sum(metric(n, "larder_peer_requests_total", direction="made", outcome="ok") for n in fleet.nodes)
+    served = sum(metric(n, "larder_peer_requests_total", direction="served", outcome="ok") for n in fleet.nodes)
+    assert made > 0 and made == served
+    assert sum(metric(n, "larder_peer_fallbacks_total") for n in fleet.nodes) == 0
+    # A second round is served by the fleet without the upstream.
+    upstream.reset()
+    for i, key in enumerate(objects):
+        assert clients[i % 3].get_object(Bucket=bucket, Key=key)["Body"].read() == objects[key]
+    assert gets_of(upstream, bucket) == []
+
+
+def test_a_replica_killed_mid_workload_costs_no_wrong_byte(make_larder, workdir, upstream, direct, bucket):
+    # A slow refresh keeps the dead replica in the view for seconds: reads meanwhile must fall
+    # back to the upstream. No copies, so every read of its blocks asks it.
+    fleet = FleetOf(make_larder, workdir, "kill", "--fleet-refresh", "2s", "--fleet-copy-capacity", "0")
+    fleet.start(3)
+    objects = put_objects(direct, bucket, [64 * 1024 * 12 + 7] * 6 + [300_000] * 6, seed=2)
+    keys = sorted(objects)
+    victim = fleet.nodes[2]
+    owned = sum(owner(fleet.nodes[0], bucket, k, i) == fleet.peer(2)
+                for k in keys for i in range(blocks_of(len(objects[k]))))
+    assert owned > 0, "the victim owns some of the blocks"
+    upstream.reset()
+    upstream.delay = 0.01
+    survivors = [n.client() for n in fleet.nodes[:2]]
+    progress = [0]
+    failures = []
+    lock = threading.Lock()
+
+    def reader(i):
+        rng = random.Random(100 + i)
+        for _ in range(60):
+            key = rng.choice(keys)
+            data = objects[key]
+            client = survivors[i % 2]
+            try:
+                if rng.random() < 0.5:
+                    body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+                    want = data
+                else:
+                    a = rng.randrange(len(data))
+                    b = min(len(data) - 1, a + rng.randrange(1, 200_000))
+                    body = client.get_object(Bucket=bucket, Key=key, Range=f"bytes={a}-{b}")["Body"].read()
+                    want = data[a:b + 1]
+                if body != want:
+                    failures.append((i, key, "wrong bytes"))
+            except Exception as e:  # noqa: BLE001 - every failure is reported
+                failures.append((i, key, repr(e)))
+            with lock:
+                progress[0] += 1
+
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    while progress[0] < 100 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    victim.kill()
+    killed_at = progress[0]
+    for t in threads:
+        t.join(timeout=180)
+    assert progress[0] == 480
+    assert 0 < killed_at < 480
+    assert not failures, failures[:5]
+    fallbacks = sum(metric(n, "larder_peer_fallbacks_total") for n in fleet.nodes[:2])
+    assert fallbacks > 0, "reads of the dead replica's blocks fell back to the upstream"
+    fleet.wait_members(fleet.nodes[:2], 2, timeout=20)
+
+
+def test_a_fourth_replica_moves_about_a_quarter_of_the_blocks(make_larder, workdir, upstream, direct, bucket):
+    fleet = FleetOf(make_larder, workdir, "join", "--fleet-refresh", "300ms", "--fleet-copy-capacity", "0")
+    fleet.start(3)
+    objects = put_objects(direct, bucket, [4 * 64 * 1024] * 50, seed=3)
+    blocks = [(k, i) for k in sorted(objects) for i in range(4)]
+    upstream.reset()
+    # Every object through every replica: one GET per block for the fleet.
+    for node in fleet.nodes:
+        client = node.client()
+        for key, data in objects.items():
+            assert client.get_object(Bucket=bucket, Key=key)["Body"].read() == data
+    assert len(gets_of(upstream, bucket)) == len(blocks)
+
+    before = {b: owner(fleet.nodes[0], bucket, *b) for b in blocks}
+    old_nodes = list(fleet.nodes)
+    fleet.start(4)
+    after = {b: owner(fleet.nodes[0], bucket, *b) for b in blocks}
+    moved = [b for b in blocks if before[b] != after[b]]
+    assert all(after[b] == fleet.peer(3) for b in moved), "only blocks the newcomer took moved"
+    fraction = len(moved) / len(blocks)
+    assert 0.12 < fraction < 0.40, f"{fraction:.3f} of the blocks moved"
+    for node in old_nodes:
+        ratio = metric(node, "larder_fleet_keys_moved_ratio")
+        assert 0.20 < ratio < 0.30, f"sampled key movement {ratio}"
+
+    # Reading everything again through the old replicas costs exactly the moved blocks.
+    upstream.reset()
+    for node in old_nodes:
+        client = node.client()
+        for key, data in objects.items():
+            assert client.get_object(Bucket=bucket, Key=key)["Body"].read() == data
+    gets = gets_of(upstream, bucket)
+    assert len(gets) == len(moved), f"{len(gets)} GETs after the join, {len(moved)} blocks moved"
+    print(f"\njoin: {len(moved)}/{len(blocks)} blocks moved ({fraction:.3f}); "
+          f"{len(gets)} upstream GETs after the join")
+
+
+def test_peer_requests_must_be_signed_with_the_fleet_secret(make_larder, workdir, bucket):
+    fleet = FleetOf(make_larder, workdir, "auth")
+    fleet.start(1)
+    url = f"http://{fleet.peer(0)}/v1/info"
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(url, timeout=5)
+    assert refused.value.code == 403
+    forged = urllib.request.Request(url, headers={"x-larder-peer-auth": f"{int(time.time())}:{'00' * 32}"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(forged, timeout=5)
+    assert refused.value.code == 403

@@ -1,0 +1,226 @@
+//! Asking another replica for a block: HTTP/2 over plain TCP (h2c), one multiplexed connection
+//! per peer, every request signed ([`super::auth`]).
+//!
+//! A peer that cannot be reached, or has not started answering within the deadline, is a
+//! [`PeerError::Unavailable`]: the caller fetches from S3 itself. An answer the owner relays from
+//! S3 (no such key, object changed) is a [`PeerError::Answer`]: asking S3 again would only get
+//! the same answer.
+
+use std::ops::Range;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use futures::stream::{self, StreamExt, TryStreamExt};
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use serde::{Deserialize, Serialize};
+
+use super::auth::{PeerSecret, HEADER};
+use super::wire::{self, FrameError, WireError};
+use crate::origin::{BodyStream, ObjectId, ObjectMeta, OriginError};
+
+/// What a replica says about itself at `/v1/info`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Info {
+    /// A random number chosen at start: a replica that reaches itself knows it.
+    pub id: u64,
+    /// Its zone.
+    pub zone: Option<String>,
+    /// Its block size: replicas with another one cannot share blocks.
+    pub block_size: u64,
+}
+
+/// Why a peer did not deliver.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum PeerError {
+    /// The owner relayed the upstream's answer: pass it on.
+    #[error("the owner relayed: {0}")]
+    Answer(OriginError),
+    /// The peer could not be used; `reason` is a metric label.
+    #[error("peer unavailable ({reason}): {message}")]
+    Unavailable {
+        /// `unreachable`, `timeout` or `error`.
+        reason: &'static str,
+        /// What happened.
+        message: String,
+    },
+}
+
+impl PeerError {
+    fn unavailable(reason: &'static str, message: impl ToString) -> Self {
+        PeerError::Unavailable {
+            reason,
+            message: message.to_string(),
+        }
+    }
+}
+
+/// An open's answer: the metadata, how old the owner's copy of it is, and the block's bytes.
+pub type Opened = (ObjectMeta, Duration, BodyStream);
+
+/// Largest error body read from a peer.
+const MAX_ERROR_BODY: usize = 64 * 1024;
+
+/// The client every replica uses to reach the others.
+pub struct PeerClient {
+    http: Client<HttpConnector, Empty<Bytes>>,
+    secret: PeerSecret,
+    deadline: Duration,
+    block_size: u64,
+}
+
+impl PeerClient {
+    /// A client signing with `secret` that gives a peer `deadline` to start answering; it
+    /// announces `block_size` so an owner cutting blocks differently refuses.
+    pub fn new(secret: PeerSecret, deadline: Duration, block_size: u64) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(deadline));
+        let http = Client::builder(TokioExecutor::new())
+            .http2_only(true)
+            .timer(TokioTimer::new())
+            .pool_timer(TokioTimer::new())
+            // Blocks are megabytes: windows big enough that one stream is not held to 64 KiB
+            // per round trip.
+            .http2_initial_stream_window_size(8u32 << 20)
+            .http2_initial_connection_window_size(32u32 << 20)
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .http2_keep_alive_timeout(Duration::from_secs(10))
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build(connector);
+        Self {
+            http,
+            secret,
+            deadline,
+            block_size,
+        }
+    }
+
+    /// The deadline a peer has to start answering.
+    pub fn deadline(&self) -> Duration {
+        self.deadline
+    }
+
+    async fn send(
+        &self,
+        peer: &str,
+        path_and_query: String,
+    ) -> Result<http::Response<hyper::body::Incoming>, PeerError> {
+        let request = Request::get(format!("http://{peer}{path_and_query}"))
+            .header(HEADER, self.secret.sign("GET", &path_and_query))
+            .body(Empty::new())
+            .map_err(|e| PeerError::unavailable("error", e))?;
+        let response = match tokio::time::timeout(self.deadline, self.http.request(request)).await {
+            Err(_) => return Err(PeerError::unavailable("timeout", "no answer in time")),
+            Ok(Err(e)) => return Err(PeerError::unavailable("unreachable", e)),
+            Ok(Ok(r)) => r,
+        };
+        if response.status().is_success() {
+            return Ok(response);
+        }
+        let status = response.status();
+        let body = Limited::new(response.into_body(), MAX_ERROR_BODY).collect();
+        let body = match tokio::time::timeout(self.deadline, body).await {
+            Ok(Ok(b)) => b.to_bytes(),
+            _ => Bytes::new(),
+        };
+        match serde_json::from_slice::<WireError>(&body) {
+            Ok(error) => match error.into_answer() {
+                Some(answer) => Err(PeerError::Answer(answer)),
+                None => Err(PeerError::unavailable(
+                    "error",
+                    format!("peer answered {status}"),
+                )),
+            },
+            Err(_) => Err(PeerError::unavailable(
+                "error",
+                format!("peer answered {status}"),
+            )),
+        }
+    }
+
+    /// `range` of `object` at `etag` (one whole block: the owner caches it), as it arrives.
+    pub async fn block(
+        &self,
+        peer: &str,
+        object: &ObjectId,
+        etag: &str,
+        range: Range<u64>,
+    ) -> Result<BodyStream, PeerError> {
+        let (start, end) = (range.start.to_string(), range.end.to_string());
+        let query = self.query(object, &[("etag", etag), ("start", &start), ("end", &end)]);
+        let response = self.send(peer, format!("/v1/block?{query}")).await?;
+        Ok(body_stream(response.into_body()))
+    }
+
+    /// Metadata and block `index` of an object this replica knows nothing of, from its owner,
+    /// which reads them as it would for a client of its own (usually one GET upstream, shared
+    /// with everyone else asking). `Ok(None)`: the answer cannot stand for a HEAD.
+    pub async fn open(
+        &self,
+        peer: &str,
+        object: &ObjectId,
+        index: u64,
+    ) -> Result<Option<Opened>, PeerError> {
+        let query = self.query(object, &[("index", &index.to_string())]);
+        let response = self.send(peer, format!("/v1/open?{query}")).await?;
+        if response.status() == StatusCode::NO_CONTENT {
+            return Ok(None);
+        }
+        let mut body = body_stream(response.into_body());
+        let mut buf = BytesMut::new();
+        let (meta, age) = loop {
+            match wire::decode_meta(&mut buf) {
+                Ok(found) => break found,
+                Err(FrameError::Bad(e)) => return Err(PeerError::unavailable("error", e)),
+                Err(FrameError::Incomplete) => {}
+            }
+            match tokio::time::timeout(self.deadline, body.next()).await {
+                Ok(Some(Ok(chunk))) => buf.extend_from_slice(&chunk),
+                Ok(Some(Err(e))) => return Err(PeerError::unavailable("error", e)),
+                Ok(None) => return Err(PeerError::unavailable("error", "metadata cut short")),
+                Err(_) => return Err(PeerError::unavailable("timeout", "metadata late")),
+            }
+        };
+        let rest = buf.freeze();
+        let body = stream::iter((!rest.is_empty()).then_some(Ok(rest)))
+            .chain(body)
+            .boxed();
+        Ok(Some((meta, age, body)))
+    }
+
+    /// What `peer` says about itself.
+    pub async fn info(&self, peer: &str) -> Result<Info, PeerError> {
+        let response = self.send(peer, "/v1/info".to_owned()).await?;
+        let body = Limited::new(response.into_body(), MAX_ERROR_BODY).collect();
+        let body = tokio::time::timeout(self.deadline, body)
+            .await
+            .map_err(|_| PeerError::unavailable("timeout", "info late"))?
+            .map_err(|e| PeerError::unavailable("error", e))?
+            .to_bytes();
+        serde_json::from_slice(&body).map_err(|e| PeerError::unavailable("error", e))
+    }
+
+    /// The query naming `object`, with `extra` pairs.
+    fn query(&self, object: &ObjectId, extra: &[(&str, &str)]) -> String {
+        let mut query = form_urlencoded::Serializer::new(String::new());
+        query
+            .append_pair("bucket", &object.bucket)
+            .append_pair("key", &object.key)
+            .append_pair("bs", &self.block_size.to_string());
+        if let Some(v) = &object.version_id {
+            query.append_pair("version", v);
+        }
+        query.extend_pairs(extra);
+        query.finish()
+    }
+}
+
+fn body_stream(body: hyper::body::Incoming) -> BodyStream {
+    body.into_data_stream()
+        .map_err(|e| OriginError::Transport(format!("peer body: {e}")))
+        .boxed()
+}

@@ -1,0 +1,141 @@
+//! One cache across many replicas: each block has an owner among the replicas
+//! ([`ring`], rendezvous hashing, within the zone by default); a replica asked for a block it
+//! does not own gets it from the owner ([`client`], [`server`]), whose single-flight then
+//! deduplicates across the whole fleet, so a block leaves S3 once per fleet (or zone).
+//!
+//! Membership comes from what the platform already knows ([`membership`]: a list, a file, or
+//! the DNS of a Kubernetes headless Service), never from a protocol of our own. A replica that
+//! is down or slow costs a fallback to S3, never a failed read.
+
+pub mod auth;
+pub mod client;
+pub mod membership;
+pub mod ring;
+pub mod server;
+pub mod wire;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use parking_lot::RwLock;
+
+use crate::blocks::BlockId;
+use crate::metrics::Metrics;
+use crate::origin::ObjectId;
+use client::PeerClient;
+use ring::View;
+
+/// Keys sampled to measure how many moved at a membership change.
+const MOVED_SAMPLES: u64 = 4096;
+
+/// How blocks fetched from a peer are kept here.
+#[derive(Debug, Clone, Copy)]
+pub struct CopyLimits {
+    /// Bytes of peer blocks kept in memory; 0 keeps none.
+    pub capacity: u64,
+    /// How long one is kept.
+    pub ttl: Duration,
+}
+
+/// This replica's part in the fleet: who owns what, and how to reach them.
+pub struct Fleet {
+    view: RwLock<Arc<View>>,
+    client: PeerClient,
+    /// Blocks fetched from their owner, kept briefly for the next reader here (TinyLFU admits
+    /// the hot ones): a small memory of its own, so peers' blocks never push this replica's
+    /// own blocks out of its memory tier.
+    copies: Option<moka::future::Cache<BlockId, Bytes>>,
+    /// The share of keys that moved at the last membership change, in millionths.
+    moved_ppm: AtomicU64,
+    changes: AtomicU64,
+    metrics: Arc<Metrics>,
+}
+
+impl Fleet {
+    /// A fleet seen as `view` to begin with (usually this replica alone).
+    pub fn new(view: View, client: PeerClient, copies: CopyLimits, metrics: Arc<Metrics>) -> Self {
+        let copies = (copies.capacity > 0).then(|| {
+            moka::future::Cache::builder()
+                .max_capacity(copies.capacity)
+                .weigher(|_, v: &Bytes| u32::try_from(v.len()).unwrap_or(u32::MAX))
+                .time_to_live(copies.ttl)
+                .build()
+        });
+        Self {
+            view: RwLock::new(Arc::new(view)),
+            client,
+            copies,
+            moved_ppm: AtomicU64::new(0),
+            changes: AtomicU64::new(0),
+            metrics,
+        }
+    }
+
+    /// The name of the replica owning block `index` of `object`, or `None` when it is this one.
+    pub fn owner(&self, object: &ObjectId, index: u64) -> Option<Arc<str>> {
+        let key = ring::block_key(&object.bucket, &object.key, index);
+        self.view.read().owner(key).map(|m| m.name.clone())
+    }
+
+    /// The current view.
+    pub fn view(&self) -> Arc<View> {
+        self.view.read().clone()
+    }
+
+    /// Adopt `next` if it places any key differently, recording how many keys moved.
+    pub fn update(&self, next: View) {
+        let current = self.view();
+        if current.same_owners(&next) && current.members() == next.members() {
+            return;
+        }
+        let moved = current.moved_fraction(&next, MOVED_SAMPLES);
+        tracing::info!(
+            members = next.members().len(),
+            candidates = next.candidates(),
+            moved = format!("{:.3}", moved),
+            "fleet membership changed"
+        );
+        self.moved_ppm
+            .store((moved * 1e6) as u64, Ordering::Relaxed);
+        self.changes.fetch_add(1, Ordering::Relaxed);
+        self.metrics.fleet_changed();
+        *self.view.write() = Arc::new(next);
+    }
+
+    /// The share of keys that moved at the last membership change.
+    pub fn last_moved(&self) -> f64 {
+        self.moved_ppm.load(Ordering::Relaxed) as f64 / 1e6
+    }
+
+    /// Membership changes since start.
+    pub fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Relaxed)
+    }
+
+    /// The client reaching the other replicas.
+    pub fn client(&self) -> &PeerClient {
+        &self.client
+    }
+
+    /// A block fetched from its owner earlier, if still kept.
+    pub async fn copy(&self, id: &BlockId) -> Option<Bytes> {
+        self.copies.as_ref()?.get(id).await
+    }
+
+    /// Keep a block fetched from its owner for the next reader here.
+    pub async fn keep_copy(&self, id: BlockId, block: Bytes) {
+        if let Some(copies) = &self.copies {
+            copies.insert(id, block).await;
+        }
+    }
+
+    /// Whether copies are kept at all.
+    pub fn keeps_copies(&self) -> bool {
+        self.copies.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests;

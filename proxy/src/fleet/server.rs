@@ -1,0 +1,246 @@
+//! The peer listener: what a replica serves the others, on a port of its own, to signed
+//! requests only.
+//!
+//! - `GET /v1/info`: the replica's id, zone and block size (membership probes).
+//! - `GET /v1/block?bucket&key[&version]&etag&start&end&bs`: one block's bytes, read as for a
+//!   client of this replica (memory, disk, single-flight, upstream) but never from a third
+//!   replica.
+//! - `GET /v1/open?bucket&key[&version]&index&bs`: an object this replica's asker knows nothing
+//!   of: its metadata (with its age) and then block `index`, usually from one upstream GET that
+//!   serves every replica asking.
+//!
+//! Like the S3 front, an answer waits for its first bytes, so a failure is a status and not a
+//! broken body.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::Response;
+use bytes::Bytes;
+use futures::{stream, StreamExt};
+use http::{header, Method, StatusCode};
+
+use super::auth::{PeerSecret, HEADER};
+use super::client::Info;
+use super::wire::{self, WireError};
+use crate::blocks::BlockStore;
+use crate::metadata::{MetadataCache, Source};
+use crate::metrics::Metrics;
+use crate::origin::{ObjectId, OriginError};
+
+/// What the peer listener needs.
+pub struct PeerState {
+    /// The blocks, read for peers.
+    pub blocks: Arc<BlockStore>,
+    /// Object metadata, for opens.
+    pub metadata: Arc<MetadataCache>,
+    /// The fleet's shared secret.
+    pub secret: PeerSecret,
+    /// What this replica says about itself.
+    pub info: Info,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+}
+
+/// The peer router.
+pub fn router(state: Arc<PeerState>) -> axum::Router {
+    axum::Router::new().fallback(handle).with_state(state)
+}
+
+type Params = HashMap<String, String>;
+
+async fn handle(State(peer): State<Arc<PeerState>>, req: Request) -> Response {
+    let path_and_query = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    let signed = req
+        .headers()
+        .get(HEADER)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|h| peer.secret.verify(h, req.method().as_str(), path_and_query));
+    if !signed {
+        peer.metrics
+            .peer_request("served", "refused", "refused", None);
+        return refuse(StatusCode::FORBIDDEN, "not signed with the fleet secret");
+    }
+    let params: Params = form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())
+        .into_owned()
+        .collect();
+    if req.method() != Method::GET {
+        return refuse(StatusCode::METHOD_NOT_ALLOWED, "GET only");
+    }
+    match req.uri().path() {
+        "/v1/info" => json(&peer.info),
+        "/v1/block" => {
+            let response = block(&peer, &params).await;
+            peer.metrics
+                .peer_request("served", "block", outcome(&response), None);
+            response
+        }
+        "/v1/open" => {
+            let response = open(&peer, &params).await;
+            peer.metrics
+                .peer_request("served", "open", outcome(&response), None);
+            response
+        }
+        _ => refuse(StatusCode::NOT_FOUND, "no such peer endpoint"),
+    }
+}
+
+fn outcome(response: &Response) -> &'static str {
+    match response.status().as_u16() {
+        200..=299 => "ok",
+        503 => "unavailable",
+        400 | 403 => "refused",
+        _ => "answer",
+    }
+}
+
+fn json(value: &impl serde::Serialize) -> Response {
+    let mut response = Response::new(Body::from(serde_json::to_vec(value).unwrap_or_default()));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn error(e: &WireError) -> Response {
+    let mut response = json(e);
+    *response.status_mut() = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_GATEWAY);
+    response
+}
+
+fn refuse(status: StatusCode, message: &str) -> Response {
+    let mut response = error(&WireError::Refused {
+        message: message.to_owned(),
+    });
+    *response.status_mut() = status;
+    response
+}
+
+fn unavailable(message: impl ToString) -> Response {
+    error(&WireError::Unavailable {
+        message: message.to_string(),
+    })
+}
+
+fn bad(message: String) -> WireError {
+    WireError::Refused { message }
+}
+
+fn number(params: &Params, name: &str) -> Result<u64, WireError> {
+    params
+        .get(name)
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| bad(format!("`{name}` is missing or not a number")))
+}
+
+fn text(params: &Params, name: &str) -> Result<Arc<str>, WireError> {
+    params
+        .get(name)
+        .filter(|v| !v.is_empty())
+        .map(|v| Arc::from(v.as_str()))
+        .ok_or_else(|| bad(format!("`{name}` is missing")))
+}
+
+/// The object named, after checking the asker cuts blocks as this replica does: block `i` must
+/// mean the same bytes on both, or the cache would hold wrong ones.
+fn object(peer: &PeerState, params: &Params) -> Result<ObjectId, WireError> {
+    if number(params, "bs")? != peer.blocks.layout().block_size() {
+        return Err(WireError::Unavailable {
+            message: "this replica cuts objects into blocks of another size".into(),
+        });
+    }
+    Ok(ObjectId {
+        bucket: text(params, "bucket")?,
+        key: text(params, "key")?,
+        version_id: text(params, "version").ok(),
+    })
+}
+
+async fn block(peer: &PeerState, params: &Params) -> Response {
+    let parsed = (|| {
+        Ok::<_, WireError>((
+            object(peer, params)?,
+            text(params, "etag")?,
+            number(params, "start")?,
+            number(params, "end")?,
+        ))
+    })();
+    let (object, etag, start, end) = match parsed {
+        Ok(parsed) => parsed,
+        Err(e) => return error(&e),
+    };
+    let block_size = peer.blocks.layout().block_size();
+    // One whole block: from its first byte, to the block's end or (the last block) the
+    // object's, which the asker knows from the metadata of this very ETag. Read as an object
+    // ending there, so the block is cut exactly as the asker's.
+    if !start.is_multiple_of(block_size) || end <= start || end - start > block_size {
+        return error(&bad("not one whole block".into()));
+    }
+    let body = peer.blocks.read_for_peer(object, etag, start..end, end);
+    stream_after_first(peer, Bytes::new(), body.boxed()).await
+}
+
+async fn open(peer: &PeerState, params: &Params) -> Response {
+    let (id, index) = match (object(peer, params), number(params, "index")) {
+        (Ok(id), Ok(index)) => (id, index),
+        (Err(e), _) | (_, Err(e)) => return error(&e),
+    };
+    // As the S3 front does: an object nothing is known of is opened with a GET that brings a
+    // block; one known before (or on disk) revalidates with a HEAD.
+    let cold = peer.metadata.is_unknown(&id) && !peer.blocks.known_on_disk(&id);
+    let opened = if cold {
+        let open = peer.blocks.open_cold_for_peer(id.clone(), index);
+        peer.metadata.get_or_open_aged(&id, open).await
+    } else {
+        let head = async { Ok::<_, OriginError>(None) };
+        peer.metadata.get_or_open_aged(&id, head).await
+    };
+    let (meta, age) = match opened {
+        Ok((_, Source::Stale, _)) => return unavailable("the upstream is failing here"),
+        Ok((meta, _, age)) => (meta, age),
+        // A HEAD's error has no code: let the asker ask S3 and get the real one.
+        Err((_, true)) => return unavailable("a HEAD failed"),
+        Err((e, false)) => return error(&WireError::from(&e)),
+    };
+    let Some(slice) = peer.blocks.layout().block(index, meta.size) else {
+        let mut response = Response::new(Body::empty());
+        *response.status_mut() = StatusCode::NO_CONTENT;
+        return response;
+    };
+    let range = slice.block_start..slice.block_start + slice.block_len;
+    let etag: Arc<str> = meta.etag.as_str().into();
+    let body = peer.blocks.read_for_peer(id, etag, range, meta.size);
+    let head = wire::encode_meta(&meta, age);
+    let response = stream_after_first(peer, head, body.boxed()).await;
+    if response.status() == StatusCode::PRECONDITION_FAILED {
+        // Changed between its metadata and its block: the asker starts over on its own.
+        return unavailable("the object changed while it was opened");
+    }
+    response
+}
+
+/// `head`, then `body`, once the body's first bytes are in (or its failure, as a status).
+async fn stream_after_first(
+    peer: &PeerState,
+    head: Bytes,
+    mut body: stream::BoxStream<'static, Result<Bytes, OriginError>>,
+) -> Response {
+    let first = match body.next().await {
+        Some(Ok(first)) => first,
+        Some(Err(e)) => return error(&WireError::from(&e)),
+        None => Bytes::new(),
+    };
+    let sent = peer.metrics.clone();
+    let body = stream::iter([Ok(head), Ok(first)])
+        .chain(body)
+        .inspect(move |chunk| {
+            if let Ok(b) = chunk {
+                sent.peer_bytes("sent", b.len() as u64);
+            }
+        })
+        .filter(|chunk| futures::future::ready(!matches!(chunk, Ok(b) if b.is_empty())));
+    Response::new(Body::from_stream(body))
+}

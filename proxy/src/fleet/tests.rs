@@ -1,0 +1,235 @@
+//! Two block stores over one origin, the second serving the first over a real peer listener
+//! on loopback: what the fleet promises, one replica's view at a time.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+
+use super::auth::PeerSecret;
+use super::client::{Info, PeerClient};
+use super::ring::{Member, Scope, View};
+use super::server::{self, PeerState};
+use super::*;
+use crate::blocks::{BlockStore, BlockStoreConfig};
+use crate::metadata::MetadataCache;
+use crate::origin::fake::FakeOrigin;
+use crate::origin::OriginError;
+
+const BLOCK: u64 = 4096;
+const SIZE: usize = 10 * BLOCK as usize + 123;
+
+fn secret() -> PeerSecret {
+    PeerSecret::new(b"unit-test-fleet-secret").unwrap()
+}
+
+fn data() -> Bytes {
+    (0..SIZE)
+        .map(|i| (i % 251) as u8)
+        .collect::<Vec<_>>()
+        .into()
+}
+
+fn object() -> ObjectId {
+    ObjectId {
+        bucket: "b".into(),
+        key: "k".into(),
+        version_id: None,
+    }
+}
+
+async fn collect(s: impl Stream<Item = Result<Bytes, OriginError>>) -> Vec<u8> {
+    let mut out = Vec::new();
+    futures::pin_mut!(s);
+    while let Some(chunk) = s.next().await {
+        out.extend_from_slice(&chunk.unwrap());
+    }
+    out
+}
+
+/// A replica that owns blocks and serves them on a loopback peer listener.
+async fn owner_replica(origin: Arc<FakeOrigin>) -> SocketAddr {
+    let metrics = Arc::new(Metrics::default());
+    let blocks = Arc::new(BlockStore::new(
+        BlockStoreConfig::for_tests(),
+        origin.clone(),
+        metrics.clone(),
+    ));
+    let metadata = Arc::new(MetadataCache::new(
+        origin,
+        Duration::from_secs(60),
+        Duration::ZERO,
+        100,
+        metrics.clone(),
+    ));
+    let state = Arc::new(PeerState {
+        blocks,
+        metadata,
+        secret: secret(),
+        info: Info {
+            id: 7,
+            zone: None,
+            block_size: BLOCK,
+        },
+        metrics,
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, server::router(state)).await });
+    addr
+}
+
+/// A replica that sees itself and `peer`, keeping no copies of what it fetches from it.
+fn asking_replica(
+    origin: Arc<FakeOrigin>,
+    peer: &str,
+) -> (Arc<BlockStore>, Arc<Fleet>, Arc<Metrics>) {
+    let metrics = Arc::new(Metrics::default());
+    let view = View::new(
+        Member::new("me", None),
+        [Member::new(peer, None)],
+        Scope::Zone,
+    );
+    let client = PeerClient::new(secret(), Duration::from_secs(2), BLOCK);
+    let copies = CopyLimits {
+        capacity: 0,
+        ttl: Duration::from_secs(1),
+    };
+    let fleet = Arc::new(Fleet::new(view, client, copies, metrics.clone()));
+    let config = BlockStoreConfig {
+        fleet: Some(fleet.clone()),
+        ..BlockStoreConfig::for_tests()
+    };
+    let store = Arc::new(BlockStore::new(config, origin, metrics.clone()));
+    (store, fleet, metrics)
+}
+
+fn owned_by_peer(fleet: &Fleet) -> Vec<u64> {
+    (0..=(SIZE as u64 / BLOCK))
+        .filter(|&i| fleet.owner(&object(), i).is_some())
+        .collect()
+}
+
+#[tokio::test]
+async fn blocks_owned_elsewhere_come_from_their_owner_once() {
+    let origin = Arc::new(FakeOrigin::default());
+    origin.put("k", data(), "\"e1\"");
+    let peer = owner_replica(origin.clone()).await;
+    let (store, fleet, metrics) = asking_replica(origin.clone(), &peer.to_string());
+    let remote = owned_by_peer(&fleet);
+    assert!(!remote.is_empty() && remote.len() < 11, "{remote:?}");
+    let etag: Arc<str> = "\"e1\"".into();
+    for _ in 0..2 {
+        let got = collect(store.read(object(), etag.clone(), 0..SIZE as u64, SIZE as u64)).await;
+        assert_eq!(got, data());
+    }
+    // Each block once: the asker's own blocks from its memory the second time, the owner's
+    // from the owner's memory.
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 11);
+    let made = metrics.snapshot().sum(
+        "larder_peer_requests_total",
+        &[("direction", "made"), ("outcome", "ok")],
+    );
+    assert_eq!(made, 2.0 * remote.len() as f64);
+    assert_eq!(
+        metrics.snapshot().sum("larder_peer_fallbacks_total", &[]),
+        0.0
+    );
+}
+
+#[tokio::test]
+async fn a_cold_object_opens_at_its_owner_with_one_upstream_get() {
+    let origin = Arc::new(FakeOrigin::default());
+    origin.put("k", data(), "\"e1\"");
+    let peer = owner_replica(origin.clone()).await;
+    let (store, fleet, _) = asking_replica(origin.clone(), &peer.to_string());
+    let index = owned_by_peer(&fleet)[0];
+    let (meta, age) = store.open_cold(object(), index).await.unwrap().unwrap();
+    assert_eq!((meta.size, meta.etag.as_str()), (SIZE as u64, "\"e1\""));
+    assert!(age < Duration::from_secs(5));
+    let start = index * BLOCK;
+    let end = (start + BLOCK).min(SIZE as u64);
+    let got =
+        collect(store.read(object(), meta.etag.as_str().into(), start..end, SIZE as u64)).await;
+    assert_eq!(got, &data()[start as usize..end as usize]);
+    assert_eq!(
+        origin.gets.load(Ordering::SeqCst),
+        1,
+        "metadata and block in one GET"
+    );
+    assert_eq!(origin.heads.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn an_owner_that_is_gone_costs_a_fallback_not_a_failure() {
+    let origin = Arc::new(FakeOrigin::default());
+    origin.put("k", data(), "\"e1\"");
+    // Nothing listens there.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let (store, fleet, metrics) = asking_replica(origin.clone(), &dead.to_string());
+    let remote = owned_by_peer(&fleet);
+    let got = collect(store.read(object(), "\"e1\"".into(), 0..SIZE as u64, SIZE as u64)).await;
+    assert_eq!(got, data());
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 11);
+    assert_eq!(
+        metrics
+            .snapshot()
+            .sum("larder_peer_fallbacks_total", &[("reason", "unreachable")]),
+        remote.len() as f64
+    );
+}
+
+#[tokio::test]
+async fn an_owner_relays_the_upstreams_answer_instead_of_a_fallback() {
+    let origin = Arc::new(FakeOrigin::default());
+    origin.put("k", data(), "\"e2\"");
+    let peer = owner_replica(origin.clone()).await;
+    let (store, fleet, metrics) = asking_replica(origin.clone(), &peer.to_string());
+    let index = owned_by_peer(&fleet)[0];
+    let start = index * BLOCK;
+    // The asker's metadata is out of date: the owner's If-Match GET says so, and that answer
+    // is passed on (the read starts over), not retried against S3 as if the owner had failed.
+    let s = store.read(object(), "\"e1\"".into(), start..start + 1, SIZE as u64);
+    futures::pin_mut!(s);
+    assert_eq!(s.next().await.unwrap().unwrap_err(), OriginError::Changed);
+    assert_eq!(
+        metrics.snapshot().sum("larder_peer_fallbacks_total", &[]),
+        0.0
+    );
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn unsigned_or_mis_cut_requests_are_refused() {
+    let origin = Arc::new(FakeOrigin::default());
+    origin.put("k", data(), "\"e1\"");
+    let peer = owner_replica(origin.clone()).await.to_string();
+    let other_secret = PeerClient::new(
+        PeerSecret::new(b"some-other-fleet-secret").unwrap(),
+        Duration::from_secs(2),
+        BLOCK,
+    );
+    assert!(other_secret.info(&peer).await.is_err());
+    let ok = PeerClient::new(secret(), Duration::from_secs(2), BLOCK);
+    assert_eq!(ok.info(&peer).await.unwrap().id, 7);
+    // A replica cutting 8 KiB blocks must not be served 4 KiB ones under the same index.
+    let other_cut = PeerClient::new(secret(), Duration::from_secs(2), 2 * BLOCK);
+    let refused = other_cut
+        .block(&peer, &object(), "\"e1\"", 0..2 * BLOCK)
+        .await;
+    assert!(matches!(
+        refused,
+        Err(client::PeerError::Unavailable { .. })
+    ));
+    // Not one whole block.
+    let refused = ok.block(&peer, &object(), "\"e1\"", 100..200).await;
+    assert!(matches!(
+        refused,
+        Err(client::PeerError::Unavailable { .. })
+    ));
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 0);
+}

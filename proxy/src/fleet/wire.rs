@@ -1,0 +1,270 @@
+//! What travels between replicas besides block bytes: an object's metadata at the head of an
+//! open's answer, and errors.
+//!
+//! An open's body is a 4-byte little-endian length, that many bytes of JSON metadata, then the
+//! block's bytes. An error is a non-2xx status with a JSON body saying whether the upstream
+//! answered (the asker must pass that answer on, not retry it) or the peer itself failed (the
+//! asker falls back to S3).
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use base64::Engine as _;
+use bytes::{Buf, Bytes, BytesMut};
+use http::{HeaderName, HeaderValue};
+use serde::{Deserialize, Serialize};
+
+use crate::origin::{ObjectMeta, OriginError};
+
+/// Metadata as it travels, with how long ago the owner had it from the upstream.
+#[derive(Debug, Serialize, Deserialize)]
+struct WireMeta {
+    size: u64,
+    etag: String,
+    last_modified: Option<(u64, u32)>,
+    version_id: Option<String>,
+    /// Header names and base64 values (a value need not be UTF-8).
+    headers: Vec<(String, String)>,
+    age_ms: u64,
+}
+
+/// Most bytes of metadata accepted in an open's answer.
+pub const MAX_META: usize = 64 * 1024;
+
+/// The frame heading an open's body: `meta` known for `age`.
+pub fn encode_meta(meta: &ObjectMeta, age: Duration) -> Bytes {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let wire = WireMeta {
+        size: meta.size,
+        etag: meta.etag.clone(),
+        last_modified: meta.last_modified.and_then(|t| {
+            let d = t.duration_since(UNIX_EPOCH).ok()?;
+            Some((d.as_secs(), d.subsec_nanos()))
+        }),
+        version_id: meta.version_id.clone(),
+        headers: meta
+            .headers
+            .iter()
+            .map(|(n, v)| (n.as_str().to_owned(), b64.encode(v.as_bytes())))
+            .collect(),
+        age_ms: u64::try_from(age.as_millis()).unwrap_or(u64::MAX),
+    };
+    // Plain strings and numbers: serialising cannot fail.
+    let json = serde_json::to_vec(&wire).unwrap_or_default();
+    let mut out = BytesMut::with_capacity(4 + json.len());
+    out.extend_from_slice(&(json.len() as u32).to_le_bytes());
+    out.extend_from_slice(&json);
+    out.freeze()
+}
+
+/// Why a metadata frame was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum FrameError {
+    /// More bytes are needed.
+    #[error("incomplete")]
+    Incomplete,
+    /// The frame cannot be read.
+    #[error("bad metadata frame: {0}")]
+    Bad(String),
+}
+
+/// Take the metadata frame off the front of `buf`, returning the metadata and its age.
+pub fn decode_meta(buf: &mut BytesMut) -> Result<(ObjectMeta, Duration), FrameError> {
+    if buf.len() < 4 {
+        return Err(FrameError::Incomplete);
+    }
+    let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+    if len > MAX_META {
+        return Err(FrameError::Bad(format!("{len} bytes of metadata")));
+    }
+    if buf.len() < 4 + len {
+        return Err(FrameError::Incomplete);
+    }
+    buf.advance(4);
+    let json = buf.split_to(len);
+    let wire: WireMeta =
+        serde_json::from_slice(&json).map_err(|e| FrameError::Bad(e.to_string()))?;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut headers = Vec::with_capacity(wire.headers.len());
+    for (name, value) in wire.headers {
+        let name =
+            HeaderName::from_bytes(name.as_bytes()).map_err(|e| FrameError::Bad(e.to_string()))?;
+        let value = b64
+            .decode(value)
+            .ok()
+            .and_then(|v| HeaderValue::from_bytes(&v).ok())
+            .ok_or_else(|| FrameError::Bad(format!("header {name}")))?;
+        headers.push((name, value));
+    }
+    let meta = ObjectMeta {
+        size: wire.size,
+        etag: wire.etag,
+        last_modified: wire
+            .last_modified
+            .map(|(s, n)| UNIX_EPOCH + Duration::new(s, n.min(999_999_999))),
+        version_id: wire.version_id,
+        headers,
+    };
+    Ok((meta, Duration::from_millis(wire.age_ms)))
+}
+
+/// An error as it travels.
+#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum WireError {
+    /// The upstream answered with an S3 error.
+    Service {
+        /// HTTP status.
+        status: u16,
+        /// S3 error code.
+        code: String,
+        /// Message.
+        message: String,
+    },
+    /// The object's ETag is no longer the one asked for.
+    Changed,
+    /// The peer could not serve it (upstream unreachable, timed out, broke...): ask S3.
+    Unavailable {
+        /// What happened.
+        message: String,
+    },
+    /// The request was not understood or not signed.
+    Refused {
+        /// Why.
+        message: String,
+    },
+}
+
+impl WireError {
+    /// The status a peer answers with.
+    pub fn status(&self) -> u16 {
+        match self {
+            WireError::Service { status, .. } => *status,
+            WireError::Changed => 412,
+            WireError::Unavailable { .. } => 503,
+            WireError::Refused { .. } => 400,
+        }
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// The upstream's own answer, which the asker passes on as if it had asked S3 itself; `None`
+    /// for the peer's failures, after which the asker asks S3.
+    pub fn into_answer(self) -> Option<OriginError> {
+        match self {
+            WireError::Service {
+                status,
+                code,
+                message,
+            } => Some(OriginError::Service {
+                status,
+                code,
+                message,
+            }),
+            WireError::Changed => Some(OriginError::Changed),
+            WireError::Unavailable { .. } | WireError::Refused { .. } => None,
+        }
+    }
+}
+
+impl From<&OriginError> for WireError {
+    fn from(e: &OriginError) -> Self {
+        match e {
+            OriginError::Service {
+                status,
+                code,
+                message,
+            } if *status < 500 => WireError::Service {
+                status: *status,
+                code: code.clone(),
+                message: message.clone(),
+            },
+            OriginError::Changed => WireError::Changed,
+            other => WireError::Unavailable {
+                message: other.to_string(),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: u64) -> std::time::SystemTime {
+        UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    #[test]
+    fn metadata_round_trips_with_its_age_and_leaves_the_body() {
+        let meta = ObjectMeta {
+            size: 123,
+            etag: "\"abc\"".into(),
+            last_modified: Some(at(1_700_000_000)),
+            version_id: Some("v1".into()),
+            headers: vec![
+                (
+                    HeaderName::from_static("content-type"),
+                    HeaderValue::from_static("text/plain"),
+                ),
+                (
+                    HeaderName::from_static("x-amz-meta-raw"),
+                    HeaderValue::from_bytes(b"\xe9t\xe9").unwrap(),
+                ),
+            ],
+        };
+        let mut buf = BytesMut::from(&encode_meta(&meta, Duration::from_millis(1500))[..]);
+        buf.extend_from_slice(b"block bytes");
+        let mut partial = BytesMut::from(&buf[..buf.len() - 20]);
+        assert_eq!(
+            decode_meta(&mut partial).unwrap_err(),
+            FrameError::Incomplete
+        );
+        let (back, age) = decode_meta(&mut buf).unwrap();
+        assert_eq!(back, meta);
+        assert_eq!(age, Duration::from_millis(1500));
+        assert_eq!(&buf[..], b"block bytes");
+    }
+
+    #[test]
+    fn oversized_or_garbled_frames_are_refused() {
+        let mut huge = BytesMut::from(&((MAX_META as u32) + 1).to_le_bytes()[..]);
+        assert!(matches!(decode_meta(&mut huge), Err(FrameError::Bad(_))));
+        let mut garbled = BytesMut::from(&3u32.to_le_bytes()[..]);
+        garbled.extend_from_slice(b"{x}");
+        assert!(matches!(decode_meta(&mut garbled), Err(FrameError::Bad(_))));
+    }
+
+    #[test]
+    fn upstream_answers_pass_on_and_peer_failures_fall_back() {
+        let not_found = OriginError::Service {
+            status: 404,
+            code: "NoSuchKey".into(),
+            message: "gone".into(),
+        };
+        let wire = WireError::from(&not_found);
+        assert_eq!(wire.status(), 404);
+        let back: WireError = serde_json::from_slice(&wire.body()).unwrap();
+        assert_eq!(back.into_answer(), Some(not_found));
+        assert_eq!(
+            WireError::from(&OriginError::Changed).into_answer(),
+            Some(OriginError::Changed)
+        );
+        let outage = OriginError::Service {
+            status: 503,
+            code: "SlowDown".into(),
+            message: String::new(),
+        };
+        for e in [
+            outage,
+            OriginError::Timeout("t".into()),
+            OriginError::Abandoned,
+        ] {
+            let wire = WireError::from(&e);
+            assert_eq!(wire.status(), 503);
+            assert_eq!(wire.into_answer(), None, "{e}");
+        }
+    }
+}
