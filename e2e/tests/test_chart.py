@@ -60,6 +60,19 @@ def test_lint_template_and_validate(values, workdir):
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert {s["metadata"]["name"].endswith("-headless") for s in by_kind(docs, "Service")} == {True, False}
     assert by_kind(docs, "ServiceAccount") and by_kind(docs, "PodDisruptionBudget")
+    # The fleet: members from the headless Service's DNS, a peer port on it, the pod's IP as
+    # its name, the zone from the pod's topology label, the shared secret mounted.
+    (headless,) = [s for s in by_kind(docs, "Service") if s["metadata"]["name"].endswith("-headless")]
+    env = {e["name"]: e for e in container["env"]}
+    fleet = not values.stem.startswith("tls")
+    assert ("peer" in {p["name"] for p in headless["spec"]["ports"]}) == fleet
+    assert ("/etc/larder/fleet" in {m["mountPath"] for m in container["volumeMounts"]}) == fleet
+    if fleet:
+        assert env["LARDER_FLEET_ADVERTISE"]["value"] == "$(POD_IP):9002"
+        zone = env["LARDER_FLEET_ZONE"]["valueFrom"]["fieldRef"]["fieldPath"]
+        assert zone == "metadata.labels['topology.kubernetes.io/zone']"
+    else:
+        assert "LARDER_FLEET_ADVERTISE" not in env
 
     # The configuration the chart renders is one the binary accepts.
     (config,) = [c for c in by_kind(docs, "ConfigMap") if "larder.toml" in c.get("data", {})]
@@ -68,6 +81,8 @@ def test_lint_template_and_validate(values, workdir):
     check = subprocess.run([binary("larder"), "serve", "--config", str(toml), "--check-config"],
                            capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
     assert check.returncode == 0, check.stderr + config["data"]["larder.toml"]
+    dns = 'fleet_peers_dns = "larder-headless.default.svc.cluster.local:9002"'
+    assert (dns in check.stdout) == fleet
 
     if values.stem.startswith("persistence"):
         (claim,) = sts["spec"]["volumeClaimTemplates"]
@@ -83,7 +98,10 @@ def test_lint_template_and_validate(values, workdir):
     if values.stem.startswith("monitoring"):
         (monitor,) = by_kind(docs, "ServiceMonitor")
         assert monitor["spec"]["endpoints"][0]["port"] == "admin"
-        assert by_kind(docs, "NetworkPolicy")
+        (policy,) = by_kind(docs, "NetworkPolicy")
+        peer_in = [r for r in policy["spec"]["ingress"] if r["ports"] == [{"port": "peer"}]]
+        assert peer_in and "podSelector" in peer_in[0]["from"][0], "replicas reach each other's peer port"
+        assert any(r.get("to") and r["ports"][0]["port"] == 9002 for r in policy["spec"]["egress"])
         (rule,) = by_kind(docs, "PrometheusRule")
         rules = workdir / "larder-rules.yaml"
         rules.write_text(yaml.safe_dump(rule["spec"]))
@@ -103,6 +121,10 @@ def test_a_typo_or_a_missing_secret_fails_at_install():
     reserved = helm("template", "larder", str(CHART), "-f", str(CHART / "ci" / "minimal-values.yaml"),
                     "--set", "config.listen=0.0.0.0:1", check=False)
     assert reserved.returncode != 0
+    for bad in ("fleet.scope=region", "config.fleet_peers_dns=x:1"):
+        refused = helm("template", "larder", str(CHART), "-f", str(CHART / "ci" / "minimal-values.yaml"),
+                       "--set", bad, check=False)
+        assert refused.returncode != 0, bad
     no_keys = helm("template", "larder", str(CHART), check=False)
     assert no_keys.returncode != 0 and "auth.existingSecret" in no_keys.stderr
 

@@ -166,7 +166,8 @@ fn join_fleet(config: &Config, metrics: &Arc<Metrics>) -> Result<Joined, StartEr
     };
     let info = Info {
         id: rand::random(),
-        zone: config.fleet_zone.clone(),
+        // An empty zone (the chart's pod label missing) is no zone.
+        zone: config.fleet_zone.clone().filter(|z| !z.is_empty()),
         block_size: config.block_size.0,
     };
     let advertise = config

@@ -36,6 +36,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- default (printf "%s-client-keys" (include "larder.fullname" .)) .Values.auth.existingSecret -}}
 {{- end -}}
 
+{{- define "larder.fleetSecret" -}}
+{{- default (printf "%s-fleet" (include "larder.fullname" .)) .Values.fleet.existingSecret -}}
+{{- end -}}
+
 {{/* A TOML value: strings quoted, numbers and booleans as they are, lists inline. */}}
 {{- define "larder.tomlValue" -}}
 {{- if kindIs "string" . -}}
