@@ -344,7 +344,8 @@ impl BlockStore {
     ) {
         for index in blocks {
             let id = self.id(object, etag, index);
-            if self.cache.locate(&id).is_some() || self.flights.contains(&id) {
+            if self.cache.locate(&id).is_some() || self.flights.contains(&id) || self.has_copy(&id)
+            {
                 continue;
             }
             let Some(slice) = self.layout.block(index, size) else {
@@ -477,6 +478,7 @@ impl BlockStore {
             match self.cache.locate(&id) {
                 Some(Tier::Memory) => in_memory += 1,
                 Some(_) => on_disk += 1,
+                None if self.has_copy(&id) => in_memory += 1,
                 None => {
                     missing += 1;
                     first_missing.get_or_insert_with(|| {
@@ -879,6 +881,11 @@ impl BlockStore {
             )
             .await;
         }
+    }
+
+    /// Whether a copy of a peer's block is kept here (in memory, apart from the memory tier).
+    fn has_copy(&self, id: &BlockId) -> bool {
+        self.fleet.as_ref().is_some_and(|f| f.has_copy(id))
     }
 
     /// The replica owning block `index` of `object`, when it is not this one and `purpose`

@@ -124,6 +124,11 @@ impl Fleet {
         self.copies.as_ref()?.get(id).await
     }
 
+    /// Whether a copy of the block is kept here.
+    pub fn has_copy(&self, id: &BlockId) -> bool {
+        self.copies.as_ref().is_some_and(|c| c.contains_key(id))
+    }
+
     /// Keep a block fetched from its owner for the next reader here.
     pub async fn keep_copy(&self, id: BlockId, block: Bytes) {
         if let Some(copies) = &self.copies {

@@ -60,7 +60,7 @@ async fn handle(State(peer): State<Arc<PeerState>>, req: Request) -> Response {
         .is_some_and(|h| peer.secret.verify(h, req.method().as_str(), path_and_query));
     if !signed {
         peer.metrics
-            .peer_request("served", "refused", "refused", None);
+            .peer_request("served", "unknown", "refused", None);
         return refuse(StatusCode::FORBIDDEN, "not signed with the fleet secret");
     }
     let params: Params = form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())
