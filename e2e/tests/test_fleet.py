@@ -56,6 +56,7 @@ class FleetOf:
         self.secret.write_text(SECRET + "\n")
         self.members = workdir / f"{name}.peers"
         self.nodes = []
+        self.extra_for = lambda i: ()
 
     def peer(self, i) -> str:
         return f"127.0.0.{i + 1}:{self.peer_port}"
@@ -66,7 +67,7 @@ class FleetOf:
             self.nodes.append(self.make_larder(
                 "--block-size", "64KiB", "--memory-capacity", "256MiB",
                 "--fleet-listen", self.peer(i), "--fleet-peers-file", str(self.members),
-                "--fleet-secret-file", str(self.secret), *self.extra,
+                "--fleet-secret-file", str(self.secret), *self.extra, *self.extra_for(i),
                 name=f"{self.name}-{i}", host=f"127.0.0.{i + 1}"))
         self.wait_members(self.nodes, n)
 
@@ -234,6 +235,28 @@ def test_a_fourth_replica_moves_about_a_quarter_of_the_blocks(make_larder, workd
     assert len(gets) == len(moved), f"{len(gets)} GETs after the join, {len(moved)} blocks moved"
     print(f"\njoin: {len(moved)}/{len(blocks)} blocks moved ({fraction:.3f}); "
           f"{len(gets)} upstream GETs after the join; sampled keys moved {ratios}")
+
+
+@pytest.mark.parametrize("scope,fetches_per_block", [("zone", 2), ("fleet", 1)])
+def test_zones_fetch_each_block_once_per_zone_unless_the_scope_is_the_fleet(
+        make_larder, workdir, upstream, direct, bucket, scope, fetches_per_block):
+    fleet = FleetOf(make_larder, workdir, f"zones-{scope}", "--fleet-refresh", "300ms",
+                    "--fleet-copy-capacity", "0", "--fleet-scope", scope)
+    # Replicas 0 and 1 in zone a, 2 and 3 in zone b.
+    fleet.extra_for = lambda i: ("--fleet-zone", "a" if i < 2 else "b")
+    fleet.start(4)
+    for node in fleet.nodes:
+        state = fleet_state(node)
+        assert state["owners"] == (2 if scope == "zone" else 4), state
+    objects = put_objects(direct, bucket, [3 * 64 * 1024 + 5] * 10, seed=4)
+    upstream.reset()
+    for node in fleet.nodes:
+        client = node.client()
+        for key, data in objects.items():
+            assert client.get_object(Bucket=bucket, Key=key)["Body"].read() == data
+    blocks = 10 * 4
+    gets = gets_of(upstream, bucket)
+    assert len(gets) == fetches_per_block * blocks, f"{len(gets)} GETs for {blocks} blocks, scope {scope}"
 
 
 def test_peer_requests_must_be_signed_with_the_fleet_secret(make_larder, workdir, bucket):
