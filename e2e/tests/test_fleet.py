@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from conftest import free_port
+from conftest import ROOT, free_port
 
 SECRET = "fleet-e2e-shared-secret-0123456789"
 
@@ -136,6 +136,16 @@ def test_48_readers_over_three_replicas_fetch_each_block_once(make_larder, workd
     served = sum(metric(n, "larder_peer_requests_total", direction="served", outcome="ok") for n in fleet.nodes)
     assert made > 0 and made == served
     assert sum(metric(n, "larder_peer_fallbacks_total") for n in fleet.nodes) == 0
+    # Every fleet metric the dashboards query is exported by a replica in a fleet.
+    scrape = fleet.nodes[0].metrics()
+    queried = set()
+    for path in sorted((ROOT / "charts" / "larder" / "dashboards").glob("*.json")):
+        for p in json.loads(path.read_text())["panels"]:
+            for t in p["targets"]:
+                queried.update(re.findall(r"\blarder_(?:peer|fleet)_[a-z0-9_]+", t["expr"]))
+    assert len(queried) >= 7, queried
+    for name in queried:
+        assert re.search(rf"^{name}[{{ ]", scrape, re.M), f"the dashboards query {name}, which a fleet replica does not export"
     # A second round is served by the fleet without the upstream.
     upstream.reset()
     for i, key in enumerate(objects):

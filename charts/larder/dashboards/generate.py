@@ -133,6 +133,26 @@ INTERNALS = [
                                      ("larder_disk_recovery_milliseconds", "milliseconds")]),
 ]
 
+# The fleet (docs/scale-out.md): empty for a replica that is not part of one.
+FLEET = [
+    panel("Fleet: members and owners", [("larder_fleet_members", "members seen"),
+                                         ("larder_fleet_owners", "may own blocks (zone or fleet)")],
+          description="Replicas each replica sees (answering its probes); a dip is a replica down or restarting."),
+    panel("Fleet: membership changes",
+          [(f"increase(larder_fleet_membership_changes_total[{RI}])", "changes"),
+           ("larder_fleet_keys_moved_ratio", "keys moved at the last change")],
+          description="A join or leave should move about 1/N of the keys."),
+    panel("Peer requests",
+          [(f"sum by (direction, kind, outcome) (rate(larder_peer_requests_total[{RI}]))",
+            "{{direction}} {{kind}} {{outcome}}")], "ops",
+          description="Blocks asked of their owners (made) and served to other replicas (served)."),
+    panel("Peer fallbacks to S3", [(f"sum by (reason) (rate(larder_peer_fallbacks_total[{RI}]))", "{{reason}}")],
+          "ops", description="Peer requests given up for S3: each one is an S3 request the fleet meant to save."),
+    panel("Peer latency (to first byte)", quantiles("larder_peer_duration_seconds", "kind"), "s"),
+    panel("Bytes between replicas", [(f"sum by (direction) (rate(larder_peer_bytes_total[{RI}]))", "{{direction}}")],
+          "Bps"),
+]
+
 
 def dashboard(uid, title, description, panels):
     out, x, y, row_h = [], 0, 0, 0
@@ -174,7 +194,8 @@ DASHBOARDS = {
     "larder-cost.json": dashboard("larder-cost", "Larder / Cost and savings",
                                   "What S3 would have billed without Larder, what Larder spent, and the difference.", COST),
     "larder-internals.json": dashboard("larder-internals", "Larder / Cache internals",
-                                       "Memory and disk tiers, single-flight, disk I/O, faults, reclaim and drops.", INTERNALS),
+                                       "Memory and disk tiers, single-flight, disk I/O, faults, reclaim and drops; the fleet.",
+                                       INTERNALS + FLEET),
 }
 
 
