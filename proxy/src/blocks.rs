@@ -135,6 +135,10 @@ pub struct BlockStore {
     read_window: usize,
     idle_timeout: Duration,
     upstream_slots: Semaphore,
+    /// The same budget for fetches asked of another replica. Apart, because a replica serving a
+    /// peer needs an upstream slot: were asks holding upstream slots, two busy replicas could
+    /// each hold every slot waiting on the other, and both stall until the peer deadline.
+    peer_slots: Semaphore,
     max_resumes: u32,
     hedge: HedgePolicy,
     prefetch: PrefetchConfig,
@@ -269,6 +273,7 @@ impl BlockStore {
             read_window: config.read_window,
             idle_timeout: config.idle_timeout,
             upstream_slots: Semaphore::new(config.upstream_concurrency),
+            peer_slots: Semaphore::new(config.upstream_concurrency),
             max_resumes: config.max_resumes,
             hedge: HedgePolicy::new(config.hedge_quantile),
             prefetch: config.prefetch,
@@ -351,13 +356,16 @@ impl BlockStore {
             let Some(slice) = self.layout.block(index, size) else {
                 continue;
             };
+            let remote = self
+                .remote_owner(object, index, Purpose::Prefetch)
+                .is_some();
             let (store, object, etag) = (self.clone(), object.clone(), etag.clone());
             tokio::spawn(async move {
                 let Ok(_budget) = store.prefetch_slots.try_acquire() else {
                     store.metrics.prefetch_blocks("skipped_budget");
                     return;
                 };
-                let Ok(slot) = store.upstream_slots.try_acquire() else {
+                let Ok(slot) = store.slots(remote).try_acquire() else {
                     store.metrics.prefetch_blocks("skipped_busy");
                     return;
                 };
@@ -814,11 +822,12 @@ impl BlockStore {
         purpose: Purpose,
         tx: tokio::sync::oneshot::Sender<Result<Option<(ObjectMeta, Duration)>, OriginError>>,
     ) {
-        let Ok(slot) = self.upstream_slots.acquire().await else {
+        let owner = self.remote_owner(&object, index, purpose);
+        let Ok(slot) = self.slots(owner.is_some()).acquire().await else {
             let _ = tx.send(Err(OriginError::Abandoned));
             return;
         };
-        let at_owner = match self.remote_owner(&object, index, purpose) {
+        let at_owner = match owner {
             Some(peer) => self.open_at_owner(&peer, &object, index).await,
             None => None,
         };
@@ -880,6 +889,17 @@ impl BlockStore {
                 purpose,
             )
             .await;
+        }
+    }
+
+    /// The fetch budget for a block asked of its owner (`remote`) or of the upstream. A fetch
+    /// that falls back from its owner to the upstream keeps the slot it has: memory stays within
+    /// both budgets together.
+    fn slots(&self, remote: bool) -> &Semaphore {
+        if remote {
+            &self.peer_slots
+        } else {
+            &self.upstream_slots
         }
     }
 
@@ -1039,7 +1059,7 @@ impl BlockStore {
         let _slot = match slot {
             Some(slot) => slot,
             None => self
-                .upstream_slots
+                .slots(matches!(first, FirstAttempt::Owner(_)))
                 .acquire()
                 .await
                 .map_err(|_| OriginError::Abandoned)?,

@@ -233,3 +233,97 @@ async fn unsigned_or_mis_cut_requests_are_refused() {
     ));
     assert_eq!(origin.gets.load(Ordering::SeqCst), 0);
 }
+
+/// A replica in a fleet of two with one upstream slot, serving its peer on `listener`.
+async fn busy_replica(
+    origin: Arc<FakeOrigin>,
+    listener: tokio::net::TcpListener,
+    other: SocketAddr,
+) -> (Arc<BlockStore>, Arc<Fleet>, Arc<Metrics>) {
+    let me = listener.local_addr().unwrap();
+    let metrics = Arc::new(Metrics::default());
+    let view = View::new(
+        Member::new(&me.to_string(), None),
+        [Member::new(&other.to_string(), None)],
+        Scope::Zone,
+    );
+    let client = PeerClient::new(secret(), Duration::from_secs(3), BLOCK);
+    let copies = CopyLimits {
+        capacity: 0,
+        ttl: Duration::from_secs(1),
+    };
+    let fleet = Arc::new(Fleet::new(view, client, copies, metrics.clone()));
+    let config = BlockStoreConfig {
+        fleet: Some(fleet.clone()),
+        upstream_concurrency: 1,
+        ..BlockStoreConfig::for_tests()
+    };
+    let store = Arc::new(BlockStore::new(config, origin.clone(), metrics.clone()));
+    let state = Arc::new(PeerState {
+        blocks: store.clone(),
+        metadata: Arc::new(MetadataCache::new(
+            origin,
+            Duration::from_secs(60),
+            Duration::ZERO,
+            100,
+            metrics.clone(),
+        )),
+        secret: secret(),
+        info: Info {
+            id: rand::random(),
+            zone: None,
+            block_size: BLOCK,
+        },
+        metrics: metrics.clone(),
+    });
+    tokio::spawn(async move { axum::serve(listener, server::router(state)).await });
+    (store, fleet, metrics)
+}
+
+#[tokio::test]
+async fn two_busy_replicas_asking_each_other_do_not_stall() {
+    let origin = Arc::new(FakeOrigin::with_delay(Duration::from_millis(50)));
+    origin.put("k", data(), "\"e1\"");
+    let la = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let lb = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (a_addr, b_addr) = (la.local_addr().unwrap(), lb.local_addr().unwrap());
+    let (a, fleet_a, metrics_a) = busy_replica(origin.clone(), la, b_addr).await;
+    let (b, _, metrics_b) = busy_replica(origin.clone(), lb, a_addr).await;
+    let blocks = 0..=(SIZE as u64 / BLOCK);
+    let x = blocks
+        .clone()
+        .find(|&i| fleet_a.owner(&object(), i).is_none())
+        .unwrap();
+    let y = blocks
+        .clone()
+        .find(|&i| fleet_a.owner(&object(), i).is_some())
+        .unwrap();
+    let range = |i: u64| i * BLOCK..((i + 1) * BLOCK).min(SIZE as u64);
+    // Each asks the other for a block while holding its own fetch budget; each owner needs an
+    // upstream slot to answer. Sharing one budget, they would wait on each other until the
+    // peer deadline, then both fall back to S3.
+    let etag: Arc<str> = "\"e1\"".into();
+    let (got_y, got_x) = tokio::join!(
+        collect(a.read(object(), etag.clone(), range(y), SIZE as u64)),
+        collect(b.read(object(), etag.clone(), range(x), SIZE as u64)),
+    );
+    assert_eq!(
+        got_y,
+        &data()[range(y).start as usize..range(y).end as usize]
+    );
+    assert_eq!(
+        got_x,
+        &data()[range(x).start as usize..range(x).end as usize]
+    );
+    for metrics in [metrics_a, metrics_b] {
+        assert_eq!(
+            metrics.snapshot().sum("larder_peer_fallbacks_total", &[]),
+            0.0
+        );
+    }
+    assert_eq!(
+        origin.gets.load(Ordering::SeqCst),
+        2,
+        "each block once, by its owner"
+    );
+}
