@@ -545,7 +545,8 @@ impl BlockStore {
     ) -> impl Stream<Item = Result<Bytes, OriginError>> + Send + 'static {
         let store = self.clone();
         let slices: Vec<BlockSlice> = self.layout.slices(range.start, range.end, size).collect();
-        let bucket = object.bucket.clone();
+        // Bytes read for a peer are counted where they reach a client, by the peer.
+        let bucket = (purpose != Purpose::Peer).then(|| object.bucket.clone());
         stream::iter(slices)
             .map(move |slice| {
                 let (store, object, etag) = (store.clone(), object.clone(), etag.clone());
@@ -567,15 +568,16 @@ impl BlockStore {
                 let store = self.clone();
                 move |opened| match opened {
                     Err(_) => stream::once(future::ready(Err(OriginError::Abandoned))).boxed(),
-                    Ok((slice, open)) => store.send(&bucket, slice, open),
+                    Ok((slice, open)) => store.send(bucket.as_deref(), slice, open),
                 }
             })
     }
 
-    /// The stream of one opened block's slice, counted as served from its tier.
+    /// The stream of one opened block's slice, counted as served from its tier to a client of
+    /// `bucket` (`None`: not a client, not counted).
     fn send(
         &self,
-        bucket: &str,
+        bucket: Option<&str>,
         slice: BlockSlice,
         open: OpenBlock,
     ) -> stream::BoxStream<'static, Result<Bytes, OriginError>> {
@@ -586,11 +588,11 @@ impl BlockStore {
             }
             OpenBlock::Part(part) => self.whole_part("disk", bucket, part),
             OpenBlock::Streaming(reader, tier) => {
-                let (metrics, bucket) = (self.metrics.clone(), bucket.to_owned());
+                let (metrics, bucket) = (self.metrics.clone(), bucket.map(str::to_owned));
                 slice_of(reader, slice.from, slice.to)
                     .inspect(move |r| {
-                        if let Ok(b) = r {
-                            metrics.served(tier, Some(&bucket), b.len() as u64);
+                        if let (Ok(b), Some(bucket)) = (r, &bucket) {
+                            metrics.served(tier, Some(bucket), b.len() as u64);
                         }
                     })
                     .boxed()
@@ -598,14 +600,17 @@ impl BlockStore {
         }
     }
 
-    /// A part already in hand, as a one-item stream, counted as served from `tier`.
+    /// A part already in hand, as a one-item stream, counted as served from `tier` (if to a
+    /// client of `bucket`).
     fn whole_part(
         &self,
         tier: &'static str,
-        bucket: &str,
+        bucket: Option<&str>,
         part: Bytes,
     ) -> stream::BoxStream<'static, Result<Bytes, OriginError>> {
-        self.metrics.served(tier, Some(bucket), part.len() as u64);
+        if let Some(bucket) = bucket {
+            self.metrics.served(tier, Some(bucket), part.len() as u64);
+        }
         stream::once(futures::future::ready(Ok(part))).boxed()
     }
 

@@ -48,8 +48,9 @@ async fn collect(s: impl Stream<Item = Result<Bytes, OriginError>>) -> Vec<u8> {
     out
 }
 
-/// A replica that owns blocks and serves them on a loopback peer listener.
-async fn owner_replica(origin: Arc<FakeOrigin>) -> SocketAddr {
+/// A replica that owns blocks and serves them on a loopback peer listener; its address and
+/// metrics.
+async fn owner_replica(origin: Arc<FakeOrigin>) -> (SocketAddr, Arc<Metrics>) {
     let metrics = Arc::new(Metrics::default());
     let blocks = Arc::new(BlockStore::new(
         BlockStoreConfig::for_tests(),
@@ -72,12 +73,12 @@ async fn owner_replica(origin: Arc<FakeOrigin>) -> SocketAddr {
             zone: None,
             block_size: BLOCK,
         },
-        metrics,
+        metrics: metrics.clone(),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, server::router(state)).await });
-    addr
+    (addr, metrics)
 }
 
 /// A replica that sees itself and `peer`, keeping no copies of what it fetches from it.
@@ -115,7 +116,7 @@ fn owned_by_peer(fleet: &Fleet) -> Vec<u64> {
 async fn blocks_owned_elsewhere_come_from_their_owner_once() {
     let origin = Arc::new(FakeOrigin::default());
     origin.put("k", data(), "\"e1\"");
-    let peer = owner_replica(origin.clone()).await;
+    let (peer, owner_metrics) = owner_replica(origin.clone()).await;
     let (store, fleet, metrics) = asking_replica(origin.clone(), &peer.to_string());
     let remote = owned_by_peer(&fleet);
     assert!(!remote.is_empty() && remote.len() < 11, "{remote:?}");
@@ -136,13 +137,24 @@ async fn blocks_owned_elsewhere_come_from_their_owner_once() {
         metrics.snapshot().sum("larder_peer_fallbacks_total", &[]),
         0.0
     );
+    // Bytes count as served where they reach a client: here, not at the owner.
+    let served = |m: &Metrics| m.snapshot().sum("larder_served_bytes_total", &[]);
+    assert_eq!(served(&metrics), 2.0 * SIZE as f64);
+    assert_eq!(served(&owner_metrics), 0.0);
+    let peer_bytes = |m: &Metrics, d| {
+        m.snapshot()
+            .sum("larder_peer_bytes_total", &[("direction", d)])
+    };
+    let sent = peer_bytes(&owner_metrics, "sent");
+    assert!(sent > 0.0);
+    assert_eq!(sent, peer_bytes(&metrics, "received"));
 }
 
 #[tokio::test]
 async fn a_cold_object_opens_at_its_owner_with_one_upstream_get() {
     let origin = Arc::new(FakeOrigin::default());
     origin.put("k", data(), "\"e1\"");
-    let peer = owner_replica(origin.clone()).await;
+    let (peer, _) = owner_replica(origin.clone()).await;
     let (store, fleet, _) = asking_replica(origin.clone(), &peer.to_string());
     let index = owned_by_peer(&fleet)[0];
     let (meta, age) = store.open_cold(object(), index).await.unwrap().unwrap();
@@ -187,7 +199,7 @@ async fn an_owner_that_is_gone_costs_a_fallback_not_a_failure() {
 async fn an_owner_relays_the_upstreams_answer_instead_of_a_fallback() {
     let origin = Arc::new(FakeOrigin::default());
     origin.put("k", data(), "\"e2\"");
-    let peer = owner_replica(origin.clone()).await;
+    let (peer, _) = owner_replica(origin.clone()).await;
     let (store, fleet, metrics) = asking_replica(origin.clone(), &peer.to_string());
     let index = owned_by_peer(&fleet)[0];
     let start = index * BLOCK;
@@ -207,7 +219,7 @@ async fn an_owner_relays_the_upstreams_answer_instead_of_a_fallback() {
 async fn unsigned_or_mis_cut_requests_are_refused() {
     let origin = Arc::new(FakeOrigin::default());
     origin.put("k", data(), "\"e1\"");
-    let peer = owner_replica(origin.clone()).await.to_string();
+    let peer = owner_replica(origin.clone()).await.0.to_string();
     let other_secret = PeerClient::new(
         PeerSecret::new(b"some-other-fleet-secret").unwrap(),
         Duration::from_secs(2),
