@@ -48,15 +48,14 @@ async fn collect(s: impl Stream<Item = Result<Bytes, OriginError>>) -> Vec<u8> {
     out
 }
 
-/// A replica that owns blocks and serves them on a loopback peer listener; its address and
-/// metrics.
-async fn owner_replica(origin: Arc<FakeOrigin>) -> (SocketAddr, Arc<Metrics>) {
-    let metrics = Arc::new(Metrics::default());
-    let blocks = Arc::new(BlockStore::new(
-        BlockStoreConfig::for_tests(),
-        origin.clone(),
-        metrics.clone(),
-    ));
+/// Serve `blocks` to peers on `listener`, as a replica whose id is `id`.
+fn serve_peers(
+    listener: tokio::net::TcpListener,
+    blocks: Arc<BlockStore>,
+    origin: Arc<FakeOrigin>,
+    metrics: Arc<Metrics>,
+    id: u64,
+) {
     let metadata = Arc::new(MetadataCache::new(
         origin,
         Duration::from_secs(60),
@@ -69,30 +68,46 @@ async fn owner_replica(origin: Arc<FakeOrigin>) -> (SocketAddr, Arc<Metrics>) {
         metadata,
         secret: secret(),
         info: Info {
-            id: 7,
+            id,
             zone: None,
             block_size: BLOCK,
         },
-        metrics: metrics.clone(),
+        metrics,
     });
+    tokio::spawn(async move { axum::serve(listener, server::router(state)).await });
+}
+
+/// A replica that owns blocks and serves them on a loopback peer listener; its address and
+/// metrics.
+async fn owner_replica(origin: Arc<FakeOrigin>) -> (SocketAddr, Arc<Metrics>) {
+    let metrics = Arc::new(Metrics::default());
+    let blocks = Arc::new(BlockStore::new(
+        BlockStoreConfig::for_tests(),
+        origin.clone(),
+        metrics.clone(),
+    ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, server::router(state)).await });
+    serve_peers(listener, blocks, origin, metrics.clone(), 7);
     (addr, metrics)
 }
 
-/// A replica that sees itself and `peer`, keeping no copies of what it fetches from it.
-fn asking_replica(
+/// A replica called `me` in a fleet of two with `other`, giving it `deadline` to answer,
+/// fetching at most `upstream_concurrency` blocks at once and keeping no copies.
+fn replica_of_two(
     origin: Arc<FakeOrigin>,
-    peer: &str,
+    me: &str,
+    other: &str,
+    deadline: Duration,
+    upstream_concurrency: usize,
 ) -> (Arc<BlockStore>, Arc<Fleet>, Arc<Metrics>) {
     let metrics = Arc::new(Metrics::default());
     let view = View::new(
-        Member::new("me", None),
-        [Member::new(peer, None)],
+        Member::new(me, None),
+        [Member::new(other, None)],
         Scope::Zone,
     );
-    let client = PeerClient::new(secret(), Duration::from_secs(2), BLOCK);
+    let client = PeerClient::new(secret(), deadline, BLOCK);
     let copies = CopyLimits {
         capacity: 0,
         ttl: Duration::from_secs(1),
@@ -100,10 +115,19 @@ fn asking_replica(
     let fleet = Arc::new(Fleet::new(view, client, copies, metrics.clone()));
     let config = BlockStoreConfig {
         fleet: Some(fleet.clone()),
+        upstream_concurrency,
         ..BlockStoreConfig::for_tests()
     };
     let store = Arc::new(BlockStore::new(config, origin, metrics.clone()));
     (store, fleet, metrics)
+}
+
+/// A replica that sees itself and `peer`, asking it and serving no one.
+fn asking_replica(
+    origin: Arc<FakeOrigin>,
+    peer: &str,
+) -> (Arc<BlockStore>, Arc<Fleet>, Arc<Metrics>) {
+    replica_of_two(origin, "me", peer, Duration::from_secs(2), 4)
 }
 
 fn owned_by_peer(fleet: &Fleet) -> Vec<u64> {
@@ -247,48 +271,26 @@ async fn unsigned_or_mis_cut_requests_are_refused() {
 }
 
 /// A replica in a fleet of two with one upstream slot, serving its peer on `listener`.
-async fn busy_replica(
+fn busy_replica(
     origin: Arc<FakeOrigin>,
     listener: tokio::net::TcpListener,
     other: SocketAddr,
 ) -> (Arc<BlockStore>, Arc<Fleet>, Arc<Metrics>) {
-    let me = listener.local_addr().unwrap();
-    let metrics = Arc::new(Metrics::default());
-    let view = View::new(
-        Member::new(&me.to_string(), None),
-        [Member::new(&other.to_string(), None)],
-        Scope::Zone,
+    let me = listener.local_addr().unwrap().to_string();
+    let (store, fleet, metrics) = replica_of_two(
+        origin.clone(),
+        &me,
+        &other.to_string(),
+        Duration::from_secs(3),
+        1,
     );
-    let client = PeerClient::new(secret(), Duration::from_secs(3), BLOCK);
-    let copies = CopyLimits {
-        capacity: 0,
-        ttl: Duration::from_secs(1),
-    };
-    let fleet = Arc::new(Fleet::new(view, client, copies, metrics.clone()));
-    let config = BlockStoreConfig {
-        fleet: Some(fleet.clone()),
-        upstream_concurrency: 1,
-        ..BlockStoreConfig::for_tests()
-    };
-    let store = Arc::new(BlockStore::new(config, origin.clone(), metrics.clone()));
-    let state = Arc::new(PeerState {
-        blocks: store.clone(),
-        metadata: Arc::new(MetadataCache::new(
-            origin,
-            Duration::from_secs(60),
-            Duration::ZERO,
-            100,
-            metrics.clone(),
-        )),
-        secret: secret(),
-        info: Info {
-            id: rand::random(),
-            zone: None,
-            block_size: BLOCK,
-        },
-        metrics: metrics.clone(),
-    });
-    tokio::spawn(async move { axum::serve(listener, server::router(state)).await });
+    serve_peers(
+        listener,
+        store.clone(),
+        origin,
+        metrics.clone(),
+        rand::random(),
+    );
     (store, fleet, metrics)
 }
 
@@ -299,8 +301,8 @@ async fn two_busy_replicas_asking_each_other_do_not_stall() {
     let la = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let lb = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let (a_addr, b_addr) = (la.local_addr().unwrap(), lb.local_addr().unwrap());
-    let (a, fleet_a, metrics_a) = busy_replica(origin.clone(), la, b_addr).await;
-    let (b, _, metrics_b) = busy_replica(origin.clone(), lb, a_addr).await;
+    let (a, fleet_a, metrics_a) = busy_replica(origin.clone(), la, b_addr);
+    let (b, _, metrics_b) = busy_replica(origin.clone(), lb, a_addr);
     let blocks = 0..=(SIZE as u64 / BLOCK);
     let x = blocks
         .clone()
