@@ -292,6 +292,38 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn metadata_learnt_with_an_age_is_trusted_only_for_the_rest_of_the_ttl() {
+        let origin = Arc::new(FakeOrigin::default());
+        origin.put("k", bytes::Bytes::from_static(b"data"), "\"e\"");
+        let cache = MetadataCache::new(
+            origin.clone(),
+            Duration::from_millis(400),
+            Duration::ZERO,
+            100,
+            Arc::new(Metrics::default()),
+        );
+        let id = ObjectId {
+            bucket: "b".into(),
+            key: "k".into(),
+            version_id: None,
+        };
+        let meta = origin.head(&id).await.unwrap();
+        // Another replica had it from the upstream 300 ms ago: 100 ms of the TTL are left.
+        let open = async { Ok(Some((meta, Duration::from_millis(300)))) };
+        let (_, source, age) = cache.get_or_open_aged(&id, open).await.unwrap();
+        assert_eq!(source, Source::Fetched);
+        assert!(age >= Duration::from_millis(300), "{age:?}");
+        let heads = origin.heads.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            cache.get(&id).await.unwrap().1,
+            Source::Fetched,
+            "expired early"
+        );
+        assert_eq!(origin.heads.load(Ordering::SeqCst), heads + 1);
+    }
+
+    #[tokio::test]
     async fn stale_metadata_is_served_only_in_an_outage_and_only_for_so_long() {
         let origin = Arc::new(FakeOrigin::default());
         origin.put("k", bytes::Bytes::from_static(b"data"), "\"e\"");
