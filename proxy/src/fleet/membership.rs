@@ -165,6 +165,10 @@ impl Membership {
                     if probe.up && probe.failures >= DOWN_AFTER {
                         tracing::warn!(member = %name, error = %e, "fleet member stopped answering");
                         probe.up = false;
+                    } else if !probe.up && probe.failures == DOWN_AFTER + 1 {
+                        // Once a streak: a member listed but never reached (wrong secret, port
+                        // blocked, another block size) leaves this replica caching alone.
+                        tracing::warn!(member = %name, error = %e, "fleet member listed but not answering");
                     }
                 }
             }
