@@ -122,12 +122,27 @@ fn replica_of_two(
     (store, fleet, metrics)
 }
 
-/// A replica that sees itself and `peer`, asking it and serving no one.
+/// How many of the object's blocks `b` owns in a fleet of `a` and `b`.
+fn owned_by_second(a: &str, b: &str) -> usize {
+    let view = View::new(Member::new(a, None), [Member::new(b, None)], Scope::Zone);
+    (0..=(SIZE as u64 / BLOCK))
+        .filter(|&i| view.owner(ring::block_key("b", "k", i)).is_some())
+        .count()
+}
+
+/// A replica that sees itself and `peer`, asking it and serving no one. It is named so that the
+/// peer owns some of the object's blocks and it owns the others (ownership depends on the
+/// peer's port, which the system picks).
 fn asking_replica(
     origin: Arc<FakeOrigin>,
     peer: &str,
 ) -> (Arc<BlockStore>, Arc<Fleet>, Arc<Metrics>) {
-    replica_of_two(origin, "me", peer, Duration::from_secs(2), 4)
+    let blocks = SIZE / BLOCK as usize + 1;
+    let me = (0..1000)
+        .map(|i| format!("me-{i}"))
+        .find(|me| (1..blocks).contains(&owned_by_second(me, peer)))
+        .expect("some name splits the blocks");
+    replica_of_two(origin, &me, peer, Duration::from_secs(2), 4)
 }
 
 fn owned_by_peer(fleet: &Fleet) -> Vec<u64> {
@@ -298,8 +313,20 @@ fn busy_replica(
 async fn two_busy_replicas_asking_each_other_do_not_stall() {
     let origin = Arc::new(FakeOrigin::with_delay(Duration::from_millis(50)));
     origin.put("k", data(), "\"e1\"");
-    let la = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let lb = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    // Two ports whose owners split the object's blocks, so each replica owns one the other
+    // reads (ownership depends on the ports, which the system picks).
+    let blocks = SIZE / BLOCK as usize + 1;
+    let mut pair = None;
+    for _ in 0..100 {
+        let la = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let lb = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (a, b) = (la.local_addr().unwrap(), lb.local_addr().unwrap());
+        if (1..blocks).contains(&owned_by_second(&a.to_string(), &b.to_string())) {
+            pair = Some((la, lb));
+            break;
+        }
+    }
+    let (la, lb) = pair.expect("some pair of ports splits the blocks");
     let (a_addr, b_addr) = (la.local_addr().unwrap(), lb.local_addr().unwrap());
     let (a, fleet_a, metrics_a) = busy_replica(origin.clone(), la, b_addr);
     let (b, _, metrics_b) = busy_replica(origin.clone(), lb, a_addr);
