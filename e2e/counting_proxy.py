@@ -23,6 +23,8 @@ class CountingProxy:
         self.upstream = (upstream_host, upstream_port)
         self.lock = threading.Lock()
         self.requests: list[tuple[str, str, str | None]] = []
+        # The headers of each request in `requests`, same order (names lowercased).
+        self.headers: list[dict[str, str]] = []
         # Seconds to wait before forwarding each request: upstream latency, as tests set it,
         # plus up to `jitter` more at random.
         self.delay = 0.0
@@ -42,6 +44,7 @@ class CountingProxy:
                 body = self.rfile.read(length) if length else None
                 with proxy.lock:
                     proxy.requests.append((self.command, self.path, self.headers.get("Range")))
+                    proxy.headers.append({k.lower(): v for k, v in self.headers.items()})
                     fault = proxy._take_fault(self.command)
                 if proxy.delay or proxy.jitter:
                     time.sleep(proxy.delay + random.random() * proxy.jitter)
@@ -116,6 +119,7 @@ class CountingProxy:
     def reset(self):
         with self.lock:
             self.requests.clear()
+            self.headers.clear()
             self.faults.clear()
         self.delay = self.jitter = 0.0
 
@@ -137,6 +141,12 @@ class CountingProxy:
     def seen(self, method: str | None = None, path_prefix: str = "") -> list[tuple[str, str, str | None]]:
         with self.lock:
             return [r for r in self.requests if (method is None or r[0] == method) and r[1].startswith(path_prefix)]
+
+    def seen_with_headers(self, method: str | None = None, path_prefix: str = "") -> list[tuple[str, str, dict]]:
+        """(method, path, headers) of each request that arrived, filtered like `seen`."""
+        with self.lock:
+            return [(r[0], r[1], h) for r, h in zip(self.requests, self.headers)
+                    if (method is None or r[0] == method) and r[1].startswith(path_prefix)]
 
     def close(self):
         self.server.shutdown()

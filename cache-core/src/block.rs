@@ -20,6 +20,9 @@ pub struct BlockSlice {
     pub from: u64,
     /// One past the last byte wanted, relative to the block start.
     pub to: u64,
+    /// Size of the whole object the block was cut from: with the layout, it decides
+    /// `block_len`, so a block's expected length is always known where it is read.
+    pub object_size: u64,
 }
 
 impl BlockLayout {
@@ -56,6 +59,7 @@ impl BlockLayout {
             block_len,
             from: 0,
             to: block_len,
+            object_size,
         })
     }
 
@@ -102,7 +106,8 @@ mod tests {
                 block_start: 0,
                 block_len: 10,
                 from: 0,
-                to: 10
+                to: 10,
+                object_size: 10
             }]
         );
         let s: Vec<_> = layout.slices(9, 11, 25).collect();
@@ -114,14 +119,16 @@ mod tests {
                     block_start: 0,
                     block_len: 10,
                     from: 9,
-                    to: 10
+                    to: 10,
+                    object_size: 25
                 },
                 BlockSlice {
                     index: 1,
                     block_start: 10,
                     block_len: 10,
                     from: 0,
-                    to: 1
+                    to: 1,
+                    object_size: 25
                 },
             ]
         );
@@ -133,7 +140,8 @@ mod tests {
                 block_start: 20,
                 block_len: 5,
                 from: 0,
-                to: 5
+                to: 5,
+                object_size: 25
             }]
         );
         assert_eq!(layout.slices(5, 5, 25).count(), 0);

@@ -58,7 +58,16 @@ def test_lint_template_and_validate(values, workdir):
     assert sc["allowPrivilegeEscalation"] is False
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert {s["metadata"]["name"].endswith("-headless") for s in by_kind(docs, "Service")} == {True, False}
+    services = {s["metadata"]["name"]: s for s in by_kind(docs, "Service")}
+    assert set(services) == {"larder", "larder-headless", "larder-admin"}
+    # The admin port is on its own Service only, never on the one S3 clients use, and its
+    # warm-up and fleet routes need the token the chart mounts.
+    ports = {name: {p["name"] for p in s["spec"]["ports"]} for name, s in services.items()}
+    assert ports["larder"] == {"s3"} and ports["larder-admin"] == {"admin"}
+    assert "admin" not in ports["larder-headless"]
+    assert "/etc/larder/admin" in {m["mountPath"] for m in container["volumeMounts"]}
+    # A NetworkPolicy by default.
+    assert by_kind(docs, "NetworkPolicy")
     assert by_kind(docs, "ServiceAccount") and by_kind(docs, "PodDisruptionBudget")
     # The fleet: members from the headless Service's DNS, a peer port on it, the pod's IP as
     # its name, the zone from the pod's topology label, the shared secret mounted.
@@ -83,6 +92,7 @@ def test_lint_template_and_validate(values, workdir):
     assert check.returncode == 0, check.stderr + config["data"]["larder.toml"]
     dns = 'fleet_peers_dns = "larder-headless.default.svc.cluster.local:9002"'
     assert (dns in check.stdout) == fleet
+    assert 'admin_token_file = "/etc/larder/admin/token"' in check.stdout
 
     if values.stem.startswith("persistence"):
         (claim,) = sts["spec"]["volumeClaimTemplates"]

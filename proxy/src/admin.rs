@@ -9,6 +9,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{Html, IntoResponse};
 use axum::routing::get;
 use serde::Serialize;
+use subtle::ConstantTimeEq;
 
 use crate::blocks::BlockStore;
 use crate::metrics::{Metrics, Snapshot, UpstreamHealth};
@@ -26,20 +27,100 @@ pub struct AdminState {
     pub fleet: Option<Arc<crate::fleet::Fleet>>,
     /// Set once the S3 listener accepts connections.
     pub ready: AtomicBool,
+    /// Who may use the warm-up and fleet routes.
+    pub access: AdminAccess,
 }
 
-/// The admin router.
+/// Who may call the admin routes that act or reveal: warm-up jobs (which fetch, list buckets
+/// and cancel other jobs) and the fleet's view.
+#[derive(Clone)]
+pub enum AdminAccess {
+    /// Callers must present this bearer token.
+    Token(Arc<[u8]>),
+    /// No token is configured: only a loopback admin listener serves these routes.
+    LoopbackOnly {
+        /// Whether the admin listener is bound to a loopback address.
+        loopback: bool,
+    },
+}
+
+/// Shortest admin token accepted.
+pub const MIN_TOKEN_LEN: usize = 16;
+
+impl AdminAccess {
+    /// The token from `path` (surrounding whitespace trimmed, at least [`MIN_TOKEN_LEN`] bytes).
+    pub fn from_file(path: &std::path::Path) -> Result<Self, String> {
+        let bytes = std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+        let token = bytes.trim_ascii();
+        if token.len() < MIN_TOKEN_LEN {
+            return Err(format!(
+                "{}: the admin token must be at least {MIN_TOKEN_LEN} bytes",
+                path.display()
+            ));
+        }
+        Ok(AdminAccess::Token(token.into()))
+    }
+
+    fn allows(&self, headers: &http::HeaderMap) -> Result<(), (StatusCode, &'static str)> {
+        match self {
+            AdminAccess::LoopbackOnly { loopback: true } => Ok(()),
+            AdminAccess::LoopbackOnly { loopback: false } => Err((
+                StatusCode::FORBIDDEN,
+                "this route needs admin_token_file when the admin listener is not on loopback",
+            )),
+            AdminAccess::Token(token) => {
+                let presented = headers
+                    .get(header::AUTHORIZATION)
+                    .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+                match presented {
+                    Some(p) if p.len() == token.len() && bool::from(p.ct_eq(token)) => Ok(()),
+                    _ => Err((
+                        StatusCode::UNAUTHORIZED,
+                        "a valid admin bearer token is required",
+                    )),
+                }
+            }
+        }
+    }
+}
+
+/// Refuse callers [`AdminAccess`] does not allow.
+async fn guard(
+    State(s): State<Arc<AdminState>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    match s.access.allows(request.headers()) {
+        Ok(()) => next.run(request).await,
+        Err((status, message)) => {
+            let mut response = json_error(status, message.to_owned());
+            if status == StatusCode::UNAUTHORIZED {
+                response.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    http::HeaderValue::from_static("Bearer"),
+                );
+            }
+            response
+        }
+    }
+}
+
+/// The admin router: health, metrics and status open to whoever reaches the listener; warm-up
+/// and fleet routes behind [`AdminAccess`].
 pub fn router(state: Arc<AdminState>) -> axum::Router {
+    let guarded = axum::Router::new()
+        .route("/warm", get(warm_list).post(warm_start))
+        .route("/warm/{id}", get(warm_get).delete(warm_cancel))
+        .route("/fleet", get(fleet))
+        .route("/fleet/owner", get(fleet_owner))
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), guard));
     axum::Router::new()
         .route("/", get(|| async { Html(STATUS_PAGE) }))
         .route("/status.json", get(status))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .route("/warm", get(warm_list).post(warm_start))
-        .route("/warm/{id}", get(warm_get).delete(warm_cancel))
-        .route("/fleet", get(fleet))
-        .route("/fleet/owner", get(fleet_owner))
+        .merge(guarded)
         .with_state(state)
 }
 

@@ -37,20 +37,31 @@ pub struct BlockId {
     key: Arc<str>,
     etag: Arc<str>,
     index: u64,
+    /// The block size the object was cut by: block `index` of 4 MiB blocks is other bytes than
+    /// block `index` of 8 MiB blocks, so a disk tier kept across a change of `block_size` must
+    /// never answer one for the other.
+    block_size: u64,
     /// Disk partition of the bucket (a function of `bucket`, so it changes nothing in equality).
     partition: Arc<str>,
 }
 
 impl BlockId {
-    /// The key of block `index` of `object` at `etag`, cached in disk partition `partition`. The
-    /// version id is deliberately not part of the key: an ETag names the bytes, and `If-Match`
-    /// pins every fetch to it.
-    pub fn new(object: &ObjectId, etag: &Arc<str>, index: u64, partition: Arc<str>) -> Self {
+    /// The key of block `index` of `object` at `etag`, cut by `layout`, cached in disk
+    /// partition `partition`. The version id is deliberately not part of the key: an ETag names
+    /// the bytes, and `If-Match` pins every fetch to it.
+    pub fn new(
+        object: &ObjectId,
+        etag: &Arc<str>,
+        layout: &BlockLayout,
+        index: u64,
+        partition: Arc<str>,
+    ) -> Self {
         Self {
             bucket: object.bucket.clone(),
             key: object.key.clone(),
             etag: etag.clone(),
             index,
+            block_size: layout.block_size(),
             partition,
         }
     }
@@ -60,11 +71,13 @@ impl CacheKey for BlockId {
     /// Length-prefixed fields, so no choice of bucket, key or ETag can make two ids collide.
     fn disk_key(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(24 + self.bucket.len() + self.key.len() + self.etag.len());
-        out.extend_from_slice(b"s3b1");
+        // Schema 2 adds the block size; entries of schema 1 (no geometry) are never matched.
+        out.extend_from_slice(b"s3b2");
         for part in [&self.bucket, &self.key, &self.etag] {
             out.extend_from_slice(&(part.len() as u32).to_le_bytes());
             out.extend_from_slice(part.as_bytes());
         }
+        out.extend_from_slice(&self.block_size.to_le_bytes());
         out.extend_from_slice(&self.index.to_le_bytes());
         out
     }
@@ -180,6 +193,9 @@ enum Supplier {
     Upstream,
     /// All from the replica owning it, which caches it: only a brief copy is kept here.
     Peer,
+    /// Begun by a peer whose body broke, finished from S3. Served to the readers waiting, but
+    /// never cached: the peer's part was never checked against S3's bytes.
+    Mixed,
 }
 
 /// How a fetch starts.
@@ -468,7 +484,25 @@ impl BlockStore {
             .get(object.bucket.as_ref())
             .unwrap_or(&self.default_partition)
             .clone();
-        BlockId::new(object, etag, index, partition)
+        BlockId::new(object, etag, &self.layout, index, partition)
+    }
+
+    /// `bytes` found in a tier for `slice`'s block, if they are as long as that block must be.
+    /// A block of another length is never served: it was cut by another geometry or arrived
+    /// truncated, and is counted and treated as a miss.
+    fn checked(&self, bytes: Bytes, slice: &BlockSlice) -> Option<Bytes> {
+        if bytes.len() as u64 == slice.block_len {
+            Some(bytes)
+        } else {
+            tracing::warn!(
+                block = slice.index,
+                expected = slice.block_len,
+                found = bytes.len(),
+                "a cached block has the wrong length; fetching it again"
+            );
+            self.metrics.block_rejected("length");
+            None
+        }
     }
 
     /// Where the bytes `[start, end)` of `object` at `etag` would come from right now.
@@ -627,13 +661,15 @@ impl BlockStore {
                 self.metrics.prefetch_bytes("used", bytes);
             }
         }
-        if let Some(bytes) = self.cache.memory().get(&id).await {
+        let in_memory = self.cache.memory().get(&id).await;
+        if let Some(bytes) = in_memory.and_then(|b| self.checked(b, &slice)) {
             self.metrics.lookup("memory", true);
             return OpenBlock::Ready(bytes);
         }
         self.metrics.lookup("memory", false);
         if let Some(fleet) = &self.fleet {
-            if let Some(bytes) = fleet.copy(&id).await {
+            let copy = fleet.copy(&id).await;
+            if let Some(bytes) = copy.and_then(|b| self.checked(b, &slice)) {
                 self.metrics.lookup("peer-copy", true);
                 return OpenBlock::Ready(bytes);
             }
@@ -664,7 +700,8 @@ impl BlockStore {
             }
             Joined::Leader { mut writer, reader } => {
                 // A flight may have completed between the memory lookup and the join.
-                if let Some(bytes) = self.cache.memory().get(&id).await {
+                let in_memory = self.cache.memory().get(&id).await;
+                if let Some(bytes) = in_memory.and_then(|b| self.checked(b, &slice)) {
                     writer.push(bytes);
                     writer.finish();
                     return OpenBlock::Streaming(reader, "memory");
@@ -986,8 +1023,8 @@ impl BlockStore {
         // only fetches what the disk does not hold, and must not promote into memory. A body
         // already arriving (a cold open) was checked against the tiers before it came here.
         if purpose != Purpose::Warm && body.is_none() {
-            if let Some((bytes, tier)) = self.cache.get(&id).await {
-                debug_assert_ne!(tier, Tier::Fetched);
+            let found = self.cache.get(&id).await.map(|(bytes, _)| bytes);
+            if let Some(bytes) = found.and_then(|b| self.checked(b, &slice)) {
                 writer.push(bytes);
                 writer.finish();
                 return;
@@ -1000,9 +1037,8 @@ impl BlockStore {
                 None => FirstAttempt::Upstream,
             },
         };
-        let range = slice.block_start..slice.block_start + slice.block_len;
         let result = self
-            .fetch_into(&writer, &object, &etag, range, slot, first)
+            .fetch_into(&writer, &object, &etag, slice, slot, first)
             .await;
         match result {
             // The owner caches it; here only a brief copy for the next local reader (and none
@@ -1012,6 +1048,11 @@ impl BlockStore {
                 if let (Some(fleet), false) = (&self.fleet, purpose == Purpose::Warm) {
                     fleet.keep_copy(id, block).await;
                 }
+                drop(writer);
+            }
+            Ok(Supplier::Mixed) => {
+                writer.finish();
+                self.metrics.cache_write_dropped("mixed_source");
                 drop(writer);
             }
             Ok(Supplier::Upstream) => {
@@ -1055,10 +1096,11 @@ impl BlockStore {
         writer: &FlightWriter<BlockId, OriginError>,
         object: &ObjectId,
         etag: &str,
-        range: Range<u64>,
+        slice: BlockSlice,
         slot: Option<SemaphorePermit<'_>>,
         first: FirstAttempt,
     ) -> Result<Supplier, OriginError> {
+        let range = slice.block_start..slice.block_start + slice.block_len;
         let expected = range.end - range.start;
         // The permit is held until the body is complete: it bounds fetch buffers, not just requests.
         let _slot = match slot {
@@ -1072,12 +1114,13 @@ impl BlockStore {
         let mut first = Some(first);
         let mut supplied = Supplier::Peer;
         let mut got = 0u64;
+        let mut from_peer = 0u64;
         let mut resumes = 0;
         loop {
             let (attempt, supplier) = match first.take() {
                 Some(FirstAttempt::Body(body, supplier)) => (Ok(body), supplier),
                 Some(FirstAttempt::Owner(peer)) => {
-                    match self.ask_owner(&peer, object, etag, range.clone()).await {
+                    match self.ask_owner(&peer, object, etag, &slice).await {
                         Ok(body) => (Ok(body), Supplier::Peer),
                         Err(PeerError::Answer(e)) => return Err(e),
                         Err(PeerError::Unavailable { .. }) => (
@@ -1116,14 +1159,20 @@ impl BlockStore {
                                 Supplier::Upstream => {
                                     self.metrics.upstream_received(chunk.len() as u64)
                                 }
-                                Supplier::Peer => {
+                                Supplier::Peer | Supplier::Mixed => {
+                                    from_peer += chunk.len() as u64;
                                     self.metrics.peer_bytes("received", chunk.len() as u64)
                                 }
                             }
                             writer.push(chunk);
                         }
                         // Every byte arrived: a connection that breaks after them loses nothing.
-                        Some(Err(_)) | None if got == expected => return Ok(supplied),
+                        Some(Err(_)) | None if got == expected => {
+                            return Ok(match supplied {
+                                Supplier::Upstream if from_peer > 0 => Supplier::Mixed,
+                                other => other,
+                            })
+                        }
                         Some(Err(e)) => break e,
                         None => break OriginError::BodyLength { got, expected },
                     }
@@ -1154,13 +1203,13 @@ impl BlockStore {
         }
     }
 
-    /// `range` of `object` at `etag` from `peer`, the block's owner.
+    /// `slice`'s whole block of `object` at `etag` from `peer`, the block's owner.
     async fn ask_owner(
         &self,
         peer: &str,
         object: &ObjectId,
         etag: &str,
-        range: Range<u64>,
+        slice: &BlockSlice,
     ) -> Result<BodyStream, PeerError> {
         let Some(fleet) = &self.fleet else {
             return Err(PeerError::Unavailable {
@@ -1168,8 +1217,11 @@ impl BlockStore {
                 message: "not in a fleet".into(),
             });
         };
-        self.ask_peer("block", fleet.client().block(peer, object, etag, range))
-            .await
+        let range = slice.block_start..slice.block_start + slice.block_len;
+        let asked = fleet
+            .client()
+            .block(peer, object, etag, range, slice.object_size);
+        self.ask_peer("block", asked).await
     }
 
     /// One ranged GET; with hedging on, a second one if the first has not answered within the

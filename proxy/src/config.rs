@@ -26,6 +26,17 @@ pub struct Config {
     /// Longest a client may take to send a request's headers before its connection is closed
     /// (guards against slowloris clients). Default: `10s`.
     pub client_header_timeout: HumanDuration,
+    /// Longest a client connection (HTTP/1 or HTTP/2) may stay open with no bytes moving either
+    /// way; a connection that sends no first request within `client_header_timeout` is closed
+    /// too, so idle connections cannot hold every `max_connections` slot. Default: `60s`.
+    pub client_idle_timeout: HumanDuration,
+    /// Most requests one HTTP/2 connection may have in flight at once. Default: `256`.
+    pub client_max_streams: u32,
+    /// File holding the bearer token that the admin listener's mutating and revealing routes
+    /// (`/warm`, `/fleet`) require (`Authorization: Bearer <token>`). Without it those routes
+    /// answer only on a loopback admin listener; metrics, health and the status page stay
+    /// open. Default: none.
+    pub admin_token_file: Option<std::path::PathBuf>,
     /// How clients authenticate: `sigv4` (every request signed with AWS Signature Version 4 by a
     /// key in `auth_credentials`) or `none` (anyone who reaches the listener reads and writes
     /// through Larder's upstream credentials; logged as a warning). Default: `sigv4`.
@@ -341,6 +352,9 @@ impl Default for Config {
             admin_listen: SocketAddr::from(([127, 0, 0, 1], 9001)),
             max_connections: 4096,
             client_header_timeout: HumanDuration(Duration::from_secs(10)),
+            client_idle_timeout: HumanDuration(Duration::from_secs(60)),
+            client_max_streams: 256,
+            admin_token_file: None,
             auth: AuthMode::default(),
             auth_credentials: None,
             auth_policies: Vec::new(),
@@ -413,6 +427,9 @@ pub const OPTION_NAMES: &[&str] = &[
     "admin_listen",
     "max_connections",
     "client_header_timeout",
+    "client_idle_timeout",
+    "client_max_streams",
+    "admin_token_file",
     "auth",
     "auth_credentials",
     "auth_policies",
@@ -553,6 +570,12 @@ impl Config {
         }
         if self.client_header_timeout.0.is_zero() {
             return invalid("client_header_timeout", "must be positive");
+        }
+        if self.client_idle_timeout.0.is_zero() {
+            return invalid("client_idle_timeout", "must be positive");
+        }
+        if self.client_max_streams == 0 {
+            return invalid("client_max_streams", "must be positive");
         }
         if self.upstream_concurrency == 0 || self.upstream_concurrency > 4096 {
             return invalid("upstream_concurrency", "must be between 1 and 4096");
@@ -1025,6 +1048,7 @@ access_key = "etl"
             fleet_advertise: Some("x:1".into()),
             fleet_secret_file: Some("/x".into()),
             fleet_zone: Some("x".into()),
+            admin_token_file: Some("/x".into()),
             ..Config::default()
         })
         .unwrap();

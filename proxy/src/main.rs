@@ -61,6 +61,18 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     client_header_timeout: Option<String>,
+    /// Longest a client connection may stay open with nothing moving, e.g. 60s [default: 60s].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    client_idle_timeout: Option<String>,
+    /// Most requests in flight on one HTTP/2 connection [default: 256].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    client_max_streams: Option<u32>,
+    /// File holding the bearer token the admin listener's /warm and /fleet routes require.
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    admin_token_file: Option<PathBuf>,
     /// Client authentication: sigv4 or none [default: sigv4].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]

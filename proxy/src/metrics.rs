@@ -124,6 +124,7 @@ pub struct Metrics {
     lookups: Counter<u64>,
     coalesced: Counter<u64>,
     cache_writes_dropped: Counter<u64>,
+    blocks_rejected: Counter<u64>,
     cost_direct: Counter<f64>,
     cost_upstream: Counter<f64>,
     resumes: Counter<u64>,
@@ -207,9 +208,14 @@ impl Metrics {
         );
         // Series that may stay at zero are exported from the start, so dashboards and alerts
         // see 0 rather than nothing.
-        for reason in ["fetch_failed", "warm_rejected"] {
+        for reason in ["fetch_failed", "warm_rejected", "mixed_source"] {
             cache_writes_dropped.add(0, &[kv("reason", reason)]);
         }
+        let blocks_rejected = counter(
+            "larder.cache.blocks.rejected",
+            "Blocks found in a tier but refused and fetched again, by reason",
+        );
+        blocks_rejected.add(0, &[kv("reason", "length")]);
         let coalesced = counter(
             "larder.singleflight.coalesced",
             "Block reads that joined a fetch already in flight",
@@ -320,6 +326,7 @@ impl Metrics {
             ),
             coalesced,
             cache_writes_dropped,
+            blocks_rejected,
             cost_direct: dollars(
                 "larder.cost.direct.dollars",
                 "What the clients' requests would have cost sent straight to S3, by kind",
@@ -535,6 +542,12 @@ impl Metrics {
     /// A block read joined a fetch in flight.
     pub fn coalesced(&self) {
         self.coalesced.add(1, &[]);
+    }
+
+    /// A block found in a tier was refused (`reason`: `length`, it was not as long as its
+    /// object's size and the block size say it must be) and fetched again.
+    pub fn block_rejected(&self, reason: &'static str) {
+        self.blocks_rejected.add(1, &[kv("reason", reason)]);
     }
 
     /// A fetched block was not written to the cache.
@@ -765,7 +778,7 @@ impl Metrics {
 pub enum UpstreamStatus {
     /// With an HTTP response of this status.
     Http(u16),
-    /// Without a response: `transport`, `timeout`, `truncated`, `abandoned`.
+    /// Without a response: `transport`, `timeout`, `truncated`, `abandoned`, `internal`.
     Failed(&'static str),
 }
 
@@ -779,6 +792,7 @@ impl From<&crate::origin::OriginError> for UpstreamStatus {
             E::Timeout(_) => UpstreamStatus::Failed("timeout"),
             E::BodyLength { .. } => UpstreamStatus::Failed("truncated"),
             E::Abandoned => UpstreamStatus::Failed("abandoned"),
+            E::Internal(_) => UpstreamStatus::Failed("internal"),
         }
     }
 }

@@ -20,13 +20,14 @@ use parking_lot::Mutex;
 use tracing::Instrument;
 
 use crate::auth::chunked::{self, ChunkError, Decoder};
-use crate::auth::{copy_source_bucket, Authenticator, Payload, Principal};
+use crate::auth::{Authenticator, Payload, Principal};
 use crate::blocks::{BlockStore, CacheResult};
 use crate::metadata::{MetadataCache, Source};
 use crate::metrics::{Metrics, UpstreamStatus};
 use crate::origin::forward::{Forward, ForwardError, Forwarder, Reshaped};
 use crate::origin::{ObjectId, Origin, OriginError};
 use crate::s3::conditional::{self, Outcome};
+use crate::s3::copy_source::CopySource;
 use crate::s3::headers::object_headers;
 use crate::s3::range::{self, RangeSpec, Resolved};
 use crate::s3::request::{self, ObjectQuery, Target};
@@ -192,12 +193,8 @@ impl AppState {
     /// What a request addresses and which operation it is. Computed before authentication only
     /// to name the request's span; nothing is answered from it until the client is known.
     fn parse(&self, req: &Parts) -> (Result<Target, S3Error>, ObjectQuery, &'static str) {
-        let host = req
-            .headers
-            .get(header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .or_else(|| req.uri.host());
-        let target = request::target(host, req.uri.path(), self.base_domain.as_deref());
+        let target = request::host(req)
+            .and_then(|host| request::target(host, req.uri.path(), self.base_domain.as_deref()));
         let query = ObjectQuery::parse(req.uri.query());
         let operation = match &target {
             Ok(t) => operation_name(&req.method, t, &query, &req.headers),
@@ -226,24 +223,41 @@ impl AppState {
             Target::Service => None,
             Target::Bucket(b) | Target::Object { bucket: b, .. } => Some(b.clone()),
         };
-        let copy_source = req
-            .headers
-            .get("x-amz-copy-source")
-            .and_then(|v| v.to_str().ok())
-            .and_then(copy_source_bucket);
-        if let Err(e) = principal.authorize(&req.method, &target, copy_source.as_deref()) {
+        // The copy source is authorised and forwarded as one parse, never as the client's text.
+        let copy_source = match req.headers.get("x-amz-copy-source") {
+            Some(v) => match CopySource::parse(v.as_bytes()) {
+                Ok(source) => Some(source),
+                Err(e) => return (operation, bucket, Err(e)),
+            },
+            None => None,
+        };
+        if let Err(e) = principal.authorize(
+            &req.method,
+            &target,
+            &query.other,
+            &req.headers,
+            copy_source.as_ref(),
+        ) {
             return (operation, bucket, Err(e));
         }
         let result = match (&req.method, &target) {
+            (&Method::GET | &Method::HEAD, Target::Object { .. })
+                if declares_kms(&req.headers) =>
+            {
+                Err(S3Error::InvalidArgument(
+                    "Server Side Encryption with AWS KMS managed key requires no x-amz-server-side-encryption headers on a read"
+                        .into(),
+                ))
+            }
             (&Method::GET | &Method::HEAD, Target::Object { bucket, key })
-                if cacheable(&query, &req.headers) =>
+                if cacheable(key, &query, &req.headers) =>
             {
                 let head = req.method == Method::HEAD;
                 self.object(&req, bucket.clone(), key.clone(), &query, head)
                     .await
             }
             _ => {
-                self.pass_through(req, body, target, principal, operation)
+                self.pass_through(req, body, target, principal, copy_source, operation)
                     .await
             }
         };
@@ -257,6 +271,7 @@ impl AppState {
         body: Body,
         target: Target,
         principal: Principal,
+        copy_source: Option<CopySource>,
         operation: &'static str,
     ) -> Handled {
         let write = !matches!(req.method, Method::GET | Method::HEAD);
@@ -299,11 +314,20 @@ impl AppState {
             }
             _ => (body, Reshaped::AsSent),
         };
+        // Only what the client signed (and the standard headers S3 takes unsigned) goes on
+        // under Larder's signature.
+        let mut headers = principal.signed.forwardable(&req.headers);
+        if let Some(source) = &copy_source {
+            // Visible ASCII: the parse re-encodes every other byte.
+            if let Ok(v) = HeaderValue::from_str(&source.header_value()) {
+                headers.insert("x-amz-copy-source", v);
+            }
+        }
         let forward = Forward {
             method: req.method.clone(),
             target: target.clone(),
             query: req.uri.query().map(str::to_owned),
-            headers: req.headers.clone(),
+            headers,
             body,
             payload: principal.payload,
             reshaped,
@@ -572,7 +596,11 @@ impl AppState {
             OriginError::Transport(m) | OriginError::Timeout(m) => {
                 S3Error::ServiceUnavailable(format!("upstream unavailable: {m}"))
             }
-            OriginError::Changed | OriginError::BodyLength { .. } | OriginError::Abandoned => {
+            OriginError::Changed
+            | OriginError::BodyLength { .. }
+            | OriginError::Abandoned
+            | OriginError::Internal(_) => {
+                tracing::error!(object = %id, error = %error, "cannot read from the upstream");
                 S3Error::InternalError
             }
         }
@@ -583,10 +611,30 @@ impl AppState {
 /// (`?tagging`, `?acl`, `?attributes`...), no `partNumber` (parts are addressed by the upload's
 /// layout, which the cache does not know), and no SSE-C (the key must reach S3, and the bytes must
 /// never be stored).
-fn cacheable(query: &ObjectQuery, headers: &HeaderMap) -> bool {
-    query.other.is_empty()
+///
+/// Nor when the request carries a header that S3 checks against the bucket or the caller
+/// (`x-amz-expected-bucket-owner`, `x-amz-request-payer`): a cached answer would skip the
+/// check, so S3 must see the request.
+///
+/// Nor a key made only of white space: the upstream client library refuses to build a request
+/// for it, so it goes through the pass-through, which addresses any key.
+fn cacheable(key: &str, query: &ObjectQuery, headers: &HeaderMap) -> bool {
+    !key.trim().is_empty()
+        && query.other.is_empty()
         && query.part_number.is_none()
-        && !headers.contains_key("x-amz-server-side-encryption-customer-algorithm")
+        && ![
+            "x-amz-server-side-encryption-customer-algorithm",
+            "x-amz-expected-bucket-owner",
+            "x-amz-request-payer",
+        ]
+        .iter()
+        .any(|h| headers.contains_key(*h))
+}
+
+/// A read that declares SSE-KMS: S3 refuses it (400), as the encryption is chosen on write.
+fn declares_kms(headers: &HeaderMap) -> bool {
+    headers.contains_key("x-amz-server-side-encryption")
+        || headers.contains_key("x-amz-server-side-encryption-aws-kms-key-id")
 }
 
 fn has_param(query: Option<&str>, name: &str) -> bool {

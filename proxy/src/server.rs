@@ -1,14 +1,12 @@
 //! Wiring: build the caches from the configuration, bind both listeners, serve until shut down.
 
-use std::future::IntoFuture;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder as ConnBuilder;
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::sync::Semaphore;
 
@@ -17,7 +15,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::{self, AdminState};
+use crate::admin::{self, AdminAccess, AdminState};
 use crate::auth::Authenticator;
 use crate::blocks::{BlockStore, BlockStoreConfig};
 use crate::config::Config;
@@ -75,6 +73,9 @@ pub enum StartError {
     /// The fleet could not be joined.
     #[error("joining the fleet: {0}")]
     Fleet(String),
+    /// The admin token could not be loaded.
+    #[error("admin token: {0}")]
+    Admin(String),
 }
 
 /// The upstream, as the cache reads it and as requests pass through to it.
@@ -300,6 +301,12 @@ pub async fn start(
         warmer,
         fleet: fleet.as_ref().map(|f| f.fleet.clone()),
         ready: AtomicBool::new(false),
+        access: match &config.admin_token_file {
+            Some(path) => AdminAccess::from_file(path).map_err(StartError::Admin)?,
+            None => AdminAccess::LoopbackOnly {
+                loopback: config.admin_listen.ip().is_loopback(),
+            },
+        },
     });
 
     let s3_listener = TcpListener::bind(config.listen).await?;
@@ -324,7 +331,7 @@ pub async fn start(
         // Peers are few and hold long-lived HTTP/2 connections; the cap only stops a runaway.
         let limits = ClientLimits {
             max_connections: 1024,
-            header_timeout: config.client_header_timeout.0,
+            ..ClientLimits::from(config)
         };
         tasks.push(tokio::spawn(serve_clients(
             listener,
@@ -344,14 +351,17 @@ pub async fn start(
             tls,
             shutdown.clone(),
         )),
-        tokio::spawn(
-            axum::serve(
-                admin_listener,
-                admin::router(admin_state.clone()).into_make_service(),
-            )
-            .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-            .into_future(),
-        ),
+        // Operators and scrapers: a small cap, the same timeouts as clients.
+        tokio::spawn(serve_clients(
+            admin_listener,
+            admin::router(admin_state.clone()),
+            ClientLimits {
+                max_connections: 256,
+                ..ClientLimits::from(config)
+            },
+            None,
+            shutdown.clone(),
+        )),
     ]);
     admin_state.ready.store(true, Ordering::Release);
     tracing::info!(%s3_addr, %admin_addr, block_size = %config.block_size, memory_capacity = %config.memory_capacity, "larder is serving");
@@ -396,11 +406,16 @@ impl Running {
     }
 }
 
-/// What one client may hold of the S3 listener.
+/// What one client may hold of a listener.
 #[derive(Debug, Clone, Copy)]
 struct ClientLimits {
     max_connections: usize,
+    /// Longest wait for a request's headers, and for a connection's first request.
     header_timeout: Duration,
+    /// Longest a connection may stay with no bytes moving either way.
+    idle_timeout: Duration,
+    /// Most requests in flight on one HTTP/2 connection.
+    max_streams: u32,
 }
 
 impl From<&Config> for ClientLimits {
@@ -408,13 +423,16 @@ impl From<&Config> for ClientLimits {
         Self {
             max_connections: config.max_connections,
             header_timeout: config.client_header_timeout.0,
+            idle_timeout: config.client_idle_timeout.0,
+            max_streams: config.client_max_streams,
         }
     }
 }
 
-/// The S3 listener's accept loop. Unlike `axum::serve` it caps open connections (a permit per
+/// A listener's accept loop. Unlike `axum::serve` it caps open connections (a permit per
 /// connection, taken before accepting, so at the cap new clients wait in the backlog), closes
-/// connections whose TLS handshake or headers do not arrive in time, and terminates TLS.
+/// connections whose TLS handshake or first request does not arrive in time or that sit idle
+/// (HTTP/1 and HTTP/2 alike: see [`Activity`]), and terminates TLS.
 async fn serve_clients(
     listener: TcpListener,
     router: axum::Router,
@@ -423,19 +441,16 @@ async fn serve_clients(
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let graceful = GracefulShutdown::new();
     let mut http = ConnBuilder::new(TokioExecutor::new());
     http.http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout);
-    // HTTP/2 has no header timeout of its own: bound streams per connection, and ping idle
-    // connections so dead peers give their slot back.
+    // No keep-alive pings: their traffic would keep an idle connection "active" forever. The
+    // idle timeout closes dead and idle peers alike.
     http.http2()
         .timer(TokioTimer::new())
-        .max_concurrent_streams(256)
-        .max_header_list_size(64 * 1024)
-        .keep_alive_interval(Some(Duration::from_secs(30)))
-        .keep_alive_timeout(limits.header_timeout);
+        .max_concurrent_streams(limits.max_streams)
+        .max_header_list_size(64 * 1024);
     loop {
         let permit = tokio::select! {
             permit = slots.clone().acquire_owned() => match permit {
@@ -457,40 +472,203 @@ async fn serve_clients(
             () = shutdown.cancelled() => break,
         };
         let _ = socket.set_nodelay(true);
-        let service = TowerToHyperService::new(router.clone());
-        let Some(tls) = &tls else {
-            let conn = graceful.watch(
-                http.serve_connection(TokioIo::new(socket), service)
-                    .into_owned(),
-            );
-            tokio::spawn(async move {
-                let _ = conn.await;
-                drop(permit);
-            });
-            continue;
-        };
-        let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
-        let (http, watcher) = (http.clone(), graceful.watcher());
+        let (http, router, tls, shutdown) =
+            (http.clone(), router.clone(), tls.clone(), shutdown.clone());
         tokio::spawn(async move {
-            let handshake = tokio::time::timeout(limits.header_timeout, acceptor.accept(socket));
-            let stream = match handshake.await {
-                Ok(Ok(stream)) => stream,
-                Ok(Err(e)) => {
-                    tracing::debug!(error = %e, "TLS handshake failed");
-                    return;
+            let activity = Arc::new(Activity::new());
+            let seen = activity.clone();
+            let service = TowerToHyperService::new(tower::ServiceExt::map_request(
+                router,
+                move |req: http::Request<hyper::body::Incoming>| {
+                    seen.requested();
+                    req
+                },
+            ));
+            let io = Tracked::new(socket, activity.clone());
+            match tls {
+                None => serve_one(&http, io, service, &activity, limits, &shutdown).await,
+                Some(tls) => {
+                    let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
+                    let handshake =
+                        tokio::time::timeout(limits.header_timeout, acceptor.accept(io));
+                    match handshake.await {
+                        Ok(Ok(stream)) => {
+                            serve_one(&http, stream, service, &activity, limits, &shutdown).await
+                        }
+                        Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+                        Err(_) => {}
+                    }
                 }
-                Err(_) => return,
-            };
-            let conn = http
-                .serve_connection(TokioIo::new(stream), service)
-                .into_owned();
-            let _ = watcher.watch(conn).await;
+            }
             drop(permit);
         });
     }
+    // Wait for the connections to finish their responses (each gave its permit back), then close
+    // whatever is still running.
+    let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
     tokio::select! {
-        () = graceful.shutdown() => {}
+        _ = slots.acquire_many(all) => {}
         () = tokio::time::sleep(Duration::from_secs(30)) => tracing::warn!("responses still running after 30s; closing them"),
     }
     Ok(())
+}
+
+/// Serve one connection until it ends, closing it gracefully (in-flight responses finish) on
+/// shutdown, when no first request arrives within `header_timeout`, or when nothing has moved
+/// for `idle_timeout`. A connection still open `header_timeout` after being asked to close is
+/// dropped.
+async fn serve_one<I, S>(
+    http: &ConnBuilder<TokioExecutor>,
+    io: I,
+    service: S,
+    activity: &Activity,
+    limits: ClientLimits,
+    shutdown: &CancellationToken,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    S: hyper::service::Service<
+            http::Request<hyper::body::Incoming>,
+            Response = http::Response<axum::body::Body>,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let conn = http.serve_connection_with_upgrades(TokioIo::new(io), service);
+    tokio::pin!(conn);
+    let tick = (limits.header_timeout.min(limits.idle_timeout) / 4).max(Duration::from_millis(50));
+    let mut closing: Option<tokio::time::Instant> = None;
+    loop {
+        tokio::select! {
+            _ = conn.as_mut() => return,
+            () = shutdown.cancelled(), if closing.is_none() => {
+                conn.as_mut().graceful_shutdown();
+                closing = Some(tokio::time::Instant::now());
+            }
+            () = tokio::time::sleep(tick) => {
+                match closing {
+                    Some(since) if since.elapsed() > limits.header_timeout => return,
+                    Some(_) => {}
+                    None => if let Some(why) = activity.expired(limits) {
+                        tracing::debug!(why, "closing a client connection");
+                        conn.as_mut().graceful_shutdown();
+                        closing = Some(tokio::time::Instant::now());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// When a connection last moved bytes, and whether it ever sent a request.
+struct Activity {
+    opened: Instant,
+    /// Milliseconds after `opened` of the last byte read or written.
+    last: AtomicU64,
+    requested: AtomicBool,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            opened: Instant::now(),
+            last: AtomicU64::new(0),
+            requested: AtomicBool::new(false),
+        }
+    }
+
+    fn moved(&self) {
+        let ms = u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last.store(ms, Ordering::Relaxed);
+    }
+
+    fn requested(&self) {
+        self.requested.store(true, Ordering::Relaxed);
+    }
+
+    /// Why the connection should close now, if it should.
+    fn expired(&self, limits: ClientLimits) -> Option<&'static str> {
+        let age = self.opened.elapsed();
+        if !self.requested.load(Ordering::Relaxed) && age > limits.header_timeout {
+            return Some("no request within client_header_timeout");
+        }
+        let last = Duration::from_millis(self.last.load(Ordering::Relaxed));
+        (age.saturating_sub(last) > limits.idle_timeout).then_some("idle for client_idle_timeout")
+    }
+}
+
+/// A connection's socket that notes in [`Activity`] every time bytes move.
+struct Tracked<S> {
+    inner: S,
+    activity: Arc<Activity>,
+}
+
+impl<S> Tracked<S> {
+    fn new(inner: S, activity: Arc<Activity>) -> Self {
+        Self { inner, activity }
+    }
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Tracked<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.activity.moved();
+        }
+        polled
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Tracked<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let std::task::Poll::Ready(Ok(n)) = &polled {
+            if *n > 0 {
+                self.activity.moved();
+            }
+        }
+        polled
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if let std::task::Poll::Ready(Ok(n)) = &polled {
+            if *n > 0 {
+                self.activity.moved();
+            }
+        }
+        polled
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }

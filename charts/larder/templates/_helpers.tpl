@@ -36,6 +36,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- default (printf "%s-client-keys" (include "larder.fullname" .)) .Values.auth.existingSecret -}}
 {{- end -}}
 
+{{- define "larder.adminSecret" -}}
+{{- default (printf "%s-admin" (include "larder.fullname" .)) .Values.adminToken.existingSecret -}}
+{{- end -}}
+
 {{- define "larder.fleetSecret" -}}
 {{- default (printf "%s-fleet" (include "larder.fullname" .)) .Values.fleet.existingSecret -}}
 {{- end -}}

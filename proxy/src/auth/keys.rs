@@ -5,15 +5,19 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-/// Access a key's policy grants.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+/// Access a key's policy grants. Each level includes the ones before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum Access {
     /// GET and HEAD only (reads and listings).
     ReadOnly,
-    /// Every operation.
+    /// Reads, and writes of objects: uploads, copies, deletes, tagging.
     #[default]
     ReadWrite,
+    /// Also bucket administration (create, delete, policy, ACLs, lifecycle, CORS... anything
+    /// written to a bucket itself) and what can make data public or undeletable: ACLs and
+    /// grants on objects, object-lock retention and legal holds.
+    Admin,
 }
 
 /// What one access key may do. Keys without a policy may do everything on every bucket.

@@ -3,17 +3,20 @@
 
 pub mod chunked;
 pub mod keys;
+pub mod signed;
 pub mod sigv2;
 pub mod sigv4;
 
 use std::time::SystemTime;
 
 use http::request::Parts;
-use http::Method;
+use http::{HeaderMap, Method};
 
 pub use keys::{Access, KeyPolicy, KeyStore};
+pub use signed::Signed;
 pub use sigv4::Payload;
 
+use crate::s3::copy_source::CopySource;
 use crate::s3::request::{self, Target};
 use crate::s3::S3Error;
 
@@ -34,6 +37,9 @@ pub struct Principal {
     pub policy: Option<KeyPolicy>,
     /// How the body is protected.
     pub payload: Payload,
+    /// Which headers the signature covers: only those (and the standard ones S3 takes unsigned)
+    /// are forwarded.
+    pub signed: Signed,
 }
 
 impl Authenticator {
@@ -51,65 +57,79 @@ impl Authenticator {
     }
 
     /// Authenticate a request; `base_domain` tells a virtual-hosted request's bucket, which a
-    /// SigV2 presigned URL signs.
+    /// SigV2 presigned URL signs. A request carrying an `x-amz-*` header its signature does not
+    /// cover is refused, as S3 refuses it.
     pub fn authenticate(
         &self,
         parts: &Parts,
         base_domain: Option<&str>,
     ) -> Result<Principal, S3Error> {
-        match self {
+        let principal = match self {
             Authenticator::SigV4(keys)
                 if sigv2::is_presigned_v2(parts.uri.query().unwrap_or(""))
                     && !parts.headers.contains_key(http::header::AUTHORIZATION) =>
             {
-                let host = parts
-                    .headers
-                    .get(http::header::HOST)
-                    .and_then(|h| h.to_str().ok());
+                // The bucket signed is the bucket routed: both come from the same host.
+                let host = request::host(parts)?;
                 let resource = match request::virtual_bucket(host, base_domain) {
                     Some(bucket) => format!("/{bucket}{}", parts.uri.path()),
                     None => parts.uri.path().to_owned(),
                 };
                 let (access_key, key) = sigv2::verify(parts, &resource, keys, SystemTime::now())?;
-                Ok(Principal {
+                Principal {
                     access_key: Some(access_key),
                     policy: key.policy,
                     payload: Payload::Unsigned,
-                })
+                    signed: Signed::AllAmz,
+                }
             }
             Authenticator::SigV4(keys) => {
                 let v = sigv4::verify(parts, keys, SystemTime::now())?;
-                Ok(Principal {
+                Principal {
                     access_key: Some(v.access_key),
                     policy: v.key.policy,
                     payload: v.payload,
+                    signed: v.signed,
+                }
+            }
+            Authenticator::None => {
+                return Ok(Principal {
+                    access_key: None,
+                    policy: None,
+                    payload: sigv4::payload_of(parts)?,
+                    signed: Signed::Unchecked,
                 })
             }
-            Authenticator::None => Ok(Principal {
-                access_key: None,
-                policy: None,
-                payload: sigv4::payload_of(parts)?,
-            }),
-        }
+        };
+        principal.signed.check(&parts.headers)?;
+        Ok(principal)
     }
 }
 
 impl Principal {
-    /// Whether the key's policy allows `method` on `target`; `copy_source` is the bucket named
-    /// by `x-amz-copy-source`, which must be readable too.
+    /// Whether the key's policy allows `method` on `target` with these headers and query
+    /// sub-resources (`query_other`); `copy_source` is the object a copy reads, whose bucket
+    /// must be readable too.
     pub fn authorize(
         &self,
         method: &Method,
         target: &Target,
-        copy_source: Option<&str>,
+        query_other: &[String],
+        headers: &HeaderMap,
+        copy_source: Option<&CopySource>,
     ) -> Result<(), S3Error> {
         let Some(policy) = &self.policy else {
             return Ok(());
         };
         let denied = |why: &str| Err(S3Error::AccessDenied(format!("Access Denied: {why}")));
-        let read = matches!(*method, Method::GET | Method::HEAD);
-        if !read && policy.access == Access::ReadOnly {
-            return denied("this access key is read-only");
+        let needed = access_needed(method, target, query_other, headers);
+        if needed > policy.access {
+            return denied(match needed {
+                Access::Admin => {
+                    "this access key may not administer buckets, set ACLs or grants, or lock objects"
+                }
+                _ => "this access key is read-only",
+            });
         }
         match target {
             Target::Service if !policy.all_buckets() => {
@@ -123,7 +143,7 @@ impl Principal {
             }
         }
         if let Some(source) = copy_source {
-            if !policy.allows_bucket(source) {
+            if !policy.allows_bucket(&source.bucket) {
                 return denied("this access key may not read the copy source's bucket");
             }
         }
@@ -131,14 +151,53 @@ impl Principal {
     }
 }
 
-/// The bucket named by an `x-amz-copy-source` header (`bucket/key` or `/bucket/key`, encoded).
-pub fn copy_source_bucket(value: &str) -> Option<String> {
-    let value = value.strip_prefix('/').unwrap_or(value);
-    let bucket = value.split('/').next()?;
-    percent_encoding::percent_decode_str(bucket)
-        .decode_utf8()
-        .ok()
-        .map(|b| b.into_owned())
+/// Object sub-resources whose writes are administration: they can make data public or
+/// impossible to delete.
+const ADMIN_OBJECT_SUBRESOURCES: &[&str] = &["acl", "retention", "legal-hold"];
+/// Headers that do the same on an upload or copy.
+const ADMIN_HEADERS: &[&str] = &[
+    "x-amz-acl",
+    "x-amz-grant-full-control",
+    "x-amz-grant-read",
+    "x-amz-grant-read-acp",
+    "x-amz-grant-write",
+    "x-amz-grant-write-acp",
+    "x-amz-object-lock-mode",
+    "x-amz-object-lock-retain-until-date",
+    "x-amz-object-lock-legal-hold",
+    "x-amz-bypass-governance-retention",
+];
+
+/// The access an operation needs. Reads (GET, HEAD) need `read-only`. Writes to a bucket
+/// itself (create, delete, policy, ACL, lifecycle...) need `admin`, except DeleteObjects and a
+/// browser-form upload (POST to the bucket), which write objects. Object writes need
+/// `read-write`, or `admin` when they set ACLs, grants or object lock.
+pub fn access_needed(
+    method: &Method,
+    target: &Target,
+    query_other: &[String],
+    headers: &HeaderMap,
+) -> Access {
+    if matches!(*method, Method::GET | Method::HEAD) {
+        return Access::ReadOnly;
+    }
+    let has = |p: &str| query_other.iter().any(|o| o == p);
+    match target {
+        Target::Service => Access::Admin,
+        Target::Bucket(_)
+            if *method == Method::POST && (has("delete") || query_other.is_empty()) =>
+        {
+            Access::ReadWrite
+        }
+        Target::Bucket(_) => Access::Admin,
+        Target::Object { .. }
+            if ADMIN_OBJECT_SUBRESOURCES.iter().any(|s| has(s))
+                || ADMIN_HEADERS.iter().any(|h| headers.contains_key(*h)) =>
+        {
+            Access::Admin
+        }
+        Target::Object { .. } => Access::ReadWrite,
+    }
 }
 
 #[cfg(test)]
@@ -154,6 +213,7 @@ mod tests {
                 access,
             }),
             payload: Payload::Unsigned,
+            signed: Signed::Unchecked,
         }
     }
 
@@ -164,16 +224,23 @@ mod tests {
         }
     }
 
+    fn check(p: &Principal, method: Method, target: &Target, query: &[&str]) -> bool {
+        let query: Vec<String> = query.iter().map(|q| q.to_string()).collect();
+        p.authorize(&method, target, &query, &HeaderMap::new(), None)
+            .is_ok()
+    }
+
     #[test]
     fn policies_limit_buckets_and_writes() {
         let reader = principal(Access::ReadOnly, &["lake", "logs-*"]);
-        assert!(reader.authorize(&Method::GET, &obj("lake"), None).is_ok());
-        assert!(reader
-            .authorize(&Method::HEAD, &obj("logs-1"), None)
-            .is_ok());
-        assert!(reader
-            .authorize(&Method::GET, &Target::Bucket("logs-x".into()), None)
-            .is_ok());
+        assert!(check(&reader, Method::GET, &obj("lake"), &[]));
+        assert!(check(&reader, Method::HEAD, &obj("logs-1"), &[]));
+        assert!(check(
+            &reader,
+            Method::GET,
+            &Target::Bucket("logs-x".into()),
+            &[]
+        ));
         for (method, target) in [
             (Method::PUT, obj("lake")),
             (Method::DELETE, obj("lake")),
@@ -181,27 +248,79 @@ mod tests {
             (Method::GET, obj("other")),
             (Method::GET, Target::Service),
         ] {
-            let e = reader.authorize(&method, &target, None).unwrap_err();
+            let e = reader
+                .authorize(&method, &target, &[], &HeaderMap::new(), None)
+                .unwrap_err();
             assert_eq!(e.code(), "AccessDenied", "{method} {target:?}");
         }
         let writer = principal(Access::ReadWrite, &["lake"]);
-        assert!(writer.authorize(&Method::PUT, &obj("lake"), None).is_ok());
+        assert!(check(&writer, Method::PUT, &obj("lake"), &[]));
+        let secret = CopySource::parse(b"secret/k").unwrap();
         assert!(writer
-            .authorize(&Method::PUT, &obj("lake"), Some("secret"))
+            .authorize(
+                &Method::PUT,
+                &obj("lake"),
+                &[],
+                &HeaderMap::new(),
+                Some(&secret)
+            )
             .is_err());
         let all = principal(Access::ReadWrite, &["*"]);
-        assert!(all.authorize(&Method::GET, &Target::Service, None).is_ok());
+        assert!(check(&all, Method::GET, &Target::Service, &[]));
         let open = Principal {
             access_key: None,
             policy: None,
             payload: Payload::Unsigned,
+            signed: Signed::Unchecked,
         };
-        assert!(open.authorize(&Method::DELETE, &obj("x"), None).is_ok());
+        assert!(check(&open, Method::DELETE, &obj("x"), &[]));
     }
 
     #[test]
-    fn copy_sources() {
-        assert_eq!(copy_source_bucket("/b/k%20x").as_deref(), Some("b"));
-        assert_eq!(copy_source_bucket("b/k?versionId=1").as_deref(), Some("b"));
+    fn bucket_administration_is_apart_from_object_writes() {
+        let writer = principal(Access::ReadWrite, &["lake"]);
+        let bucket = Target::Bucket("lake".into());
+        // Object writes, DeleteObjects and form uploads: read-write.
+        assert!(check(
+            &writer,
+            Method::PUT,
+            &obj("lake"),
+            &["uploadId", "partNumber"]
+        ));
+        assert!(check(&writer, Method::PUT, &obj("lake"), &["tagging"]));
+        assert!(check(&writer, Method::POST, &bucket, &["delete"]));
+        assert!(check(&writer, Method::POST, &bucket, &[]));
+        // Bucket administration and what makes data public or undeletable: admin.
+        for (method, target, query) in [
+            (Method::PUT, &bucket, &["policy"][..]),
+            (Method::PUT, &bucket, &["acl"][..]),
+            (Method::PUT, &bucket, &[][..]),
+            (Method::DELETE, &bucket, &[][..]),
+            (Method::DELETE, &bucket, &["policy"][..]),
+            (Method::PUT, &obj("lake"), &["acl"][..]),
+            (Method::PUT, &obj("lake"), &["retention"][..]),
+            (Method::PUT, &obj("lake"), &["legal-hold"][..]),
+        ] {
+            assert!(
+                !check(&writer, method.clone(), target, query),
+                "{method} {query:?}"
+            );
+        }
+        let mut public = HeaderMap::new();
+        public.insert("x-amz-acl", "public-read".parse().unwrap());
+        assert!(writer
+            .authorize(&Method::PUT, &obj("lake"), &[], &public, None)
+            .is_err());
+        let admin = principal(Access::Admin, &["lake"]);
+        assert!(check(&admin, Method::PUT, &bucket, &["policy"]));
+        assert!(admin
+            .authorize(&Method::PUT, &obj("lake"), &[], &public, None)
+            .is_ok());
+        assert!(!check(
+            &admin,
+            Method::PUT,
+            &Target::Bucket("other".into()),
+            &["policy"]
+        ));
     }
 }

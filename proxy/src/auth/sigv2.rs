@@ -11,6 +11,7 @@ use http::request::Parts;
 use subtle::ConstantTimeEq;
 
 use super::keys::{Key, KeyStore};
+use super::sigv4::MAX_PRESIGNED_EXPIRY;
 use crate::s3::S3Error;
 
 /// The query parameters that are part of the signed resource (as botocore's `HmacV1Auth` and
@@ -83,7 +84,16 @@ pub fn verify(
             "Signature" => signature = Some(v.into_owned()),
             "Expires" => expires = Some(v.into_owned()),
             name if SUB_RESOURCES.contains(&name) => sub.push((k.into_owned(), v.into_owned())),
-            _ => {}
+            // The SDKs' routing hint; S3 and Larder ignore it.
+            "x-id" => {}
+            // SigV2 signs only the sub-resources above. Larder re-signs what it forwards with
+            // SigV4, which covers the whole query, so an unsigned parameter would gain the
+            // authority of Larder's signature: refuse it instead.
+            name => {
+                return Err(S3Error::AccessDenied(format!(
+                    "Query parameter {name} is not covered by a Signature Version 2 signature; sign with Signature Version 4"
+                )))
+            }
         }
     }
     let (Some(access_key), Some(signature), Some(expires)) = (access_key, signature, expires)
@@ -97,8 +107,15 @@ pub fn verify(
         S3Error::AccessDenied("Invalid date (should be seconds since epoch)".into())
     })?;
     let key = keys.get(&access_key).ok_or(S3Error::InvalidAccessKeyId)?;
-    if now > UNIX_EPOCH + Duration::from_secs(expires_at) {
+    let expires_at = UNIX_EPOCH + Duration::from_secs(expires_at);
+    if now > expires_at {
         return Err(S3Error::AccessDenied("Request has expired".into()));
+    }
+    // As SigV4 caps a presigned URL's life at 7 days, so does Larder for SigV2.
+    if expires_at > now + Duration::from_secs(MAX_PRESIGNED_EXPIRY) {
+        return Err(S3Error::AccessDenied(
+            "Request expiry is more than 7 days in the future".into(),
+        ));
     }
     let header = |name: &str| {
         parts
@@ -109,12 +126,19 @@ pub fn verify(
             .trim()
             .to_owned()
     };
-    let mut amz: Vec<(String, String)> = parts
-        .headers
-        .iter()
-        .filter(|(n, _)| n.as_str().starts_with("x-amz-"))
-        .filter_map(|(n, v)| Some((n.as_str().to_owned(), v.to_str().ok()?.trim().to_owned())))
-        .collect();
+    // Every x-amz-* header is part of what SigV2 signs; one whose value cannot be put in the
+    // string to sign would otherwise be forwarded unsigned.
+    let mut amz = Vec::new();
+    for (name, value) in &parts.headers {
+        if name.as_str().starts_with("x-amz-") {
+            let value = value.to_str().map_err(|_| {
+                S3Error::AccessDenied(format!(
+                    "There were headers present in the request which were not signed: {name}"
+                ))
+            })?;
+            amz.push((name.as_str().to_owned(), value.trim().to_owned()));
+        }
+    }
     amz.sort();
     let mut to_sign = format!(
         "{}\n{}\n{}\n{expires}\n",
@@ -184,6 +208,33 @@ mod tests {
         assert_eq!(
             verify(&other, other.uri.path(), &keys(), before).unwrap_err(),
             S3Error::SignatureDoesNotMatch
+        );
+        // A parameter SigV2 does not sign is refused, not forwarded under Larder's signature.
+        let extra = parts(&format!("{URL}&retention"));
+        assert_eq!(
+            verify(&extra, extra.uri.path(), &keys(), before)
+                .unwrap_err()
+                .code(),
+            "AccessDenied"
+        );
+        // At most 7 days ahead.
+        let long_ago = UNIX_EPOCH + Duration::from_secs(1_175_139_620 - 8 * 24 * 3600);
+        assert_eq!(
+            verify(&p, p.uri.path(), &keys(), long_ago)
+                .unwrap_err()
+                .to_string(),
+            "Request expiry is more than 7 days in the future"
+        );
+        let mut non_ascii = parts(URL);
+        non_ascii.headers.insert(
+            "x-amz-meta-a",
+            http::HeaderValue::from_bytes(b"\xff").unwrap(),
+        );
+        assert_eq!(
+            verify(&non_ascii, non_ascii.uri.path(), &keys(), before)
+                .unwrap_err()
+                .code(),
+            "AccessDenied"
         );
         let unknown = KeyStore::from_pairs([("someone", "x")]);
         assert_eq!(

@@ -20,6 +20,7 @@ use http::request::Parts;
 use subtle::ConstantTimeEq;
 
 use super::keys::{Key, KeyStore};
+use super::signed::Signed;
 use crate::s3::S3Error;
 
 /// How far a request's date may be from Larder's clock, as S3 allows.
@@ -67,6 +68,8 @@ pub struct Verified {
     pub key: Key,
     /// How the body is protected.
     pub payload: Payload,
+    /// The headers the signature covers.
+    pub signed: Signed,
 }
 
 /// Verifies the signatures of an `aws-chunked` body: each chunk's signature chains from the
@@ -361,6 +364,7 @@ fn verify_header(
         access_key: credential.access_key.to_owned(),
         key: key.clone(),
         payload,
+        signed: Signed::from_names(names),
     })
 }
 
@@ -414,9 +418,9 @@ fn verify_presigned(
     let expires: u64 = expires
         .parse()
         .ok()
-        .filter(|e| (1..=MAX_PRESIGNED_EXPIRY).contains(e))
+        .filter(|e| *e <= MAX_PRESIGNED_EXPIRY)
         .ok_or_else(|| {
-            query_error("X-Amz-Expires must be a whole number of seconds from 1 to 604800")
+            query_error("X-Amz-Expires must be a whole number of seconds from 0 to 604800")
         })?;
     let key = keys
         .get(credential.access_key)
@@ -424,7 +428,8 @@ fn verify_presigned(
     if time > now + MAX_SKEW {
         return Err(S3Error::AccessDenied("Request is not valid yet".into()));
     }
-    if now > time + Duration::from_secs(expires) {
+    // A URL valid for 0 seconds has expired as it was made (S3 answers 403, not 400).
+    if expires == 0 || now > time + Duration::from_secs(expires) {
         return Err(S3Error::AccessDenied("Request has expired".into()));
     }
     let names: Vec<&str> = signed_headers.split(';').collect();
@@ -464,6 +469,7 @@ fn verify_presigned(
         access_key: credential.access_key.to_owned(),
         key: key.clone(),
         payload: Payload::Unsigned,
+        signed: Signed::from_names(names),
     })
 }
 

@@ -142,16 +142,30 @@ impl PeerClient {
         }
     }
 
-    /// `range` of `object` at `etag` (one whole block: the owner caches it), as it arrives.
+    /// `range` of `object` (`size` bytes) at `etag`: one whole block, which the owner checks
+    /// against the size and caches, as it arrives.
     pub async fn block(
         &self,
         peer: &str,
         object: &ObjectId,
         etag: &str,
         range: Range<u64>,
+        size: u64,
     ) -> Result<BodyStream, PeerError> {
-        let (start, end) = (range.start.to_string(), range.end.to_string());
-        let query = self.query(object, &[("etag", etag), ("start", &start), ("end", &end)]);
+        let (start, end, size) = (
+            range.start.to_string(),
+            range.end.to_string(),
+            size.to_string(),
+        );
+        let query = self.query(
+            object,
+            &[
+                ("etag", etag),
+                ("start", &start),
+                ("end", &end),
+                ("size", &size),
+            ],
+        );
         let response = self.send(peer, format!("/v1/block?{query}")).await?;
         Ok(body_stream(response.into_body()))
     }

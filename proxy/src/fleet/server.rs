@@ -172,14 +172,20 @@ async fn block(peer: &PeerState, params: &Params) -> Response {
         Ok(parsed) => parsed,
         Err(e) => return error(&e),
     };
-    let block_size = peer.blocks.layout().block_size();
-    // One whole block: from its first byte, to the block's end or (the last block) the
-    // object's, which the asker knows from the metadata of this very ETag. Read as an object
-    // ending there, so the block is cut exactly as the asker's.
-    if !start.is_multiple_of(block_size) || end <= start || end - start > block_size {
-        return error(&bad("not one whole block".into()));
+    // The block's extent follows from the object's size, never from what the asker says: a
+    // short `end` must not make this replica cache a truncated block under the real block's
+    // name. An asker that does not send the size (an older replica) is told to use S3.
+    let Ok(size) = number(params, "size") else {
+        return unavailable("ask with the object's size");
+    };
+    let layout = peer.blocks.layout();
+    let whole = layout
+        .block(start / layout.block_size(), size)
+        .map(|s| s.block_start..s.block_start + s.block_len);
+    if whole != Some(start..end) {
+        return error(&bad("not one whole block of an object of that size".into()));
     }
-    let body = peer.blocks.read_for_peer(object, etag, start..end, end);
+    let body = peer.blocks.read_for_peer(object, etag, start..end, size);
     stream_after_first(peer, Bytes::new(), body.boxed()).await
 }
 

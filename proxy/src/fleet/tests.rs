@@ -270,19 +270,34 @@ async fn unsigned_or_mis_cut_requests_are_refused() {
     // A replica cutting 8 KiB blocks must not be served 4 KiB ones under the same index.
     let other_cut = PeerClient::new(secret(), Duration::from_secs(2), 2 * BLOCK);
     let refused = other_cut
-        .block(&peer, &object(), "\"e1\"", 0..2 * BLOCK)
+        .block(&peer, &object(), "\"e1\"", 0..2 * BLOCK, SIZE as u64)
         .await;
     assert!(matches!(
         refused,
         Err(client::PeerError::Unavailable { .. })
     ));
-    // Not one whole block.
-    let refused = ok.block(&peer, &object(), "\"e1\"", 100..200).await;
-    assert!(matches!(
-        refused,
-        Err(client::PeerError::Unavailable { .. })
-    ));
+    // Not one whole block; and a block cut short of its end, which the owner would otherwise
+    // fetch and cache truncated under the real block's name.
+    for range in [100..200, 0..100, BLOCK..2 * BLOCK - 1] {
+        let refused = ok
+            .block(&peer, &object(), "\"e1\"", range.clone(), SIZE as u64)
+            .await;
+        assert!(
+            matches!(refused, Err(client::PeerError::Unavailable { .. })),
+            "{range:?}"
+        );
+    }
     assert_eq!(origin.gets.load(Ordering::SeqCst), 0);
+    // The whole block is served whole.
+    let mut body = ok
+        .block(&peer, &object(), "\"e1\"", 0..BLOCK, SIZE as u64)
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    while let Some(chunk) = body.next().await {
+        got.extend_from_slice(&chunk.unwrap());
+    }
+    assert_eq!(got, data()[..BLOCK as usize]);
 }
 
 /// A replica in a fleet of two with one upstream slot, serving its peer on `listener`.

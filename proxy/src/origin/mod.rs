@@ -118,6 +118,9 @@ pub enum OriginError {
     /// The task fetching the bytes went away before finishing.
     #[error("the upstream fetch was abandoned")]
     Abandoned,
+    /// Larder could not build the upstream request: a fault here, never the upstream's outage.
+    #[error("could not build the upstream request: {0}")]
+    Internal(String),
 }
 
 impl From<cache_core::Abandoned> for OriginError {

@@ -297,6 +297,9 @@ where
             }
         }
         SdkError::TimeoutError(_) => OriginError::Timeout(DisplayErrorContext(&err).to_string()),
+        SdkError::ConstructionFailure(_) => {
+            OriginError::Internal(DisplayErrorContext(&err).to_string())
+        }
         _ => OriginError::Transport(DisplayErrorContext(&err).to_string()),
     }
 }
@@ -388,6 +391,8 @@ macro_rules! object_meta {
                     out.replication_status.as_ref().map(|s| s.as_str()),
                 );
                 add("x-amz-restore", out.restore.as_deref());
+                // The lifecycle rule's expiry, which S3 and MinIO send with GET and HEAD.
+                add("x-amz-expiration", out.expiration.as_deref());
                 let retain = out
                     .object_lock_retain_until_date
                     .and_then(|d| d.fmt(aws_smithy_types::date_time::Format::DateTime).ok());

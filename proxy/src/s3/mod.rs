@@ -2,6 +2,7 @@
 //! errors. Nothing here talks to the network.
 
 pub mod conditional;
+pub mod copy_source;
 pub mod error;
 pub mod headers;
 pub mod range;

@@ -58,6 +58,27 @@ pub fn target(
     }
 }
 
+/// The host a request is addressed to: its `Host` header, or the URI's authority (HTTP/2's
+/// `:authority`, an absolute-form HTTP/1 target). The one value both routing and signature
+/// checks read, so the bucket verified is the bucket routed; a request naming two different
+/// hosts is refused.
+pub fn host(parts: &http::request::Parts) -> Result<Option<&str>, S3Error> {
+    let header = match parts.headers.get(http::header::HOST) {
+        Some(v) => Some(
+            v.to_str()
+                .map_err(|_| S3Error::InvalidRequest("the Host header is not ASCII".into()))?,
+        ),
+        None => None,
+    };
+    match (header, parts.uri.authority()) {
+        (Some(h), Some(a)) if !h.eq_ignore_ascii_case(a.as_str()) => Err(S3Error::InvalidRequest(
+            "the Host header and the request target name different hosts".into(),
+        )),
+        (Some(h), _) => Ok(Some(h)),
+        (None, a) => Ok(a.map(|a| a.as_str())),
+    }
+}
+
 /// The bucket a virtual-hosted-style `host` names (`<bucket>.<base_domain>`), if any.
 pub fn virtual_bucket<'a>(host: Option<&'a str>, base_domain: Option<&str>) -> Option<&'a str> {
     let (host, domain) = (host?, base_domain?);
@@ -110,7 +131,7 @@ fn decode(raw: &str) -> Result<String, S3Error> {
 
 /// Bucket names as S3 accepts them, including legacy us-east-1 names (upper case, `_`, up to
 /// 255 characters).
-fn validate_bucket(bucket: &str) -> Result<(), S3Error> {
+pub fn validate_bucket(bucket: &str) -> Result<(), S3Error> {
     let ok = (3..=255).contains(&bucket.len())
         && bucket
             .bytes()
@@ -159,7 +180,16 @@ impl ObjectQuery {
                 "partNumber" => q.part_number = Some(value.into_owned()),
                 // Added by the AWS SDKs for routing; not a sub-resource.
                 "x-id" => {}
-                n if n.starts_with("X-Amz-") || n.starts_with("x-amz-") => {}
+                // A presigned URL's own signature. Any other `x-amz-*` parameter is a header
+                // hoisted into the query (SSE-C, request payer, expected owner...): it changes
+                // what S3 answers, so such a request is not a plain GetObject.
+                "X-Amz-Algorithm"
+                | "X-Amz-Credential"
+                | "X-Amz-Date"
+                | "X-Amz-Expires"
+                | "X-Amz-SignedHeaders"
+                | "X-Amz-Signature"
+                | "X-Amz-Security-Token" => {}
                 // A SigV2 presigned URL's signature.
                 "AWSAccessKeyId" | "Signature" | "Expires" => {}
                 n => match OVERRIDES.iter().find(|(p, _)| *p == n) {
@@ -261,5 +291,7 @@ mod tests {
         assert!(q.other.is_empty());
         let q = ObjectQuery::parse(Some("tagging"));
         assert_eq!(q.other, vec!["tagging".to_owned()]);
+        let q = ObjectQuery::parse(Some("x-amz-request-payer=requester"));
+        assert_eq!(q.other, vec!["x-amz-request-payer".to_owned()]);
     }
 }

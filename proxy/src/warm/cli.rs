@@ -27,6 +27,10 @@ pub struct WarmArgs {
     /// Treat the target as one key, not a prefix.
     #[arg(long)]
     pub exact: bool,
+    /// File holding the admin bearer token (the server's `admin_token_file`); the environment
+    /// variable `LARDER_ADMIN_TOKEN` may hold the token itself instead.
+    #[arg(long)]
+    pub admin_token_file: Option<std::path::PathBuf>,
 }
 
 /// Why the command failed.
@@ -69,16 +73,34 @@ impl WarmArgs {
 
 type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
 
+/// The admin token to present, if one is given.
+fn token(args: &WarmArgs) -> Result<Option<String>, CliError> {
+    if let Some(path) = &args.admin_token_file {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| CliError::Admin(format!("reading {}: {e}", path.display())))?;
+        return Ok(Some(text.trim().to_owned()));
+    }
+    Ok(std::env::var("LARDER_ADMIN_TOKEN")
+        .ok()
+        .map(|t| t.trim().to_owned())
+        .filter(|t| !t.is_empty()))
+}
+
 async fn call(
     client: &HttpClient,
+    token: Option<&str>,
     method: http::Method,
     url: &str,
     body: Option<Vec<u8>>,
 ) -> Result<Progress, CliError> {
-    let request = http::Request::builder()
+    let mut request = http::Request::builder()
         .method(method)
         .uri(url)
-        .header(http::header::CONTENT_TYPE, "application/json")
+        .header(http::header::CONTENT_TYPE, "application/json");
+    if let Some(token) = token {
+        request = request.header(http::header::AUTHORIZATION, format!("Bearer {token}"));
+    }
+    let request = request
         .body(Full::new(Bytes::from(body.unwrap_or_default())))
         .map_err(|e| CliError::Admin(e.to_string()))?;
     let response = client
@@ -132,11 +154,14 @@ fn line(p: &Progress) -> String {
 /// Run the command; the exit code is 0 when the job finished with no errors.
 pub async fn run(args: WarmArgs) -> Result<i32, CliError> {
     let request = args.request()?;
+    let token = token(&args)?;
+    let token = token.as_deref();
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
     let base = args.admin.trim_end_matches('/');
     let body = serde_json::to_vec(&request).map_err(|e| CliError::Admin(e.to_string()))?;
     let started = call(
         &client,
+        token,
         http::Method::POST,
         &format!("{base}/warm"),
         Some(body),
@@ -151,13 +176,13 @@ pub async fn run(args: WarmArgs) -> Result<i32, CliError> {
     let progress = loop {
         tokio::select! {
             _ = &mut interrupt => {
-                let p = call(&client, http::Method::DELETE, &url, None).await?;
+                let p = call(&client, token, http::Method::DELETE, &url, None).await?;
                 eprintln!("\ninterrupted: job {} cancelled", p.id);
                 return Ok(130);
             }
             _ = tokio::time::sleep(Duration::from_millis(250)) => {}
         }
-        let p = call(&client, http::Method::GET, &url, None).await?;
+        let p = call(&client, token, http::Method::GET, &url, None).await?;
         if tty {
             eprint!("\r{}", line(&p));
             let _ = std::io::stderr().flush();
@@ -198,6 +223,7 @@ mod tests {
             target: target.into(),
             admin: "http://x".into(),
             range: range.map(str::to_owned),
+            admin_token_file: None,
             exact,
         }
     }

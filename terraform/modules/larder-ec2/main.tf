@@ -1,9 +1,5 @@
 data "aws_region" "current" {}
 
-data "aws_vpc" "this" {
-  id = var.vpc_id
-}
-
 # The current Amazon Linux 2023 AMI.
 data "aws_ssm_parameter" "al2023" {
   name = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
@@ -35,14 +31,21 @@ resource "aws_vpc_security_group_ingress_rule" "s3_clients" {
   cidr_ipv4         = each.value
 }
 
-# The NLB preserves client addresses; its health checks come from the VPC.
+# The NLB preserves client addresses; its health checks come from its own addresses in the
+# instances' subnets. Only those subnets reach the admin port for them, not the whole VPC.
+data "aws_subnet" "larder" {
+  for_each = toset(var.subnet_ids)
+  id       = each.value
+}
+
 resource "aws_vpc_security_group_ingress_rule" "health" {
+  for_each          = data.aws_subnet.larder
   security_group_id = aws_security_group.larder.id
   description       = "NLB health checks"
   ip_protocol       = "tcp"
   from_port         = 9001
   to_port           = 9001
-  cidr_ipv4         = data.aws_vpc.this.cidr_block
+  cidr_ipv4         = each.value.cidr_block
 }
 
 resource "aws_vpc_security_group_ingress_rule" "admin" {

@@ -1,0 +1,310 @@
+"""Attack tests: each tries, as an attacker would, to get past a key's policy, to make Larder sign
+something the client did not, or to make Larder serve wrong bytes, against Larder in front of
+real MinIO. Each was seen failing on the tree before its fix (see docs/security.md)."""
+
+import http.client
+import random
+import socket
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from botocore.exceptions import ClientError
+
+from conftest import READER_KEY, READER_SECRET
+from test_headers_errors import error_of, raw
+
+
+def fetch(url, method="GET", headers=None, data=None):
+    request = urllib.request.Request(url, method=method, headers=headers or {}, data=data)
+    try:
+        with urllib.request.urlopen(request, timeout=15) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def exists(direct, bucket, key):
+    try:
+        direct.head_object(Bucket=bucket, Key=key)
+        return True
+    except ClientError:
+        return False
+
+
+def signed_with(client, operation, headers):
+    """Make `client` add `headers` before signing `operation`, so the signature covers them."""
+    def add(request, **_):
+        for k, v in headers.items():
+            request.headers[k] = v
+    client.meta.events.register(f"before-sign.s3.{operation}", add)
+    return client
+
+
+@pytest.fixture
+def logs_world(direct, bucket, make_larder, workdir):
+    """A secret bucket, two `logs-*` buckets, and a Larder where READER_KEY may read and write
+    `<bucket>-logs-*` only."""
+    secret, logs_a, logs_b = f"{bucket}-secret", f"{bucket}-logs-a", f"{bucket}-logs-b"
+    for b in (secret, logs_a, logs_b):
+        direct.create_bucket(Bucket=b)
+    direct.put_object(Bucket=secret, Key="payroll.csv", Body=b"salaries")
+    direct.put_object(Bucket=logs_b, Key="src", Body=b"log line")
+    config = workdir / f"{bucket}-policy.toml"
+    config.write_text(
+        f'[[auth_policies]]\naccess_key = "{READER_KEY}"\nbuckets = ["{bucket}-logs-*"]\naccess = "read-write"\n')
+    larder = make_larder("--config", str(config), name="attacks")
+    return larder, secret, logs_a, logs_b
+
+
+def test_a_copy_source_spelled_to_name_another_bucket_is_refused(logs_world, direct):
+    larder, secret, logs_a, logs_b = logs_world
+    writer = larder.client(READER_KEY, READER_SECRET)
+    # The plain copy is refused, and a copy within the policy works (the control).
+    assert error_of(writer.copy_object, Bucket=logs_a, Key="loot", CopySource=f"{secret}/payroll.csv") \
+        == (403, "AccessDenied")
+    writer.copy_object(Bucket=logs_a, Key="copied", CopySource=f"{logs_b}/src")
+    assert direct.get_object(Bucket=logs_a, Key="copied")["Body"].read() == b"log line"
+    # Spellings whose text before the first '/' is an allowed bucket, but which MinIO (or any
+    # URL parser) reads as the secret bucket: a PutObject carrying them, signed.
+    for i, source in enumerate([
+        f"{logs_a}:///{secret}/payroll.csv",
+        f"{logs_a}%2F..%2F{secret}/payroll.csv",
+        f"{logs_a}/../{secret}/payroll.csv",
+    ]):
+        client = signed_with(larder.client(READER_KEY, READER_SECRET), "PutObject",
+                             {"x-amz-copy-source": source})
+        status, code = error_of(client.put_object, Bucket=logs_a, Key=f"loot{i}", Body=b"")
+        assert (status, code) == (400, "InvalidArgument"), source
+        assert not exists(direct, logs_a, f"loot{i}"), source
+    # UploadPartCopy, the same way.
+    upload = writer.create_multipart_upload(Bucket=logs_a, Key="parts")["UploadId"]
+    client = signed_with(larder.client(READER_KEY, READER_SECRET), "UploadPart",
+                         {"x-amz-copy-source": f"{logs_a}:///{secret}/payroll.csv"})
+    assert error_of(client.upload_part, Bucket=logs_a, Key="parts", UploadId=upload, PartNumber=1, Body=b"") \
+        == (400, "InvalidArgument")
+    writer.abort_multipart_upload(Bucket=logs_a, Key="parts", UploadId=upload)
+    # A copy-source header that is not ASCII is refused (its signature cannot even be checked),
+    # not waved through unchecked.
+    status, _, body = raw(larder, "PUT", f"/{logs_a}/loot9", {"x-amz-copy-source": "é/" + secret},
+                          key=READER_KEY, secret=READER_SECRET)
+    assert status in (400, 403), body
+    assert not exists(direct, logs_a, "loot9")
+
+
+def test_headers_the_client_did_not_sign_are_refused_not_signed_upstream(logs_world, direct, upstream):
+    larder, secret, logs_a, logs_b = logs_world
+    v4 = larder.client(READER_KEY, READER_SECRET, signature_version="s3v4")
+    # A presigned PUT signs only `host`: added x-amz-* headers must not ride on Larder's signature.
+    for i, extra in enumerate([
+        {"x-amz-copy-source": f"{logs_b}/src"},
+        {"x-amz-acl": "public-read"},
+        {"x-amz-tagging": "a=b"},
+        {"x-amz-server-side-encryption-customer-algorithm": "AES256"},
+        {"x-amz-object-lock-mode": "GOVERNANCE"},
+    ]):
+        url = v4.generate_presigned_url("put_object", Params={"Bucket": logs_a, "Key": f"pre{i}"}, ExpiresIn=300)
+        status, body = fetch(url, "PUT", extra, b"")
+        assert status == 403 and b"AccessDenied" in body and b"not signed" in body, (extra, body)
+        assert not exists(direct, logs_a, f"pre{i}")
+    # The same URL without the extra header works (the control), and a header S3 takes unsigned
+    # (Content-Type) reaches the upstream.
+    url = v4.generate_presigned_url("put_object", Params={"Bucket": logs_a, "Key": "pre-ok"}, ExpiresIn=300)
+    assert fetch(url, "PUT", {"Content-Type": "text/csv"}, b"ok")[0] == 200
+    assert direct.head_object(Bucket=logs_a, Key="pre-ok")["ContentType"] == "text/csv"
+    # Header auth: an x-amz-* header added after signing.
+    client = larder.client(READER_KEY, READER_SECRET)
+
+    def late(request, **_):
+        request.headers["x-amz-acl"] = "public-read"
+    client.meta.events.register("before-send.s3.PutObject", late)
+    assert error_of(client.put_object, Bucket=logs_a, Key="late", Body=b"x") == (403, "AccessDenied")
+    assert not exists(direct, logs_a, "late")
+    # A header nobody signed and S3 does not define never reaches the upstream.
+    upstream.reset()
+    url = v4.generate_presigned_url("put_object", Params={"Bucket": logs_a, "Key": "plain"}, ExpiresIn=300)
+    assert fetch(url, "PUT", {"X-Forwarded-For": "10.0.0.1", "Cookie": "a=b"}, b"p")[0] == 200
+    sent = [h for m, p, h in upstream.seen_with_headers("PUT", f"/{logs_a}/plain")]
+    assert sent and "x-forwarded-for" not in sent[0] and "cookie" not in sent[0], sent
+
+
+def test_sigv2_presigned_urls_sign_what_is_routed(logs_world, direct):
+    larder, secret, logs_a, logs_b = logs_world
+    v2 = larder.client(READER_KEY, READER_SECRET, signature_version="s3")
+    url = v2.generate_presigned_url("get_object", Params={"Bucket": logs_b, "Key": "src"}, ExpiresIn=300)
+    assert "Signature=" in url and "X-Amz" not in url
+    assert fetch(url) == (200, b"log line")
+    # A sub-resource SigV2 does not sign is refused rather than re-signed upstream by Larder.
+    for extra in ("retention", "legal-hold", "attributes"):
+        status, body = fetch(f"{url}&{extra}")
+        assert status == 403 and b"AccessDenied" in body, extra
+    # Non-ASCII x-amz-* headers cannot be in the string to sign: refused, not skipped.
+    put = v2.generate_presigned_url("put_object", Params={"Bucket": logs_a, "Key": "v2put"}, ExpiresIn=300)
+    conn = http.client.HTTPConnection("127.0.0.1", larder.port, timeout=10)
+    conn.putrequest("PUT", put.split(f"127.0.0.1:{larder.port}", 1)[1])
+    conn.putheader("x-amz-meta-a", "é".encode("latin-1"))
+    conn.putheader("Content-Length", "1")
+    conn.endheaders(b"x")
+    r = conn.getresponse()
+    assert r.status == 403, r.read()
+    conn.close()
+    assert not exists(direct, logs_a, "v2put")
+    # At most 7 days, like SigV4.
+    long = v2.generate_presigned_url("get_object", Params={"Bucket": logs_b, "Key": "src"}, ExpiresIn=8 * 24 * 3600)
+    status, body = fetch(long)
+    assert status == 403 and b"7 days" in body
+    # The bucket signed is the bucket routed: a target naming another host than Host is refused.
+    path = url.split(f"127.0.0.1:{larder.port}", 1)[1]
+    conn = http.client.HTTPConnection("127.0.0.1", larder.port, timeout=10)
+    conn.putrequest("GET", f"http://{secret}.s3.larder.test{path}", skip_host=True)
+    conn.putheader("Host", f"127.0.0.1:{larder.port}")
+    conn.endheaders()
+    r = conn.getresponse()
+    assert r.status == 400 and b"salaries" not in r.read()
+    conn.close()
+
+
+def test_read_write_keys_cannot_administer_buckets(logs_world, direct, make_larder, workdir):
+    larder, secret, logs_a, logs_b = logs_world
+    writer = larder.client(READER_KEY, READER_SECRET)
+    policy = ('{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Principal":{"AWS":["*"]},'
+              f'"Action":["s3:GetObject"],"Resource":["arn:aws:s3:::{logs_a}/*"]}}]}}')
+    assert error_of(writer.put_bucket_policy, Bucket=logs_a, Policy=policy) == (403, "AccessDenied")
+    assert error_of(writer.delete_bucket, Bucket=logs_b) == (403, "AccessDenied")
+    assert error_of(writer.put_object_acl, Bucket=logs_b, Key="src", ACL="public-read") == (403, "AccessDenied")
+    assert error_of(writer.put_object, Bucket=logs_a, Key="pub", Body=b"x", ACL="public-read") == (403, "AccessDenied")
+    assert direct.head_bucket(Bucket=logs_b)
+    # Object writes stay allowed, DeleteObjects included.
+    writer.put_object(Bucket=logs_a, Key="w", Body=b"w")
+    writer.delete_objects(Bucket=logs_a, Delete={"Objects": [{"Key": "w"}]})
+    assert not exists(direct, logs_a, "w")
+    # An admin key may.
+    config = workdir / "admin-policy.toml"
+    config.write_text(f'[[auth_policies]]\naccess_key = "{READER_KEY}"\nbuckets = ["{logs_a}"]\naccess = "admin"\n')
+    admin = make_larder("--config", str(config), name="admin-key").client(READER_KEY, READER_SECRET)
+    admin.put_bucket_policy(Bucket=logs_a, Policy=policy)
+    assert direct.get_bucket_policy(Bucket=logs_a)["Policy"]
+
+
+def test_a_changed_block_size_never_serves_another_geometrys_bytes(make_larder, direct, bucket, workdir):
+    size = 32 << 20
+    data = random.Random(17).randbytes(size)
+    direct.put_object(Bucket=bucket, Key="big", Body=data)
+    disk = workdir / f"{bucket}.cache"
+    common = ("--disk-path", str(disk), "--disk-capacity", "256MiB", "--disk-region-size", "16MiB")
+    for first, second in (("8MiB", "4MiB"), ("4MiB", "8MiB")):
+        l = make_larder(*common, "--block-size", first, name=f"geometry-{first}")
+        assert l.client().get_object(Bucket=bucket, Key="big")["Body"].read() == data
+        l.stop()
+        l = make_larder(*common, "--block-size", second, name=f"geometry-{second}")
+        c = l.client()
+        for start in (4 << 20, (8 << 20) + 5, size - 100):
+            end = min(start + 99, size - 1)
+            got = c.get_object(Bucket=bucket, Key="big", Range=f"bytes={start}-{end}")["Body"].read()
+            assert got == data[start:end + 1], (first, second, start)
+        assert c.get_object(Bucket=bucket, Key="big")["Body"].read() == data
+        assert l.proc.poll() is None, "larder died"
+        l.stop()
+        disk.unlink()
+
+
+def test_admin_routes_that_act_or_reveal_need_the_token(make_larder, direct, bucket, workdir):
+    direct.put_object(Bucket=bucket, Key="w", Body=b"warm me")
+    token = workdir / "admin.token"
+    token.write_text("an-admin-token-of-some-length\n")
+    l = make_larder("--admin-token-file", str(token), name="admin-token")
+    body = f'{{"bucket": "{bucket}", "prefix": ""}}'.encode()
+    for auth in (None, "Bearer wrong-token-wrong-token", "Basic YTpi"):
+        headers = {"Content-Type": "application/json", **({"Authorization": auth} if auth else {})}
+        assert fetch(f"{l.admin}/warm", "POST", headers, body)[0] == 401, auth
+        assert fetch(f"{l.admin}/warm", "GET", headers)[0] == 401, auth
+        assert fetch(f"{l.admin}/warm/1", "DELETE", headers)[0] == 401, auth
+        assert fetch(f"{l.admin}/fleet", "GET", headers)[0] == 401, auth
+    ok = {"Content-Type": "application/json", "Authorization": "Bearer an-admin-token-of-some-length"}
+    assert fetch(f"{l.admin}/warm", "POST", ok, body)[0] == 202
+    # Health, metrics and the status page stay open.
+    for path in ("/healthz", "/readyz", "/metrics", "/status.json", "/"):
+        assert fetch(f"{l.admin}{path}")[0] == 200, path
+    # The CLI presents the token.
+    import subprocess
+    from conftest import binary
+    r = subprocess.run([binary("larder"), "warm", "--admin", l.admin, "--admin-token-file", str(token),
+                        f"s3://{bucket}/w", "--exact"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([binary("larder"), "warm", "--admin", l.admin, f"s3://{bucket}/w", "--exact"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "401" in r.stderr, r.stderr
+
+
+def _h2c_idle(port):
+    """An HTTP/2 (h2c prior knowledge) connection that sends its preface and settings, then
+    nothing."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=30)
+    s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+    return s
+
+
+def _closed_within(s, seconds):
+    """Whether the server closes `s` within `seconds` (reading and discarding its frames)."""
+    s.settimeout(0.5)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if s.recv(65536) == b"":
+                return True
+        except socket.timeout:
+            continue
+        except OSError:
+            return True
+    return False
+
+
+def test_idle_http2_connections_cannot_hold_every_slot(make_larder, direct, bucket):
+    direct.put_object(Bucket=bucket, Key="k", Body=b"still served")
+    l = make_larder("--max-connections", "8", "--client-header-timeout", "2s", "--client-idle-timeout", "3s",
+                    name="h2-idle")
+    idle = [_h2c_idle(l.port) for _ in range(8)]
+    # Every slot is held; a client is served once the idle ones are closed (no first request).
+    started = time.monotonic()
+    c = l.client(connect_timeout=30, read_timeout=30)
+    assert c.get_object(Bucket=bucket, Key="k")["Body"].read() == b"still served"
+    assert time.monotonic() - started < 15
+    assert all(_closed_within(s, 10) for s in idle)
+    # A keep-alive HTTP/1.1 connection that asked once and then idles is closed too.
+    conn = http.client.HTTPConnection("127.0.0.1", l.port, timeout=30)
+    conn.request("GET", "/healthz-not-a-bucket")
+    conn.getresponse().read()
+    assert _closed_within(conn.sock, 10)
+
+
+def test_fidelity_gaps_answer_as_s3_does(larder, direct, bucket, upstream):
+    # Keys made only of special characters reach the upstream intact.
+    for key in (" ", "_ ", "  a  ", "%", "+"):
+        direct.put_object(Bucket=bucket, Key=key, Body=key.encode() * 3)
+        got = larder.client().get_object(Bucket=bucket, Key=key)
+        assert got["Body"].read() == key.encode() * 3, repr(key)
+    # A presigned URL valid for 0 seconds: 403, as S3 answers.
+    v4 = larder.client(signature_version="s3v4")
+    url = v4.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": " "}, ExpiresIn=0)
+    status, body = fetch(url)
+    assert status == 403 and b"AccessDenied" in body
+    # A read that declares SSE-KMS is refused (400), as S3 refuses it.
+    status, _, body = raw(larder, "GET", f"/{bucket}/_%20", {"x-amz-server-side-encryption": "aws:kms"})
+    assert status == 400 and b"InvalidArgument" in body
+    # Headers S3 checks against the bucket or caller go to the upstream, not answered from cache.
+    larder.client().get_object(Bucket=bucket, Key="+")["Body"].read()
+    upstream.reset()
+    larder.client().get_object(Bucket=bucket, Key="+", ExpectedBucketOwner="123456789012")["Body"].read()
+    seen = upstream.seen_with_headers("GET", f"/{bucket}/")
+    assert seen and seen[0][2].get("x-amz-expected-bucket-owner") == "123456789012", seen
+
+
+def test_a_deleted_bucket_answers_no_such_bucket_at_once(larder, direct, bucket):
+    c = larder.client()
+    c.put_object(Bucket=bucket, Key="k", Body=b"here")
+    assert c.get_object(Bucket=bucket, Key="k")["Body"].read() == b"here"
+    c.delete_object(Bucket=bucket, Key="k")
+    c.delete_bucket(Bucket=bucket)
+    assert error_of(c.get_object, Bucket=bucket, Key="k") == (404, "NoSuchBucket")
+    assert error_of(c.head_object, Bucket=bucket, Key="k")[0] == 404
