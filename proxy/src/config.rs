@@ -44,7 +44,8 @@ pub struct Config {
     /// File of client keys, one `access_key_id:secret_access_key` per line, `#` comments.
     /// Required with `auth = "sigv4"`. Default: none.
     pub auth_credentials: Option<std::path::PathBuf>,
-    /// Per-key policies: the buckets a key may use and whether it may write. TOML only, e.g.
+    /// Per-key policies: the buckets a key may use and what it may do there (`read-only`,
+    /// `read-write` for object writes, `admin` for bucket administration too). TOML only, e.g.
     /// `[[auth_policies]] access_key = "analytics", buckets = ["lake", "logs-*"],
     /// access = "read-only"`. Keys without a policy may do everything. Default: none.
     pub auth_policies: Vec<crate::auth::KeyPolicy>,
