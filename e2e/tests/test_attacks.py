@@ -6,23 +6,13 @@ import http.client
 import random
 import socket
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 from botocore.exceptions import ClientError
 
 from conftest import READER_KEY, READER_SECRET
+from test_auth import fetch
 from test_headers_errors import error_of, raw
-
-
-def fetch(url, method="GET", headers=None, data=None):
-    request = urllib.request.Request(url, method=method, headers=headers or {}, data=data)
-    try:
-        with urllib.request.urlopen(request, timeout=15) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
 
 
 def exists(direct, bucket, key):

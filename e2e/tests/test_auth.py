@@ -17,9 +17,11 @@ from conftest import ACCESS_KEY, CLIENT_KEY, READER_KEY, READER_SECRET, SECRET_K
 from test_headers_errors import error_of, raw
 
 
-def fetch(url):
+def fetch(url, method="GET", headers=None, data=None):
+    """(status, body) of one plain HTTP request, errors included."""
+    request = urllib.request.Request(url, method=method, headers=headers or {}, data=data)
     try:
-        with urllib.request.urlopen(url, timeout=10) as r:
+        with urllib.request.urlopen(request, timeout=15) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()

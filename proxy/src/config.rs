@@ -70,8 +70,9 @@ pub struct Config {
     pub block_size: ByteSize,
     /// How long object metadata (size, ETag, headers) is trusted before it is fetched again; an
     /// object overwritten upstream is served with its old contents for at most this long.
-    /// `0s` revalidates on every request. Metadata of a named version (`versionId`) does not
-    /// expire: versions are immutable. Writes through Larder drop what they change at once.
+    /// `0s` revalidates on every request. Metadata of a named version (`versionId`) expires
+    /// too: its bytes never change, but it can be deleted. Writes through Larder drop what they
+    /// change at once.
     /// Default: `60s`.
     pub metadata_ttl: HumanDuration,
     /// Most object-metadata entries held; as many object names are also remembered as read

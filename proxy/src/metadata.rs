@@ -17,24 +17,22 @@ struct Entry {
     fetched: Instant,
 }
 
-/// Metadata of a named version never changes (S3 versions are immutable), so it stays until
-/// evicted for space or the version is deleted through Larder; everything else expires `ttl`
-/// after the upstream said it, however it reached this replica.
-struct VersionsKeep {
+/// Every entry expires `ttl` after the upstream said it, however it reached this replica. A
+/// named version's bytes never change, but the version itself can be deleted behind Larder's
+/// back, so its metadata is revalidated like any other: a deleted version is not served past
+/// the staleness bound.
+struct Ttl {
     ttl: Duration,
 }
 
-impl moka::Expiry<ObjectId, Entry> for VersionsKeep {
+impl moka::Expiry<ObjectId, Entry> for Ttl {
     fn expire_after_create(
         &self,
-        id: &ObjectId,
+        _id: &ObjectId,
         entry: &Entry,
         _created_at: Instant,
     ) -> Option<Duration> {
-        match id.version_id {
-            Some(_) => None,
-            None => Some(self.ttl.saturating_sub(entry.fetched.elapsed())),
-        }
+        Some(self.ttl.saturating_sub(entry.fetched.elapsed()))
     }
 }
 
@@ -86,7 +84,7 @@ impl MetadataCache {
         let build = |ttl| {
             Cache::builder()
                 .max_capacity(capacity)
-                .expire_after(VersionsKeep { ttl })
+                .expire_after(Ttl { ttl })
                 .support_invalidation_closures()
                 .build()
         };
@@ -256,7 +254,7 @@ mod tests {
     use std::sync::atomic::Ordering;
 
     #[tokio::test]
-    async fn a_named_version_outlives_the_ttl_and_the_latest_does_not() {
+    async fn a_named_version_expires_with_the_ttl_like_the_latest() {
         let origin = Arc::new(FakeOrigin::default());
         origin.put("k", bytes::Bytes::from_static(b"data"), "\"e\"");
         let cache = MetadataCache::new(
@@ -280,11 +278,11 @@ mod tests {
         assert_eq!(origin.heads.load(Ordering::SeqCst), 2);
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(
-            cached(cache.get(&id(Some("v1"))).await),
-            "a version is immutable"
+            !cached(cache.get(&id(Some("v1"))).await),
+            "a version can be deleted behind Larder's back: revalidated"
         );
         assert!(!cached(cache.get(&id(None)).await), "the latest expires");
-        assert_eq!(origin.heads.load(Ordering::SeqCst), 3);
+        assert_eq!(origin.heads.load(Ordering::SeqCst), 4);
         cache.invalidate(&id(Some("v1"))).await;
         assert!(!cached(cache.get(&id(Some("v1"))).await));
         cache.invalidate_bucket("b");
