@@ -608,6 +608,19 @@ impl<S> Tracked<S> {
     fn new(inner: S, activity: Arc<Activity>) -> Self {
         Self { inner, activity }
     }
+
+    /// Pass a write's result on, noting activity if any byte went out.
+    fn wrote(
+        &self,
+        polled: std::task::Poll<std::io::Result<usize>>,
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        if let std::task::Poll::Ready(Ok(n)) = &polled {
+            if *n > 0 {
+                self.activity.moved();
+            }
+        }
+        polled
+    }
 }
 
 impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Tracked<S> {
@@ -632,12 +645,7 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Tracked<S> {
         buf: &[u8],
     ) -> std::task::Poll<std::io::Result<usize>> {
         let polled = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
-        if let std::task::Poll::Ready(Ok(n)) = &polled {
-            if *n > 0 {
-                self.activity.moved();
-            }
-        }
-        polled
+        self.wrote(polled)
     }
 
     fn poll_write_vectored(
@@ -646,12 +654,7 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Tracked<S> {
         bufs: &[std::io::IoSlice<'_>],
     ) -> std::task::Poll<std::io::Result<usize>> {
         let polled = std::pin::Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
-        if let std::task::Poll::Ready(Ok(n)) = &polled {
-            if *n > 0 {
-                self.activity.moved();
-            }
-        }
-        polled
+        self.wrote(polled)
     }
 
     fn is_write_vectored(&self) -> bool {
