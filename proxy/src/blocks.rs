@@ -146,6 +146,11 @@ pub struct BlockStore {
     flights: SingleFlight<BlockId, OriginError>,
     origin: Arc<dyn Origin>,
     read_window: usize,
+    /// Bytes (in KiB permits) of blocks all responses hold at once: the block each is sending
+    /// and those opened ahead of it. Such blocks may have left the memory tier (or never been
+    /// in it), so without this bound N responses could hold N × (read_window + 1) blocks.
+    pinned: Arc<Semaphore>,
+    pinned_total: u64,
     idle_timeout: Duration,
     upstream_slots: Semaphore,
     /// The same budget for fetches asked of another replica. Apart, because a replica serving a
@@ -198,6 +203,12 @@ enum Supplier {
     Mixed,
 }
 
+/// `bytes` in whole KiB, rounded up: the unit of the responses' buffer permits (a semaphore
+/// counts at most `u32::MAX` per acquire).
+fn kib(bytes: u64) -> u64 {
+    bytes.div_ceil(1024)
+}
+
 /// How a fetch starts.
 enum FirstAttempt {
     /// With a body already arriving.
@@ -231,6 +242,9 @@ pub struct BlockStoreConfig {
     pub memory_capacity: u64,
     /// Blocks a response opens ahead of the one it sends.
     pub read_window: usize,
+    /// Most bytes of blocks all responses hold at once; a response whose next block would go
+    /// over it waits. At least one block.
+    pub response_buffer: u64,
     /// Longest wait for upstream body bytes.
     pub idle_timeout: Duration,
     /// Most block fetches upstream at once.
@@ -259,6 +273,7 @@ impl BlockStoreConfig {
             layout: BlockLayout::new(4096),
             memory_capacity: 1 << 20,
             read_window: 4,
+            response_buffer: 64 << 20,
             idle_timeout: Duration::from_secs(5),
             upstream_concurrency: 4,
             disk: None,
@@ -287,6 +302,11 @@ impl BlockStore {
             flights: SingleFlight::new(),
             origin,
             read_window: config.read_window,
+            pinned: Arc::new(Semaphore::new(kib(config
+                .response_buffer
+                .max(config.layout.block_size()))
+                as usize)),
+            pinned_total: kib(config.response_buffer.max(config.layout.block_size())) * 1024,
             idle_timeout: config.idle_timeout,
             upstream_slots: Semaphore::new(config.upstream_concurrency),
             peer_slots: Semaphore::new(config.upstream_concurrency),
@@ -584,10 +604,14 @@ impl BlockStore {
         stream::iter(slices)
             .map(move |slice| {
                 let (store, object, etag) = (store.clone(), object.clone(), etag.clone());
-                let mut open =
-                    Box::pin(
-                        async move { (slice, store.open(&object, &etag, slice, purpose).await) },
-                    );
+                let mut open = Box::pin(async move {
+                    // Room for the whole block first, in order: `buffered` polls the window's
+                    // opens in order and the semaphore is fair, so a response's next block is
+                    // always ahead of its later ones.
+                    let permit = store.pin(slice.block_len).await?;
+                    let opened = store.open(&object, &etag, slice, purpose).await;
+                    Ok::<_, OriginError>((slice, opened, permit))
+                });
                 // A block at hand (the usual hit) is opened right here. One that has to wait
                 // goes on in a task of its own: `flat_map` polls this stream only between
                 // blocks, so a paused open would otherwise wait for the block before it to be
@@ -601,10 +625,40 @@ impl BlockStore {
             .flat_map({
                 let store = self.clone();
                 move |opened| match opened {
-                    Err(_) => stream::once(future::ready(Err(OriginError::Abandoned))).boxed(),
-                    Ok((slice, open)) => store.send(bucket.as_deref(), slice, open),
+                    Err(_) | Ok(Err(_)) => {
+                        stream::once(future::ready(Err(OriginError::Abandoned))).boxed()
+                    }
+                    // The room is given back when the block's slice has been sent.
+                    Ok(Ok((slice, open, permit))) => store
+                        .send(bucket.as_deref(), slice, open)
+                        .inspect(move |_| {
+                            let _held = &permit;
+                        })
+                        .boxed(),
                 }
             })
+    }
+
+    /// Room for a block of `len` bytes in the responses' buffer, waiting (and counting the
+    /// wait) if it is full.
+    async fn pin(&self, len: u64) -> Result<tokio::sync::OwnedSemaphorePermit, OriginError> {
+        let permits = u32::try_from(kib(len)).unwrap_or(u32::MAX);
+        if let Ok(permit) = self.pinned.clone().try_acquire_many_owned(permits) {
+            return Ok(permit);
+        }
+        self.metrics.response_buffer_wait();
+        self.pinned
+            .clone()
+            .acquire_many_owned(permits)
+            .await
+            .map_err(|_| OriginError::Abandoned)
+    }
+
+    /// Bytes of blocks responses hold now, and the most they may.
+    pub fn response_buffer(&self) -> (u64, u64) {
+        let total = self.pinned_total;
+        let free = self.pinned.available_permits() as u64 * 1024;
+        (total.saturating_sub(free), total)
     }
 
     /// The stream of one opened block's slice, counted as served from its tier to a client of
@@ -1439,6 +1493,50 @@ mod tests {
             s.sum("larder_prefetch_bytes_total", &[("outcome", "used")]),
             6.0 * 4096.0
         );
+    }
+
+    #[tokio::test]
+    async fn responses_together_hold_no_more_than_the_response_buffer() {
+        let size = 10 * 4096;
+        let (store, _origin, id, etag) = setup_with(size, Duration::ZERO, 8, |c| {
+            c.response_buffer = 2 * 4096;
+        });
+        let size = size as u64;
+        // A reader that takes one chunk and stops reading: its window fills the buffer.
+        let mut stalled = Box::pin(store.read(id.clone(), etag.clone(), 0..size, size));
+        let mut got = stalled.next().await.unwrap().unwrap().to_vec();
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while store.response_buffer().0 < 2 * 4096 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await
+        .expect("the stalled reader's window holds the buffer");
+        assert_eq!(store.response_buffer(), (2 * 4096, 2 * 4096));
+        // A second reader waits for room rather than holding more...
+        let other = tokio::spawn(collect(store.read(id.clone(), etag.clone(), 0..size, size)));
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while store
+                .metrics
+                .snapshot()
+                .sum("larder_response_buffer_waits_total", &[])
+                < 1.0
+            {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await
+        .expect("the second reader waited");
+        assert!(!other.is_finished());
+        assert!(store.response_buffer().0 <= 2 * 4096);
+        // ...and both finish, exact, once the first reads on.
+        while let Some(chunk) = stalled.next().await {
+            got.extend_from_slice(&chunk.unwrap());
+        }
+        assert!(got == data(size as usize, 0), "the first reader's bytes");
+        let other = other.await.unwrap().unwrap();
+        assert!(other == data(size as usize, 0), "the second reader's bytes");
+        assert_eq!(store.response_buffer().0, 0, "all room given back");
     }
 
     #[tokio::test]

@@ -81,6 +81,10 @@ pub struct Config {
     pub metadata_capacity: u64,
     /// Blocks a single response fetches ahead of the one it is sending. Default: `4`.
     pub read_window: usize,
+    /// Most bytes of blocks all responses in flight hold at once: each holds the block it is
+    /// sending and those opened ahead of it, which may have left the memory tier. A response
+    /// whose next block would go over waits (counted). At least one block. Default: `1GiB`.
+    pub response_buffer: ByteSize,
     /// Longest wait for the next piece of an upstream body before the fetch fails. Default: `30s`.
     pub upstream_idle_timeout: HumanDuration,
     /// Most block fetches running upstream at once, across all requests; further fetches wait
@@ -371,6 +375,7 @@ impl Default for Config {
             metadata_ttl: HumanDuration(Duration::from_secs(60)),
             metadata_capacity: 100_000,
             read_window: 4,
+            response_buffer: ByteSize(1 << 30),
             upstream_idle_timeout: HumanDuration(Duration::from_secs(30)),
             upstream_concurrency: 64,
             disk_path: None,
@@ -446,6 +451,7 @@ pub const OPTION_NAMES: &[&str] = &[
     "metadata_ttl",
     "metadata_capacity",
     "read_window",
+    "response_buffer",
     "upstream_idle_timeout",
     "upstream_concurrency",
     "disk_path",
@@ -566,6 +572,12 @@ impl Config {
         }
         if self.read_window == 0 || self.read_window > 64 {
             return invalid("read_window", "must be between 1 and 64");
+        }
+        if self.response_buffer.0 < self.block_size.0 {
+            return invalid(
+                "response_buffer",
+                "must hold at least one block (block_size)",
+            );
         }
         if self.max_connections == 0 {
             return invalid("max_connections", "must be positive");

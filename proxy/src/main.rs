@@ -125,6 +125,10 @@ struct ServeArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]
     read_window: Option<usize>,
+    /// Most bytes of blocks all responses hold at once, e.g. 1GiB [default: 1GiB].
+    #[arg(long)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_buffer: Option<String>,
     /// Longest wait for upstream body bytes, e.g. 30s [default: 30s].
     #[arg(long)]
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -125,6 +125,7 @@ pub struct Metrics {
     coalesced: Counter<u64>,
     cache_writes_dropped: Counter<u64>,
     blocks_rejected: Counter<u64>,
+    response_buffer_waits: Counter<u64>,
     cost_direct: Counter<f64>,
     cost_upstream: Counter<f64>,
     resumes: Counter<u64>,
@@ -327,6 +328,10 @@ impl Metrics {
             coalesced,
             cache_writes_dropped,
             blocks_rejected,
+            response_buffer_waits: counter(
+                "larder.response.buffer.waits",
+                "Blocks a response waited to open because response_buffer was full",
+            ),
             cost_direct: dollars(
                 "larder.cost.direct.dollars",
                 "What the clients' requests would have cost sent straight to S3, by kind",
@@ -542,6 +547,28 @@ impl Metrics {
     /// A block read joined a fetch in flight.
     pub fn coalesced(&self) {
         self.coalesced.add(1, &[]);
+    }
+
+    /// A response waited for room in the responses' buffer (`response_buffer`).
+    pub fn response_buffer_wait(&self) {
+        self.response_buffer_waits.add(1, &[]);
+    }
+
+    /// Export how much of the responses' buffer is in use.
+    /// `read` says (bytes in use, most allowed).
+    pub fn observe_response_buffer(&self, read: impl Fn() -> (u64, u64) + Send + Sync + 'static) {
+        let read = Arc::new(read);
+        let limit = read.clone();
+        self.meter
+            .u64_observable_gauge("larder.response.buffer.bytes")
+            .with_description("Bytes of blocks held by responses in flight")
+            .with_callback(move |o| o.observe(read().0, &[]))
+            .build();
+        self.meter
+            .u64_observable_gauge("larder.response.buffer.limit.bytes")
+            .with_description("Most bytes of blocks responses may hold (response_buffer)")
+            .with_callback(move |o| o.observe(limit().1, &[]))
+            .build();
     }
 
     /// A block found in a tier was refused (`reason`: `length`, it was not as long as its

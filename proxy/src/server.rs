@@ -239,6 +239,7 @@ pub async fn start(
         layout: BlockLayout::new(config.block_size.0),
         memory_capacity: config.memory_capacity.0,
         read_window: config.read_window,
+        response_buffer: config.response_buffer.0,
         idle_timeout: config.upstream_idle_timeout.0,
         upstream_concurrency: config.upstream_concurrency,
         disk: disk.clone(),
@@ -268,6 +269,8 @@ pub async fn start(
         metrics.clone(),
     ));
     metrics.observe_memory(blocks.memory().clone());
+    let pinned = blocks.clone();
+    metrics.observe_response_buffer(move || pinned.response_buffer());
     metrics.observe_retries(origin.clone());
     let metadata = Arc::new(MetadataCache::new(
         origin.clone(),
