@@ -47,6 +47,26 @@ impl PeerSecret {
         mac.finalize().into_bytes().to_vec()
     }
 
+    /// The MAC of piece `seq` of the answer to the request signed by `request` (its
+    /// [`HEADER`] value): binds each piece of an answer to the secret, to that very request and
+    /// to its place in the answer, so a piece cannot be forged, replayed into another answer or
+    /// moved.
+    pub fn answer_mac(&self, request: &str, seq: u64, data: &[u8]) -> [u8; 32] {
+        let mut mac = <hmac::Hmac<Sha256> as KeyInit>::new_from_slice(&self.0)
+            .unwrap_or_else(|_| unreachable!("HMAC takes keys of any length"));
+        mac.update(b"larder-peer-answer-v1\n");
+        mac.update(request.as_bytes());
+        mac.update(&seq.to_be_bytes());
+        mac.update(&(data.len() as u64).to_be_bytes());
+        mac.update(data);
+        mac.finalize().into_bytes().into()
+    }
+
+    /// Whether `mac` is [`PeerSecret::answer_mac`] of these (in constant time).
+    pub fn verify_answer(&self, request: &str, seq: u64, data: &[u8], mac: &[u8]) -> bool {
+        bool::from(self.answer_mac(request, seq, data).ct_eq(mac))
+    }
+
     /// The header value signing a request sent now.
     pub fn sign(&self, method: &str, path_and_query: &str) -> String {
         let time = unix_now();

@@ -19,6 +19,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use serde::{Deserialize, Serialize};
 
 use super::auth::{PeerSecret, HEADER};
+use super::seal;
 use super::wire::{self, FrameError, WireError};
 use crate::origin::{BodyStream, ObjectId, ObjectMeta, OriginError};
 
@@ -104,13 +105,16 @@ impl PeerClient {
         self.deadline
     }
 
+    /// Ask `peer`; a successful answer comes back with its body already checked frame by frame
+    /// ([`seal::unseal`]): only bytes the owner sent for this very request get through.
     async fn send(
         &self,
         peer: &str,
         path_and_query: String,
-    ) -> Result<http::Response<hyper::body::Incoming>, PeerError> {
+    ) -> Result<(StatusCode, BodyStream), PeerError> {
+        let signature = self.secret.sign("GET", &path_and_query);
         let request = Request::get(format!("http://{peer}{path_and_query}"))
-            .header(HEADER, self.secret.sign("GET", &path_and_query))
+            .header(HEADER, &signature)
             .body(Empty::new())
             .map_err(|e| PeerError::unavailable("error", e))?;
         let response = match tokio::time::timeout(self.deadline, self.http.request(request)).await {
@@ -118,15 +122,35 @@ impl PeerClient {
             Ok(Err(e)) => return Err(PeerError::unavailable("unreachable", e)),
             Ok(Ok(r)) => r,
         };
-        if response.status().is_success() {
-            return Ok(response);
-        }
         let status = response.status();
+        if status.is_success() {
+            let body = seal::unseal(
+                self.secret.clone(),
+                signature,
+                body_stream(response.into_body()),
+            );
+            return Ok((status, body));
+        }
+        let mac = response
+            .headers()
+            .get(seal::MAC_HEADER)
+            .and_then(|v| hex::decode(v.as_bytes()).ok());
         let body = Limited::new(response.into_body(), MAX_ERROR_BODY).collect();
         let body = match tokio::time::timeout(self.deadline, body).await {
             Ok(Ok(b)) => b.to_bytes(),
             _ => Bytes::new(),
         };
+        // An error answer is acted on (relayed to the client) only if the owner signed it.
+        let genuine = mac.is_some_and(|mac| {
+            self.secret
+                .verify_answer(&signature, seal::ERROR_SEQ, &body, &mac)
+        });
+        if !genuine {
+            return Err(PeerError::unavailable(
+                "error",
+                format!("peer answered {status} without a valid MAC"),
+            ));
+        }
         match serde_json::from_slice::<WireError>(&body) {
             Ok(error) => match error.into_answer() {
                 Some(answer) => Err(PeerError::Answer(answer)),
@@ -166,8 +190,8 @@ impl PeerClient {
                 ("size", &size),
             ],
         );
-        let response = self.send(peer, format!("/v1/block?{query}")).await?;
-        Ok(body_stream(response.into_body()))
+        let (_, body) = self.send(peer, format!("/v1/block?{query}")).await?;
+        Ok(body)
     }
 
     /// Metadata and block `index` of an object this replica knows nothing of, from its owner,
@@ -180,11 +204,10 @@ impl PeerClient {
         index: u64,
     ) -> Result<Option<Opened>, PeerError> {
         let query = self.query(object, &[("index", &index.to_string())]);
-        let response = self.send(peer, format!("/v1/open?{query}")).await?;
-        if response.status() == StatusCode::NO_CONTENT {
+        let (status, mut body) = self.send(peer, format!("/v1/open?{query}")).await?;
+        if status == StatusCode::NO_CONTENT {
             return Ok(None);
         }
-        let mut body = body_stream(response.into_body());
         let mut buf = BytesMut::new();
         let (meta, age) = loop {
             match wire::decode_meta(&mut buf) {
@@ -208,13 +231,21 @@ impl PeerClient {
 
     /// What `peer` says about itself.
     pub async fn info(&self, peer: &str) -> Result<Info, PeerError> {
-        let response = self.send(peer, "/v1/info".to_owned()).await?;
-        let body = Limited::new(response.into_body(), MAX_ERROR_BODY).collect();
-        let body = tokio::time::timeout(self.deadline, body)
+        let (_, body) = self.send(peer, "/v1/info".to_owned()).await?;
+        let collect = async {
+            let mut buf = Vec::new();
+            let mut body = body;
+            while let Some(chunk) = body.next().await {
+                buf.extend_from_slice(&chunk.map_err(|e| PeerError::unavailable("error", e))?);
+                if buf.len() > MAX_ERROR_BODY {
+                    return Err(PeerError::unavailable("error", "info too long"));
+                }
+            }
+            Ok(buf)
+        };
+        let body = tokio::time::timeout(self.deadline, collect)
             .await
-            .map_err(|_| PeerError::unavailable("timeout", "info late"))?
-            .map_err(|e| PeerError::unavailable("error", e))?
-            .to_bytes();
+            .map_err(|_| PeerError::unavailable("timeout", "info late"))??;
         serde_json::from_slice(&body).map_err(|e| PeerError::unavailable("error", e))
     }
 

@@ -11,6 +11,7 @@ pub mod auth;
 pub mod client;
 pub mod membership;
 pub mod ring;
+pub mod seal;
 pub mod server;
 pub mod wire;
 

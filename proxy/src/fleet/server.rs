@@ -24,6 +24,7 @@ use http::{header, Method, StatusCode};
 
 use super::auth::{PeerSecret, HEADER};
 use super::client::Info;
+use super::seal;
 use super::wire::{self, WireError};
 use crate::blocks::BlockStore;
 use crate::metadata::{MetadataCache, Source};
@@ -53,32 +54,63 @@ type Params = HashMap<String, String>;
 
 async fn handle(State(peer): State<Arc<PeerState>>, req: Request) -> Response {
     let path_and_query = req.uri().path_and_query().map_or("/", |p| p.as_str());
-    let signed = req
+    let signature = req
         .headers()
         .get(HEADER)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|h| peer.secret.verify(h, req.method().as_str(), path_and_query));
-    if !signed {
+        .filter(|h| peer.secret.verify(h, req.method().as_str(), path_and_query))
+        .map(str::to_owned);
+    let Some(signature) = signature else {
         peer.metrics
             .peer_request("served", "unknown", "refused", None);
         return refuse(StatusCode::FORBIDDEN, "not signed with the fleet secret");
+    };
+    let (parts, _) = req.into_parts();
+    let response = answer(&peer, &parts).await;
+    authenticate(&peer.secret, &signature, response).await
+}
+
+/// Seal an answer for the request signed by `signature`: a successful body is sent as
+/// authenticated frames ([`seal`]), an error body (small JSON) with its MAC in a header.
+async fn authenticate(secret: &PeerSecret, signature: &str, response: Response) -> Response {
+    let (mut parts, body) = response.into_parts();
+    if parts.status.is_success() {
+        let sealed = seal::seal(secret.clone(), signature.to_owned(), body_stream(body));
+        return Response::from_parts(parts, Body::from_stream(sealed));
     }
-    let params: Params = form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())
+    let bytes = axum::body::to_bytes(body, 64 * 1024)
+        .await
+        .unwrap_or_default();
+    let mac = secret.answer_mac(signature, seal::ERROR_SEQ, &bytes);
+    if let Ok(v) = header::HeaderValue::from_str(&hex::encode(mac)) {
+        parts.headers.insert(seal::MAC_HEADER, v);
+    }
+    Response::from_parts(parts, Body::from(bytes))
+}
+
+fn body_stream(body: Body) -> stream::BoxStream<'static, Result<Bytes, OriginError>> {
+    body.into_data_stream()
+        .map(|r| r.map_err(|e| OriginError::Transport(e.to_string())))
+        .boxed()
+}
+
+async fn answer(peer: &PeerState, req: &http::request::Parts) -> Response {
+    let params: Params = form_urlencoded::parse(req.uri.query().unwrap_or("").as_bytes())
         .into_owned()
         .collect();
-    if req.method() != Method::GET {
+    if req.method != Method::GET {
         return refuse(StatusCode::METHOD_NOT_ALLOWED, "GET only");
     }
-    match req.uri().path() {
+    match req.uri.path() {
         "/v1/info" => json(&peer.info),
         "/v1/block" => {
-            let response = block(&peer, &params).await;
+            let response = block(peer, &params).await;
             peer.metrics
                 .peer_request("served", "block", outcome(&response), None);
             response
         }
         "/v1/open" => {
-            let response = open(&peer, &params).await;
+            let response = open(peer, &params).await;
             peer.metrics
                 .peer_request("served", "open", outcome(&response), None);
             response

@@ -383,3 +383,54 @@ async fn two_busy_replicas_asking_each_other_do_not_stall() {
         "each block once, by its owner"
     );
 }
+
+/// A replica that speaks the peer protocol without the fleet's secret (a spoofed DNS member,
+/// or a box on the path of cleartext h2c): its answers look right but are not sealed.
+async fn impostor() -> String {
+    use axum::routing::get;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let info = serde_json::to_vec(&Info {
+        id: 9,
+        zone: None,
+        block_size: BLOCK,
+    })
+    .unwrap();
+    let not_found = serde_json::to_vec(&super::wire::WireError::Service {
+        status: 404,
+        code: "NoSuchKey".into(),
+        message: "forged".into(),
+    })
+    .unwrap();
+    let router = axum::Router::new()
+        .route("/v1/info", get(move || async move { info.clone() }))
+        .route("/v1/block", get(|| async { vec![0x66u8; BLOCK as usize] }))
+        .route(
+            "/v1/open",
+            get(move || async move { (http::StatusCode::NOT_FOUND, not_found.clone()) }),
+        );
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    addr
+}
+
+#[tokio::test]
+async fn answers_from_a_peer_without_the_secret_are_never_used() {
+    let peer = impostor().await;
+    let client = PeerClient::new(secret(), Duration::from_secs(2), BLOCK);
+    // Not admitted as a member: its info does not verify.
+    assert!(client.info(&peer).await.is_err());
+    // Its block bytes never reach a reader: the stream fails before the first byte.
+    let mut body = client
+        .block(&peer, &object(), "\"e1\"", 0..BLOCK, SIZE as u64)
+        .await
+        .unwrap();
+    match body.next().await {
+        Some(Err(_)) => {}
+        other => panic!("unsealed bytes were released: {other:?}"),
+    }
+    // Its error answers are not relayed as the upstream's (a fallback to S3 instead).
+    assert!(matches!(
+        client.open(&peer, &object(), 0).await,
+        Err(client::PeerError::Unavailable { .. })
+    ));
+}
