@@ -298,3 +298,40 @@ def test_a_deleted_bucket_answers_no_such_bucket_at_once(larder, direct, bucket)
     c.delete_bucket(Bucket=bucket)
     assert error_of(c.get_object, Bucket=bucket, Key="k") == (404, "NoSuchBucket")
     assert error_of(c.head_object, Bucket=bucket, Key="k")[0] == 404
+
+
+def test_a_fleet_member_without_the_secret_is_never_trusted(make_larder, workdir, direct, bucket):
+    from conftest import free_port
+    from fake_peer import FakePeer
+    from test_fleet import fleet_state, metric
+    block = 64 * 1024
+    port = free_port()
+    # The impostor answers on the peer port of 127.0.0.2: listed as a member, as a spoofed DNS
+    # answer or an edited member file would list it.
+    fake = FakePeer("127.0.0.2", port, block)
+    try:
+        secret = workdir / "impostor.secret"
+        secret.write_text("fleet-e2e-shared-secret-0123456789\n")
+        members = workdir / "impostor.peers"
+        members.write_text(f"127.0.0.1:{port}\n127.0.0.2:{port}\n")
+        l = make_larder("--block-size", "64KiB", "--fleet-listen", f"127.0.0.1:{port}",
+                        "--fleet-peers-file", str(members), "--fleet-secret-file", str(secret),
+                        "--fleet-refresh", "300ms", name="impostor-fleet")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not fake.requests:
+            time.sleep(0.1)
+        assert fake.requests, "the impostor was probed"
+        time.sleep(1.0)
+        # Not admitted: its /v1/info is not sealed with the secret.
+        assert len(fleet_state(l)["members"]) == 1, fleet_state(l)
+        # Every byte served is the object's, whichever blocks the impostor would have owned.
+        data = random.Random(5).randbytes(40 * block + 123)
+        direct.put_object(Bucket=bucket, Key="o", Body=data)
+        c = l.client()
+        assert c.get_object(Bucket=bucket, Key="o")["Body"].read() == data
+        for start in (0, 7 * block, 33 * block + 9):
+            got = c.get_object(Bucket=bucket, Key="o", Range=f"bytes={start}-{start + block}")["Body"].read()
+            assert got == data[start:start + block + 1], start
+        assert metric(l, "larder_peer_bytes_total", direction="received") == 0
+    finally:
+        fake.close()
