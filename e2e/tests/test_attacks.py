@@ -335,3 +335,63 @@ def test_a_fleet_member_without_the_secret_is_never_trusted(make_larder, workdir
         assert metric(l, "larder_peer_bytes_total", direction="received") == 0
     finally:
         fake.close()
+
+
+def _post_form(url, fields, file_name, data, content_type="application/octet-stream", extra_parts=b""):
+    """POST a form as a browser does: the fields, then the file, last."""
+    import urllib3
+    body, ctype = urllib3.encode_multipart_formdata(
+        list(fields.items()) + [("file", (file_name, data, content_type))])
+    if extra_parts:
+        boundary = ctype.split("boundary=")[1]
+        closing = f"--{boundary}--\r\n".encode()
+        body = body[: -len(closing)] + extra_parts.replace(b"BOUNDARY", boundary.encode()) + closing
+    return fetch(url, "POST", {"Content-Type": ctype}, body)
+
+
+@pytest.mark.parametrize("signature_version", ["s3v4", "s3"])
+def test_browser_form_uploads_are_verified_then_re_signed(logs_world, direct, signature_version):
+    larder, secret, logs_a, logs_b = logs_world
+    writer = larder.client(READER_KEY, READER_SECRET, signature_version=signature_version)
+    post = writer.generate_presigned_post(
+        logs_a, "uploads/${filename}",
+        Fields={"Content-Type": "text/csv"},
+        Conditions=[["starts-with", "$key", "uploads/"], ["content-length-range", 1, 1024],
+                    {"Content-Type": "text/csv"}],
+        ExpiresIn=300)
+    status, body = _post_form(post["url"], post["fields"], "report.csv", b"a,b\n1,2\n")
+    assert status == 204, body
+    got = direct.get_object(Bucket=logs_a, Key="uploads/report.csv")
+    assert got["Body"].read() == b"a,b\n1,2\n" and got["ContentType"] == "text/csv"
+    # What the policy does not allow is refused, and nothing is stored.
+    fields = dict(post["fields"])
+    cases = [
+        ({**fields, "key": "elsewhere/x.csv"}, "x.csv", b"x", 403),               # key outside the prefix
+        ({**fields, "Content-Type": "text/html"}, "x.csv", b"x", 403),             # a field changed
+        ({**fields, "x-amz-meta-extra": "1"}, "x.csv", b"x", 403),                 # a field not covered
+        (fields, "big.csv", b"x" * 2048, 400),                                      # over content-length-range
+        ({**fields, "policy": fields["policy"][:-4] + "AAA="}, "x.csv", b"x", 403),  # tampered policy
+    ]
+    for form, name, data, want in cases:
+        status, body = _post_form(post["url"], form, name, data)
+        assert status == want, (form.keys(), body)
+    listed = direct.list_objects_v2(Bucket=logs_a, Prefix="")
+    assert [o["Key"] for o in listed.get("Contents", [])] == ["uploads/report.csv"], listed
+    # The same policy posted to another bucket: its bucket condition fails.
+    status, _ = _post_form(post["url"].replace(logs_a, logs_b), fields, "y.csv", b"y")
+    assert status == 403
+    # A policy the client key signs for a bucket its own policy excludes: refused by Larder.
+    bad = writer.generate_presigned_post(secret, "loot.csv", ExpiresIn=300)
+    status, body = _post_form(bad["url"], bad["fields"], "loot.csv", b"loot")
+    assert status == 403 and b"AccessDenied" in body
+    assert not exists(direct, secret, "loot.csv")
+    # A part after the file (which S3 ignores) is refused rather than sent as part of the file.
+    extra = b"\r\n--BOUNDARY\r\nContent-Disposition: form-data; name=\"x-ignore-me\"\r\n\r\nsmuggled"
+    status, _ = _post_form(post["url"], fields, "smuggle.csv", b"data", extra_parts=extra)
+    assert status >= 400
+    assert not exists(direct, logs_a, "uploads/smuggle.csv")
+    # An expired policy.
+    old = writer.generate_presigned_post(logs_a, "uploads/${filename}", ExpiresIn=1)
+    time.sleep(2.1)
+    status, body = _post_form(old["url"], old["fields"], "late.csv", b"late")
+    assert status == 403 and b"expired" in body

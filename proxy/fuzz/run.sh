@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${LARDER_FUZZ_SECONDS:-20}"
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(request range auth chunked copy_source)
+[ ${#targets[@]} -eq 0 ] && targets=(request range auth chunked copy_source form)
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 for t in "${targets[@]}"; do

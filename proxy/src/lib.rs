@@ -10,6 +10,7 @@ pub mod blocks;
 pub mod config;
 pub mod demo;
 pub mod fleet;
+pub mod form_upload;
 pub mod metadata;
 pub mod metrics;
 pub mod origin;

@@ -34,7 +34,15 @@ pub enum RequestClass {
 impl RequestClass {
     /// The class of an operation named by [`crate::routes`].
     pub fn of(operation: &str) -> Self {
-        const PUT: [&str; 6] = ["List", "Put", "Copy", "Create", "Complete", "UploadPart"];
+        const PUT: [&str; 7] = [
+            "List",
+            "Put",
+            "Post",
+            "Copy",
+            "Create",
+            "Complete",
+            "UploadPart",
+        ];
         if PUT.iter().any(|p| operation.starts_with(p)) {
             RequestClass::Put
         } else if operation.starts_with("Delete")
@@ -953,6 +961,7 @@ mod tests {
         }
         for op in [
             "PutObject",
+            "PostObject",
             "CopyObject",
             "ListObjectsV2",
             "ListBuckets",

@@ -3,6 +3,7 @@
 
 pub mod chunked;
 pub mod keys;
+pub mod post_policy;
 pub mod signed;
 pub mod sigv2;
 pub mod sigv4;
@@ -103,6 +104,35 @@ impl Authenticator {
         };
         principal.signed.check(&parts.headers)?;
         Ok(principal)
+    }
+}
+
+impl Authenticator {
+    /// Who signed a browser-form upload of `key` to `bucket`, and the file sizes its policy
+    /// allows ([`post_policy`]). With authentication off, anyone, any size S3 takes.
+    pub fn form_upload(
+        &self,
+        head: &crate::s3::form::FormHead,
+        bucket: &str,
+        key: &str,
+    ) -> Result<(Principal, post_policy::LengthRange), S3Error> {
+        match self {
+            Authenticator::SigV4(keys) => {
+                post_policy::verify(head, bucket, key, keys, SystemTime::now())
+            }
+            Authenticator::None => Ok((
+                Principal {
+                    access_key: None,
+                    policy: None,
+                    payload: Payload::Unsigned,
+                    signed: Signed::Unchecked,
+                },
+                post_policy::LengthRange {
+                    min: 0,
+                    max: post_policy::MAX_OBJECT,
+                },
+            )),
+        }
     }
 }
 

@@ -161,13 +161,13 @@ fn query_error(message: &str) -> S3Error {
 }
 
 /// The parts of a credential scope: `AKID/20261122/us-east-1/s3/aws4_request`.
-struct Credential<'a> {
-    access_key: &'a str,
-    date: &'a str,
-    region: &'a str,
+pub(crate) struct Credential<'a> {
+    pub(crate) access_key: &'a str,
+    pub(crate) date: &'a str,
+    pub(crate) region: &'a str,
 }
 
-fn parse_credential(value: &str) -> Option<Credential<'_>> {
+pub(crate) fn parse_credential(value: &str) -> Option<Credential<'_>> {
     let mut parts = value.rsplitn(5, '/');
     let terminator = parts.next()?;
     let service = parts.next()?;

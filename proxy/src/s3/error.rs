@@ -62,6 +62,14 @@ pub enum S3Error {
     /// 400 IncompleteBody: a streamed upload's framing or length is wrong.
     #[error("{0}")]
     IncompleteBody(String),
+    /// 400 MalformedPOSTRequest: a browser-form upload's body is not well-formed
+    /// multipart/form-data.
+    #[error("{0}")]
+    MalformedPostRequest(String),
+    /// 400 EntityTooSmall / EntityTooLarge: a form upload's file is outside the policy's
+    /// `content-length-range`.
+    #[error("Your proposed upload is {0} than the policy allows")]
+    EntitySize(&'static str),
     /// 411 MissingContentLength.
     #[error("You must provide the Content-Length HTTP header.")]
     MissingContentLength,
@@ -110,6 +118,9 @@ impl S3Error {
             S3Error::InvalidRequest(_) => "InvalidRequest",
             S3Error::IncompleteBody(_) => "IncompleteBody",
             S3Error::MissingContentLength => "MissingContentLength",
+            S3Error::MalformedPostRequest(_) => "MalformedPOSTRequest",
+            S3Error::EntitySize("smaller") => "EntityTooSmall",
+            S3Error::EntitySize(_) => "EntityTooLarge",
             S3Error::MaxMessageLengthExceeded => "MaxMessageLengthExceeded",
             S3Error::InternalError => "InternalError",
             S3Error::Upstream { code, .. } => code,
@@ -130,6 +141,8 @@ impl S3Error {
             | S3Error::AuthorizationQueryParametersError(_)
             | S3Error::InvalidRequest(_)
             | S3Error::IncompleteBody(_)
+            | S3Error::MalformedPostRequest(_)
+            | S3Error::EntitySize(_)
             | S3Error::MaxMessageLengthExceeded => StatusCode::BAD_REQUEST,
             S3Error::InvalidAccessKeyId
             | S3Error::SignatureDoesNotMatch

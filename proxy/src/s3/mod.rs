@@ -4,6 +4,7 @@
 pub mod conditional;
 pub mod copy_source;
 pub mod error;
+pub mod form;
 pub mod headers;
 pub mod range;
 pub mod request;
