@@ -274,6 +274,15 @@ def test_fidelity_gaps_answer_as_s3_does(larder, direct, bucket, upstream):
         direct.put_object(Bucket=bucket, Key=key, Body=key.encode() * 3)
         got = larder.client().get_object(Bucket=bucket, Key=key)
         assert got["Body"].read() == key.encode() * 3, repr(key)
+    # The lifecycle expiry S3 and MinIO send with GET and HEAD comes through Larder too.
+    direct.put_bucket_lifecycle_configuration(Bucket=bucket, LifecycleConfiguration={"Rules": [
+        {"ID": "expire", "Status": "Enabled", "Filter": {"Prefix": ""}, "Expiration": {"Days": 3}}]})
+    direct.put_object(Bucket=bucket, Key="expiring", Body=b"soon")
+    want = direct.head_object(Bucket=bucket, Key="expiring")["ResponseMetadata"]["HTTPHeaders"].get("x-amz-expiration")
+    assert want, "MinIO sends x-amz-expiration under a lifecycle rule"
+    for call in (larder.client().get_object, larder.client().head_object):
+        got = call(Bucket=bucket, Key="expiring")["ResponseMetadata"]["HTTPHeaders"].get("x-amz-expiration")
+        assert got == want, (call, got, want)
     # A presigned URL valid for 0 seconds: 403, as S3 answers.
     v4 = larder.client(signature_version="s3v4")
     url = v4.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": " "}, ExpiresIn=0)
