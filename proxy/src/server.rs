@@ -538,7 +538,7 @@ async fn serve_one<I, S>(
     S::Future: Send + 'static,
     S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let conn = http.serve_connection_with_upgrades(TokioIo::new(io), service);
+    let conn = http.serve_connection(TokioIo::new(io), service);
     tokio::pin!(conn);
     let tick = (limits.header_timeout.min(limits.idle_timeout) / 4).max(Duration::from_millis(50));
     let mut closing: Option<tokio::time::Instant> = None;
