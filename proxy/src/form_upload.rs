@@ -15,9 +15,10 @@ use futures::stream::{self, StreamExt};
 use http::request::Parts;
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 
-use crate::origin::forward::{Forward, Reshaped};
+use crate::auth::Authenticator;
+use crate::metadata::MetadataCache;
+use crate::origin::forward::{Forward, Forwarder, Reshaped};
 use crate::origin::ObjectId;
-use crate::routes::AppState;
 use crate::s3::form::{self, FormHead};
 use crate::s3::request::{Target, MAX_KEY_LEN};
 use crate::s3::S3Error;
@@ -58,9 +59,19 @@ fn header_of(field: &str) -> Option<&str> {
     }
 }
 
+/// What a form upload needs of the S3 front.
+pub struct Uploader<'a> {
+    /// Who may upload: verifies the form's policy.
+    pub auth: &'a Authenticator,
+    /// Metadata to forget once the object is written.
+    pub metadata: &'a MetadataCache,
+    /// The upstream the file goes to.
+    pub forwarder: &'a Forwarder,
+}
+
 /// Serve one form upload to `bucket`.
 pub async fn upload(
-    app: &AppState,
+    app: Uploader<'_>,
     req: Parts,
     body: Body,
     bucket: String,

@@ -214,7 +214,12 @@ impl AppState {
         if let Ok(t @ Target::Bucket(bucket)) = &target {
             if crate::form_upload::is_form_upload(&req, t) {
                 let bucket = bucket.clone();
-                let result = crate::form_upload::upload(self, req, body, bucket.clone()).await;
+                let uploader = crate::form_upload::Uploader {
+                    auth: &self.auth,
+                    metadata: &self.metadata,
+                    forwarder: &self.forwarder,
+                };
+                let result = crate::form_upload::upload(uploader, req, body, bucket.clone()).await;
                 return ("PostObject", Some(bucket), result.map(|r| (r, "pass")));
             }
         }
