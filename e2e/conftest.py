@@ -49,6 +49,19 @@ def wait_http(url: str, timeout: float = 60.0):
     raise RuntimeError(f"{url} not ready after {timeout}s: {last}")
 
 
+def wait_until(condition, timeout: float, what: str, interval: float = 0.05):
+    """Poll `condition` until it returns something truthy (returned); fail naming `what` if it
+    has not within `timeout` seconds. For what happens behind a response (a block landing in
+    memory, a counter being published), instead of a fixed sleep."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = condition()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"{what}: not within {timeout}s (last: {got!r})"
+        time.sleep(interval)
+
+
 def binary(name: str) -> str:
     profile = os.environ.get("LARDER_E2E_PROFILE", "release")
     path = ROOT / "target" / profile / name

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from botocore.exceptions import BotoCoreError, ClientError
 
 from conftest import binary
+from threads import run_all
 
 MiB = 1 << 20
 BLOCK = 8 * MiB
@@ -55,9 +56,15 @@ def test_a_cold_range_fetches_only_the_blocks_it_touches(larder, direct, bucket,
         f"bytes={3 * BLOCK}-{4 * BLOCK - 1}", f"bytes={4 * BLOCK}-{5 * BLOCK - 1}"]
     # A suffix read of the last bytes: only the last block.
     assert client.get_object(Bucket=bucket, Key="sparse.bin", Range="bytes=-100")["Body"].read() == data[-100:]
-    assert len(upstream.seen("GET", f"/{bucket}/sparse.bin")) == 3
-    # Every block fetch is pinned to the version it belongs to.
-    assert all(r[0] == "GET" for r in upstream.seen("GET", f"/{bucket}/sparse.bin"))
+    gets = upstream.seen_with_headers("GET", f"/{bucket}/sparse.bin")
+    assert [h.get("range") for _, _, h in gets] == [
+        f"bytes={3 * BLOCK}-{4 * BLOCK - 1}", f"bytes={4 * BLOCK}-{5 * BLOCK - 1}", f"bytes={7 * BLOCK}-{size - 1}"]
+    # Every block fetch after the first is pinned to the version the first one found (the first
+    # is what told Larder the ETag), so a block of another version can never join them.
+    etag = direct.head_object(Bucket=bucket, Key="sparse.bin")["ETag"]
+    assert [h.get("if-match") for _, _, h in gets[1:]] == [etag, etag], gets
+    # And each was signed by Larder for the upstream, not passed on from the client.
+    assert all("Credential=larder-e2e/" in h.get("authorization", "") for _, _, h in gets), gets
 
 
 def test_a_cold_footer_read_is_one_get_and_its_block_follows(larder, direct, bucket, upstream):
@@ -102,6 +109,7 @@ def test_overwrite_is_seen_after_the_ttl_and_versions_never_mix(make_larder, dir
     seen = {"v1": 0, "v2": 0, "broken": 0}
     mixed = []
     lock = threading.Lock()
+    overwritten = []
 
     def reader(i):
         c = larder.client()
@@ -127,16 +135,20 @@ def test_overwrite_is_seen_after_the_ttl_and_versions_never_mix(make_larder, dir
                 else:
                     mixed.append(want)
 
-    threads = [threading.Thread(target=reader, args=(i,)) for i in range(6)]
-    for t in threads:
-        t.start()
-    time.sleep(1)
-    direct.put_object(Bucket=bucket, Key="changing.bin", Body=v2)
-    overwritten = time.monotonic()
-    for t in threads:
-        t.join()
+    def writer():
+        time.sleep(1)
+        direct.put_object(Bucket=bucket, Key="changing.bin", Body=v2)
+        overwritten.append(time.monotonic())
+
+    run_all(lambda job: job(), [writer] + [lambda i=i: reader(i) for i in range(6)], timeout=3 * ttl + 60,
+            what="overwrite readers")
+    overwritten = overwritten[0]
     assert not mixed, f"responses mixing versions: {mixed[:5]}"
     assert seen["v1"] > 0 and seen["v2"] > 0, seen
+    # A read whose response began with one version cannot end with the other: it fails cleanly.
+    # Only the reads in flight when Larder learns of the change may do so, never most of them.
+    total = seen["v1"] + seen["v2"] + seen["broken"]
+    assert seen["broken"] <= max(6, total // 20), seen
     # Once the TTL has passed, only the new version is served.
     time.sleep(max(0.0, overwritten + ttl + 0.5 - time.monotonic()))
     for _ in range(5):

@@ -14,6 +14,7 @@ import urllib.request
 import pytest
 
 from conftest import ROOT, free_port
+from threads import run_all
 
 SECRET = "fleet-e2e-shared-secret-0123456789"
 
@@ -108,24 +109,19 @@ def test_48_readers_over_three_replicas_fetch_each_block_once(make_larder, workd
     upstream.delay = 0.02  # answer like S3 does, so the readers truly overlap
     clients = [node.client() for node in fleet.nodes]
     barrier = threading.Barrier(48)
-    failures = []
 
     def reader(i):
         client = clients[i % 3]
         keys = list(objects)
         random.Random(i).shuffle(keys)
-        barrier.wait()
+        barrier.wait(timeout=60)
         for key in keys:
             body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
-            if body != objects[key]:
-                failures.append((i, key, len(body)))
+            assert body == objects[key], f"reader {i}: {key} came back as {len(body)} other bytes"
+        return len(keys)
 
-    threads = [threading.Thread(target=reader, args=(i,)) for i in range(48)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not failures, failures
+    # Every reader must finish, each of its reads whole and right: one failure fails the test.
+    assert run_all(reader, list(range(48)), timeout=120, what="herd readers") == [len(objects)] * 48
     gets = gets_of(upstream, bucket)
     expected = sum(blocks_of(s) for s in sizes)
     ranges = [(path, rng) for _, path, rng in gets]
@@ -193,7 +189,7 @@ def test_a_replica_killed_mid_workload_costs_no_wrong_byte(make_larder, workdir,
             with lock:
                 progress[0] += 1
 
-    threads = [threading.Thread(target=reader, args=(i,)) for i in range(8)]
+    threads = [threading.Thread(target=reader, args=(i,), daemon=True) for i in range(8)]
     for t in threads:
         t.start()
     deadline = time.monotonic() + 60
@@ -201,8 +197,10 @@ def test_a_replica_killed_mid_workload_costs_no_wrong_byte(make_larder, workdir,
         time.sleep(0.01)
     victim.kill()
     killed_at = progress[0]
+    deadline = time.monotonic() + 180
     for t in threads:
-        t.join(timeout=180)
+        t.join(timeout=max(0.0, deadline - time.monotonic()))
+    assert not any(t.is_alive() for t in threads), "readers still running 180 s after the kill"
     assert progress[0] == 480
     assert 0 < killed_at < 480
     assert not failures, failures[:5]
