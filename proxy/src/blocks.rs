@@ -230,8 +230,6 @@ pub enum Warmed {
 
 /// Most read-ahead blocks whose use is tracked (for the waste metric).
 const PREFETCH_TRACKED: u64 = 65_536;
-/// A read-ahead block nobody read within this long counts as wasted.
-const PREFETCH_UNUSED_AFTER: Duration = Duration::from_secs(600);
 
 /// How a [`BlockStore`] reads and fetches.
 #[derive(Clone)]
@@ -319,7 +317,7 @@ impl BlockStore {
                 let metrics = metrics.clone();
                 moka::sync::Cache::builder()
                     .max_capacity(PREFETCH_TRACKED)
-                    .time_to_live(PREFETCH_UNUSED_AFTER)
+                    .time_to_live(config.prefetch.unused_after)
                     .eviction_listener(move |_, bytes, cause| {
                         if cause != moka::notification::RemovalCause::Explicit
                             && cause != moka::notification::RemovalCause::Replaced
@@ -1455,20 +1453,30 @@ mod tests {
 
     #[tokio::test]
     async fn in_order_ranged_reads_are_read_ahead_and_waste_is_counted() {
+        let unused_after = Duration::from_millis(300);
         let (store, origin, id, etag) = setup_with(64 * 4096, Duration::ZERO, 8, |c| {
             c.prefetch = PrefetchConfig {
                 enabled: true,
                 min_window: 2,
                 max_window: 4,
                 max_inflight: 8,
+                unused_after,
             }
         });
         let size = 64 * 4096;
         let mut hits = 0;
         for i in 0..8u64 {
             let range = i * 4096..(i + 1) * 4096;
-            // Let the previous read-ahead land.
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            // Give the read-ahead of the reads before a generous while to land: waited for, not
+            // slept on, so a loaded machine neither fails this nor lets a broken read-ahead pass
+            // (it would never land, and the block below would be a miss).
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            while i >= 2
+                && store.classify(&id, &etag, range.clone(), size) != CacheResult::HitMemory
+                && tokio::time::Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
             if store.classify(&id, &etag, range.clone(), size) == CacheResult::HitMemory {
                 hits += 1;
             }
@@ -1483,8 +1491,23 @@ mod tests {
         }
         // Reads 0 and 1 establish the sequence; from read 2 on, each block was already there.
         assert_eq!(hits, 6);
+        // Let the last read-ahead land (every fetch it issued finished), then count.
+        let issued = || {
+            store
+                .metrics
+                .snapshot()
+                .sum("larder_prefetch_blocks_total", &[("outcome", "issued")])
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while (store.flights.in_flight() > 0
+            || store.prefetch_slots.available_permits() < 8
+            || origin.gets.load(Ordering::SeqCst) as f64 != 2.0 + issued())
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
         let s = store.metrics.snapshot();
-        let issued = s.sum("larder_prefetch_blocks_total", &[("outcome", "issued")]);
+        let issued = issued();
         assert!(issued >= 7.0, "{issued}");
         // Every block was fetched once: read-ahead replaced demand fetches, it did not add any
         // but the ones ahead of the last read.
@@ -1493,6 +1516,27 @@ mod tests {
             s.sum("larder_prefetch_bytes_total", &[("outcome", "used")]),
             6.0 * 4096.0
         );
+        // The blocks read ahead of the last read were never read: once unread for
+        // `unused_after`, exactly they are counted as wasted.
+        assert_eq!(
+            s.sum("larder_prefetch_bytes_total", &[("outcome", "wasted")]),
+            0.0
+        );
+        let unread = (issued - 6.0) * 4096.0;
+        assert!(unread > 0.0);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let wasted = loop {
+            store.prefetched.run_pending_tasks();
+            let wasted = store
+                .metrics
+                .snapshot()
+                .sum("larder_prefetch_bytes_total", &[("outcome", "wasted")]);
+            if wasted >= unread || tokio::time::Instant::now() >= deadline {
+                break wasted;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(wasted, unread);
     }
 
     #[tokio::test]

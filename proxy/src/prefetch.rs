@@ -24,7 +24,12 @@ pub struct PrefetchConfig {
     pub max_window: u64,
     /// Most prefetches running at once (each holds one block in flight).
     pub max_inflight: usize,
+    /// A block read ahead and not read within this long counts as wasted.
+    pub unused_after: Duration,
 }
+
+/// What [`PrefetchConfig::unused_after`] is outside tests: long enough for a slow reader.
+pub const UNUSED_AFTER: Duration = Duration::from_secs(600);
 
 impl PrefetchConfig {
     /// Read-ahead off.
@@ -34,6 +39,7 @@ impl PrefetchConfig {
             min_window: 1,
             max_window: 1,
             max_inflight: 1,
+            unused_after: UNUSED_AFTER,
         }
     }
 
@@ -141,6 +147,7 @@ mod tests {
                 min_window: 2,
                 max_window: 8,
                 max_inflight: 4,
+                unused_after: UNUSED_AFTER,
             },
             B,
         )

@@ -260,6 +260,7 @@ pub async fn start(
             min_window: config.prefetch_min_window,
             max_window: config.prefetch_max_window,
             max_inflight: config.prefetch_max_inflight,
+            unused_after: crate::prefetch::UNUSED_AFTER,
         },
         fleet: fleet.as_ref().map(|f| f.fleet.clone()),
     };

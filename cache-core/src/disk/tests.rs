@@ -463,8 +463,9 @@ mod crash {
                     .expect("child open");
                 let p = disk.partition("default").expect("default");
                 println!("child ready");
-                // Bounded: far more writes than the test waits for, then exit.
-                for i in 0..200_000u32 {
+                // Bounded, so a child left behind stops by itself; far more writes than the
+                // test waits for (it fails if the child is done before the kill).
+                for i in 0..2_000_000u32 {
                     let key = crash_key(round, i);
                     if p.insert(&key, crash_value(&key)).is_err() {
                         tokio::time::sleep(Duration::from_micros(200)).await;
@@ -494,8 +495,20 @@ mod crash {
                 .spawn()
                 .expect("spawn child");
             tokio::time::sleep(Duration::from_millis(150 + 60 * round as u64)).await;
+            // The child must still be writing when killed: one that already exited either found
+            // wrong bytes itself (its asserts panic) or never ran (a renamed test runs nothing).
+            let early = child.try_wait().expect("child status");
+            assert!(
+                early.is_none(),
+                "round {round}: the child exited before the kill: {early:?}"
+            );
             child.kill().expect("SIGKILL");
-            child.wait().expect("reap");
+            let status = child.wait().expect("reap");
+            assert_eq!(
+                std::os::unix::process::ExitStatusExt::signal(&status),
+                Some(9),
+                "round {round}: the child ended by {status:?}, not by the SIGKILL"
+            );
             let disk = DiskCache::open(small_config(&path)).await.expect("reopen");
             let p = disk.partition("default").expect("default");
             for r in 0..=round {
