@@ -9,12 +9,11 @@ import os
 import re
 import shutil
 import subprocess
-import time
 import urllib.request
 
 import pytest
 
-from conftest import ACCESS_KEY, CLIENT_KEY, CLIENT_SECRET, ROOT, SECRET_KEY, binary, free_port, s3_client, wait_http
+from conftest import ACCESS_KEY, CLIENT_KEY, CLIENT_SECRET, ROOT, SECRET_KEY, binary, free_port, s3_client, wait_http, wait_until
 
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 
@@ -88,10 +87,12 @@ def test_the_image_serves_s3_reads(image, minio, direct, bucket, workdir):
         direct.put_object(Bucket=bucket, Key="from-the-image", Body=b"i" * 100_000)
         client = s3_client(f"http://127.0.0.1:{port}", CLIENT_KEY, CLIENT_SECRET)
         assert client.get_object(Bucket=bucket, Key="from-the-image")["Body"].read() == b"i" * 100_000
-        time.sleep(0.2)  # the block lands in memory as its fetch finishes
-        r = client.get_object(Bucket=bucket, Key="from-the-image")
-        assert r["Body"].read() == b"i" * 100_000
-        assert r["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "hit-memory"
+        def hit():
+            # The block lands in memory as its fetch finishes, just behind the response.
+            r = client.get_object(Bucket=bucket, Key="from-the-image")
+            assert r["Body"].read() == b"i" * 100_000
+            return r["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "hit-memory"
+        wait_until(hit, 10, "a read served from memory")
         with urllib.request.urlopen(f"http://127.0.0.1:{admin}/metrics", timeout=5) as m:
             assert b"larder_requests_total" in m.read()
     finally:

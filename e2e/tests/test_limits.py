@@ -49,14 +49,19 @@ def test_connections_beyond_the_cap_wait_until_one_closes(make_larder, direct, b
 
 
 def until_closed(s: socket.socket) -> bytes:
-    """Everything the server sends on `s` until it closes the connection (or the socket times out)."""
+    """Everything the server sends on `s` until it closes the connection. A server that holds
+    the connection open past the socket's timeout fails the test: hanging is not closing."""
     got = b""
     try:
         while chunk := s.recv(65536):
             got += chunk
-    except (ConnectionResetError, socket.timeout):
+    except ConnectionResetError:
         pass
-    s.close()
+    except socket.timeout:
+        raise AssertionError(f"the server neither closed the connection nor reset it within {s.gettimeout()}s; "
+                             f"it sent {got[:80]!r}") from None
+    finally:
+        s.close()
     return got
 
 

@@ -144,26 +144,49 @@ def test_a_slow_block_get_is_hedged(make_larder, faulty, direct, bucket):
 
 def test_larder_warm_fills_the_cache_so_the_job_reads_without_upstream_gets(make_larder, faulty, direct, bucket, workdir):
     rng = random.Random(4)
-    objects = {f"table/part-{i}.parquet": rng.randbytes(rng.randint(1, 3 * BLOCK)) for i in range(5)}
-    objects["other/skip.bin"] = b"not warmed"
+    objects = {f"table/part-{i}.parquet": rng.randbytes(rng.randint(1, 3 * MiB)) for i in range(5)}
+    skip = rng.randbytes(4 * MiB + 5)
+    objects["other/skip.bin"] = skip
     for key, data in objects.items():
         direct.put_object(Bucket=bucket, Key=key, Body=data)
     larder = start(make_larder, faulty, "--disk-path", str(workdir / f"{bucket}.cache"), "--disk-capacity", "512MiB",
-                   "--disk-region-size", "32MiB", "--memory-capacity", "64MiB", name="warm")
+                   "--disk-region-size", "32MiB", "--memory-capacity", "64MiB", "--block-size", "1MiB", name="warm")
     warm = subprocess.run([binary("larder"), "warm", "--admin", larder.admin, f"s3://{bucket}/table/"],
                           capture_output=True, text=True, timeout=300)
     assert warm.returncode == 0, warm.stderr
     assert "100.0%" in warm.stderr and "0 errors" in warm.stderr, warm.stderr
+    # The warm fetched each block of the prefix once, and nothing outside it.
+    table_blocks = sum(-(-len(d) // MiB) for k, d in objects.items() if k.startswith("table/"))
+    assert len(object_gets(faulty, bucket, "table/")) == table_blocks
+    assert faulty.seen(None, f"/{bucket}/other/") == []
     faulty.reset()
     client = larder.client()
     for key, data in objects.items():
         if key.startswith("table/"):
-            assert client.get_object(Bucket=bucket, Key=key)["Body"].read() == data
+            r = client.get_object(Bucket=bucket, Key=key)
+            assert r["Body"].read() == data
+            assert r["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "hit-disk", key
     assert object_gets(faulty, bucket, "table/") == [], "the job's reads went upstream"
-    # A range of one key, and a job that cannot succeed (exit code 1).
+
+    # A range of one key: only the blocks under it are warmed (the last 64 KiB of 4 MiB + 5
+    # bytes: the last two of five blocks).
     footer = subprocess.run([binary("larder"), "warm", "--admin", larder.admin, "--range", "bytes=-65536",
                              f"s3://{bucket}/other/skip.bin"], capture_output=True, text=True, timeout=60)
     assert footer.returncode == 0, footer.stderr
+    assert sorted(r[2] for r in object_gets(faulty, bucket, "other/skip.bin")) == [
+        f"bytes={3 * MiB}-{4 * MiB - 1}", f"bytes={4 * MiB}-{4 * MiB + 4}"]
+    faulty.reset()
+    r = client.get_object(Bucket=bucket, Key="other/skip.bin", Range="bytes=-65536")
+    assert r["Body"].read() == skip[-65536:]
+    assert r["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "hit-disk"
+    assert object_gets(faulty, bucket, "other/skip.bin") == []
+    # The rest of that key stayed cold: its first block comes from the upstream.
+    r = client.get_object(Bucket=bucket, Key="other/skip.bin", Range="bytes=0-99")
+    assert r["Body"].read() == skip[:100]
+    assert r["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "miss"
+    assert [g[2] for g in object_gets(faulty, bucket, "other/skip.bin")] == [f"bytes=0-{MiB - 1}"]
+
+    # A job that cannot succeed (exit code 1).
     missing = subprocess.run([binary("larder"), "warm", "--admin", larder.admin, "--exact",
                               f"s3://{bucket}/no/such/key"], capture_output=True, text=True, timeout=60)
     assert missing.returncode == 1 and "1 errors" in missing.stderr, missing.stderr
