@@ -29,6 +29,8 @@ class CountingProxy:
         # plus up to `jitter` more at random.
         self.delay = 0.0
         self.jitter = 0.0
+        # Longest a `hang` or `stall` fault holds its connection open.
+        self.hold = 30.0
         # Pending one-shot faults: [kind, remaining, argument, method or None].
         self.faults: list[list] = []
         proxy = self
@@ -66,7 +68,13 @@ class CountingProxy:
                     if self.command != "HEAD":
                         self.wfile.write(err)
                     return
+                if fault and fault[0] == "hang":
+                    # Take the request and say nothing, holding the connection open: an upstream
+                    # that stalls before its first byte without closing.
+                    proxy._hold(self.connection)
+                    return
                 cut_after = fault[1] if fault and fault[0] == "cut" else None
+                stall_after = fault[1] if fault and fault[0] == "stall" else None
                 conn = http.client.HTTPConnection(*proxy.upstream, timeout=60)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
                 conn.request(self.command, self.path, body=body, headers=headers)
@@ -85,6 +93,13 @@ class CountingProxy:
                         chunk = resp.read(64 * 1024)
                         if not chunk:
                             break
+                        if stall_after is not None and sent + len(chunk) > stall_after:
+                            # Send what is allowed, then fall silent with the connection open.
+                            self.wfile.write(chunk[: stall_after - sent])
+                            self.wfile.flush()
+                            conn.close()
+                            proxy._hold(self.connection)
+                            return
                         if cut_after is not None and sent + len(chunk) > cut_after:
                             # Send what is allowed, then drop the connection mid-body.
                             self.wfile.write(chunk[: cut_after - sent])
@@ -116,6 +131,20 @@ class CountingProxy:
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
+    def _hold(self, connection):
+        """Keep `connection` open and silent until the other side closes it or `hold` seconds
+        pass (bounded, so no thread outlives its test by much), then close it."""
+        connection.settimeout(self.hold)
+        try:
+            while connection.recv(65536):
+                pass
+        except OSError:
+            pass
+        try:
+            connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
     def reset(self):
         with self.lock:
             self.requests.clear()
@@ -126,7 +155,9 @@ class CountingProxy:
     def inject(self, kind: str, times: int, arg=None, method: str | None = "GET"):
         """Misbehave on the next `times` requests of `method` (None: any): `status` answers
         arg=(status, code); `reset` closes the connection unanswered; `cut` drops the connection
-        after arg body bytes; `delay` waits arg seconds first."""
+        after arg body bytes; `delay` waits arg seconds first; `hang` never answers and keeps
+        the connection open; `stall` sends the headers and arg body bytes, then nothing more,
+        keeping the connection open."""
         with self.lock:
             self.faults.append([kind, times, arg, method])
 

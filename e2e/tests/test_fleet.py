@@ -7,6 +7,7 @@ Upstream requests are counted where they land (the counting pass-through), not b
 import json
 import random
 import re
+import signal
 import threading
 import time
 import urllib.request
@@ -72,7 +73,7 @@ class FleetOf:
                 name=f"{self.name}-{i}", host=f"127.0.0.{i + 1}"))
         self.wait_members(self.nodes, n)
 
-    def wait_members(self, nodes, n, timeout=30.0):
+    def wait_members(self, nodes, n, timeout=40.0):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if all(len(fleet_state(node)["members"]) == n for node in nodes):
@@ -278,3 +279,35 @@ def test_peer_requests_must_be_signed_with_the_fleet_secret(make_larder, workdir
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(forged, timeout=5)
     assert refused.value.code == 403
+
+
+def test_a_replica_that_hangs_costs_a_peer_timeout_not_a_failure(make_larder, workdir, upstream, direct, bucket):
+    # SIGSTOP: the replica's sockets stay open and accept nothing further; it neither answers nor
+    # refuses, as a replica stuck in a long GC pause or on a dead disk would.
+    # A refresh slow enough that the hung replica stays in the view while the reads run.
+    fleet = FleetOf(make_larder, workdir, "hang", "--fleet-refresh", "10s", "--fleet-copy-capacity", "0",
+                    "--fleet-peer-timeout", "1s")
+    fleet.start(3)
+    objects = put_objects(direct, bucket, [64 * 1024 * 4] * 8, seed=5)
+    victim = fleet.nodes[2]
+    theirs = [k for k in sorted(objects) if any(owner(fleet.nodes[0], bucket, k, i) == fleet.peer(2) for i in range(4))]
+    assert len(theirs) >= 3, "the hung replica owns blocks of several objects"
+    theirs = theirs[:4]  # read well within one refresh
+    victim.proc.send_signal(signal.SIGSTOP)
+    try:
+        upstream.reset()
+        client = fleet.nodes[0].client(read_timeout=30)
+        started = time.monotonic()
+        for key in theirs:
+            assert client.get_object(Bucket=bucket, Key=key)["Body"].read() == objects[key]
+        took = time.monotonic() - started
+        fallbacks = metric(fleet.nodes[0], "larder_peer_fallbacks_total")
+        print(f"\n{len(theirs)} objects with blocks on the hung replica: {took:.1f}s, {fallbacks:.0f} fallbacks")
+        assert fallbacks >= len(theirs), fallbacks
+        # Each of those objects waited at most about one peer timeout per block asked of it.
+        assert took < 1.5 * fallbacks + 5, f"{took:.1f}s for {fallbacks:.0f} fallbacks"
+        # The blocks came from the upstream instead, once each.
+        ranges = [(p, r) for _, p, r in upstream.seen("GET", f"/{bucket}/")]
+        assert len(ranges) == len(set(ranges)) == 4 * len(theirs), ranges
+    finally:
+        victim.proc.send_signal(signal.SIGCONT)

@@ -190,3 +190,75 @@ def test_larder_warm_fills_the_cache_so_the_job_reads_without_upstream_gets(make
     missing = subprocess.run([binary("larder"), "warm", "--admin", larder.admin, "--exact",
                               f"s3://{bucket}/no/such/key"], capture_output=True, text=True, timeout=60)
     assert missing.returncode == 1 and "1 errors" in missing.stderr, missing.stderr
+
+
+def prefetch_metric(larder, name, outcome) -> float:
+    m = re.search(rf'^larder_prefetch_{name}_total\{{outcome="{outcome}"\}} (\S+)', larder.metrics(), re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+@pytest.mark.parametrize("mode", ["auto", "off"])
+def test_in_order_ranged_reads_are_read_ahead(make_larder, faulty, direct, bucket, mode):
+    size = 16 * MiB
+    data = random.Random(5).randbytes(size)
+    direct.put_object(Bucket=bucket, Key="stream.bin", Body=data)
+    larder = start(make_larder, faulty, "--block-size", "1MiB", "--memory-capacity", "64MiB", "--prefetch", mode,
+                   name=f"prefetch-{mode}")
+    faulty.delay = 0.02  # an upstream as slow as S3, so reading ahead has something to win
+    client = larder.client()
+    served = []
+    for i in range(16):
+        r = client.get_object(Bucket=bucket, Key="stream.bin", Range=f"bytes={i * MiB}-{(i + 1) * MiB - 1}")
+        assert r["Body"].read() == data[i * MiB:(i + 1) * MiB]
+        served.append(r["ResponseMetadata"]["HTTPHeaders"]["x-cache"])
+    faulty.delay = 0
+    gets = object_gets(faulty, bucket, "stream.bin")
+    # Read ahead or not, each block left the upstream exactly once, and nothing past the object.
+    assert sorted(g[2] for g in gets) == sorted(f"bytes={i * MiB}-{(i + 1) * MiB - 1}" for i in range(16)), gets
+    issued = prefetch_metric(larder, "blocks", "issued")
+    used = prefetch_metric(larder, "bytes", "used")
+    if mode == "off":
+        assert served == ["miss"] * 16, served
+        assert issued == 0 and used == 0
+        return
+    # The first two reads show the order; after them the reader found its blocks fetched or in
+    # flight (a demand miss at most now and then, when the reader overtakes).
+    assert served[:1] == ["miss"], served
+    assert sum(s == "miss" for s in served[2:]) <= 2, served
+    assert issued >= 12, issued
+    # Every block read ahead was then read: all of it used, none wasted.
+    assert used == issued * MiB, (used, issued)
+    assert prefetch_metric(larder, "bytes", "wasted") == 0
+
+
+def test_an_upstream_that_stalls_without_closing_is_timed_out_and_retried(make_larder, faulty, direct, bucket):
+    data = random.Random(6).randbytes(3 * MiB)
+    for key in ("hang", "stall", "dead"):
+        direct.put_object(Bucket=bucket, Key=key, Body=data)
+    larder = start(make_larder, faulty, "--upstream-first-byte-timeout", "1s", "--upstream-idle-timeout", "1s",
+                   "--block-size", "1MiB", "--prefetch", "off")
+    client = larder.client(read_timeout=30)
+    # No headers at all: the attempt ends at the first-byte timeout and the next one is answered.
+    faulty.inject("hang", 1, method="GET")
+    started = time.monotonic()
+    assert client.get_object(Bucket=bucket, Key="hang", Range="bytes=0-99")["Body"].read() == data[:100]
+    took = time.monotonic() - started
+    assert 0.9 < took < 10, f"took {took:.1f}s against a 1 s first-byte timeout"
+    assert [g[2] for g in object_gets(faulty, bucket, "hang")] == [f"bytes=0-{MiB - 1}"] * 2
+    # Headers and part of the body, then silence: the fetch resumes where the bytes stopped.
+    faulty.inject("stall", 1, 300_000, method="GET")
+    started = time.monotonic()
+    assert client.get_object(Bucket=bucket, Key="stall")["Body"].read() == data
+    took = time.monotonic() - started
+    assert 0.9 < took < 10, f"took {took:.1f}s against a 1 s idle timeout"
+    ranges = [g[2] for g in object_gets(faulty, bucket, "stall")]
+    assert f"bytes=300000-{MiB - 1}" in ranges and len(ranges) == 4, ranges
+    # An upstream that never answers: a clean 5xx after the attempt budget, not a hung client.
+    faulty.inject("hang", 10, method="GET")
+    started = time.monotonic()
+    with pytest.raises(ClientError) as e:
+        larder.client(read_timeout=30, retries={"total_max_attempts": 1}).get_object(Bucket=bucket, Key="dead")
+    took = time.monotonic() - started
+    assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] in (500, 503, 504), e.value.response
+    assert len(object_gets(faulty, bucket, "dead")) == 3
+    assert took < 15, f"a dead upstream held the client {took:.1f}s"
