@@ -118,7 +118,8 @@ class Larder:
         self.credentials = workdir / f"{name}.keys"
         self.credentials.write_text(f"# e2e client keys\n{CLIENT_KEY}:{CLIENT_SECRET}\n{READER_KEY}:{READER_SECRET}\n")
         env = {**os.environ, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "RUST_LOG": "info", **(env or {})}
-        for k in [k for k in env if k.startswith("LARDER_")]:
+        # LARDER_* settings of the caller's shell do not leak in; a None in `env` unsets a variable.
+        for k in [k for k, v in env.items() if k.startswith("LARDER_") or v is None]:
             del env[k]
         args = [
             binary("larder"), "serve",

@@ -29,6 +29,8 @@ class CountingProxy:
         # plus up to `jitter` more at random.
         self.delay = 0.0
         self.jitter = 0.0
+        # Body bytes sent back to Larder, all requests together (measured, not derived from ranges).
+        self.body_bytes = 0
         # Longest a `hang` or `stall` fault holds its connection open.
         self.hold = 30.0
         # Pending one-shot faults: [kind, remaining, argument, method or None].
@@ -109,6 +111,8 @@ class CountingProxy:
                             conn.close()
                             return
                         sent += len(chunk)
+                        with proxy.lock:
+                            proxy.body_bytes += len(chunk)
                         if chunked:
                             self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                         else:
@@ -149,6 +153,7 @@ class CountingProxy:
         with self.lock:
             self.requests.clear()
             self.headers.clear()
+            self.body_bytes = 0
             self.faults.clear()
         self.delay = self.jitter = 0.0
 

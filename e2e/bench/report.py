@@ -164,7 +164,9 @@ def markdown(res) -> str:
                 f"({z['larder_memory'] // MiB} MiB) and 2× its disk tier ({z['larder_disk'] // MiB} MiB). nginx gets "
                 f"the same total capacity (`max_size` {z['nginx_max_size'] // MiB} MiB). The same sequence goes to "
                 "both. Direct would send every request to S3. Dollars are S3 Standard GET-class prices "
-                "($0.0004 per 1,000; HEAD is GET-class), requests only.", "",
+                "($0.0004 per 1,000; HEAD is GET-class), requests only. Every figure is counted at the upstream "
+                "(the latency proxy), not taken from the proxies' own hit labels: each object fits one block "
+                "and one slice, so each upstream GET is one request the cache did not answer.", "",
                 "| target | request hit ratio | byte hit ratio | upstream GETs | upstream HEADs | upstream requests avoided | "
                 "$ per 1M requests | saved per 1M requests | p50 ms | p99 ms |",
                 "|---|---|---|---|---|---|---|---|---|---|",

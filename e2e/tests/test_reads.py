@@ -218,3 +218,45 @@ def test_keys_with_any_valid_characters(larder, direct, bucket, workdir):
             check=True, env=cli_env(), capture_output=True,
         )
         assert out.read_bytes() == payload(100 + i, i), key
+
+
+def test_version_id_reads_return_that_version_cached_apart(larder, direct, bucket, upstream):
+    direct.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    v1, v2 = payload(BLOCK + 10, 31), payload(3000, 32)
+    id1 = direct.put_object(Bucket=bucket, Key="doc", Body=v1)["VersionId"]
+    id2 = direct.put_object(Bucket=bucket, Key="doc", Body=v2)["VersionId"]
+    assert id1 and id2 and id1 != id2
+    client = larder.client()
+    upstream.reset()
+
+    def get(**kw):
+        r = client.get_object(Bucket=bucket, Key="doc", **kw)
+        return r["Body"].read(), r["ResponseMetadata"]["HTTPHeaders"]
+
+    # The old version by its id, whole and by range; the latest without one.
+    body, headers = get(VersionId=id1)
+    assert body == v1 and headers["x-amz-version-id"] == id1
+    body, headers = get(VersionId=id1, Range="bytes=8388600-8388609")
+    assert body == v1[8388600:8388610] and headers["x-amz-version-id"] == id1
+    body, headers = get()
+    assert body == v2 and headers["x-amz-version-id"] == id2
+    # Each fetch named its version at the upstream (nothing of v1 was fetched as "the latest").
+    gets = upstream.seen("GET", f"/{bucket}/doc")
+    assert sum(f"versionId={id1}" in p for _, p, _ in gets) == 2, gets
+    assert all(f"versionId={id1}" in p for _, p, _ in gets[:2]), gets
+    # Read again: from cache, still each its own bytes, no further upstream GET.
+    for _ in range(2):
+        wait_until(lambda: get(VersionId=id1)[1]["x-cache"] == "hit-memory", 5, "v1 from memory")
+    assert get(VersionId=id1)[0] == v1
+    assert get(VersionId=id2)[0] == v2
+    assert get()[0] == v2
+    assert len(upstream.seen("GET", f"/{bucket}/doc")) <= len(gets) + 1  # id2 by its id: at most one more
+    # HEAD by id, and an id that does not exist: the upstream's own answer.
+    assert client.head_object(Bucket=bucket, Key="doc", VersionId=id1)["ContentLength"] == len(v1)
+    with pytest.raises(ClientError) as mine:
+        client.get_object(Bucket=bucket, Key="doc", VersionId="00000000-0000-0000-0000-000000000000")
+    with pytest.raises(ClientError) as theirs:
+        direct.get_object(Bucket=bucket, Key="doc", VersionId="00000000-0000-0000-0000-000000000000")
+    assert mine.value.response["Error"]["Code"] == theirs.value.response["Error"]["Code"]
+    assert (mine.value.response["ResponseMetadata"]["HTTPStatusCode"]
+            == theirs.value.response["ResponseMetadata"]["HTTPStatusCode"])

@@ -507,6 +507,10 @@ async fn serve_clients(
             drop(permit);
         });
     }
+    // Close the listening socket first: while it stays open the kernel would go on completing
+    // handshakes into its backlog, connections no one will ever serve, which clients see as a
+    // hang instead of a refusal they can retry elsewhere.
+    drop(listener);
     // Wait for the connections to finish their responses (each gave its permit back), then close
     // whatever is still running.
     let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
