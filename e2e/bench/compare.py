@@ -367,13 +367,15 @@ class Bench:
         if errors:
             raise RuntimeError(f"wrk against {target.name}: {errors} errors: {r}")
         # wrk checks statuses and counts bytes but cannot compare bodies (a Lua response hook
-        # would make wrk the bottleneck). So: every response must have carried a whole body (the
-        # bytes per response, headers included, at least the object's size and at most 4 KiB
-        # more), and right after the run each key is read once more and its body compared.
+        # would make wrk the bottleneck). So: the bytes wrk received must hold a whole body per
+        # completed response (plus at most 4 KiB of headers each, and the responses still in
+        # flight on each connection when the run ended), and right after the run each key is
+        # read once more and its body compared.
         size = sizes[keys[0]]
-        per_response = r["bytes"] / max(1, r["requests"])
-        if not size <= per_response <= size + 4096:
-            raise RuntimeError(f"wrk against {target.name}: {per_response:.0f} bytes per response for {size}-byte objects")
+        low, high = r["requests"] * size, (r["requests"] + clients) * (size + 4096)
+        if not low <= r["bytes"] <= high:
+            raise RuntimeError(f"wrk against {target.name}: {r['bytes']} bytes for {r['requests']} responses of "
+                               f"{size}-byte objects (expected {low} to {high})")
         reader = Reader(target)
         try:
             for key in keys:
