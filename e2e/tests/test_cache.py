@@ -146,9 +146,9 @@ def test_overwrite_is_seen_after_the_ttl_and_versions_never_mix(make_larder, dir
     assert not mixed, f"responses mixing versions: {mixed[:5]}"
     assert seen["v1"] > 0 and seen["v2"] > 0, seen
     # A read whose response began with one version cannot end with the other: it fails cleanly.
-    # Only the reads in flight when Larder learns of the change may do so, never most of them.
-    total = seen["v1"] + seen["v2"] + seen["broken"]
-    assert seen["broken"] <= max(6, total // 20), seen
+    # Only a read in flight when Larder learns of the change may do so: one per reader at most.
+    print(f"\nreads across the overwrite: {seen}")
+    assert seen["broken"] <= 6, seen
     # Once the TTL has passed, only the new version is served.
     time.sleep(max(0.0, overwritten + ttl + 0.5 - time.monotonic()))
     for _ in range(5):

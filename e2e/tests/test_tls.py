@@ -1,12 +1,12 @@
 """TLS on the S3 listener (rustls): real clients verify Larder's certificate, and a renewed
 certificate is served without a restart."""
 
-import socket
 import ssl
 import subprocess
 import time
 
 from conftest import s3_client, wait_until, CLIENT_KEY, CLIENT_SECRET
+from test_limits import exchange
 
 
 def make_cert(directory, name):
@@ -37,15 +37,7 @@ def test_clients_read_over_tls_and_a_renewed_certificate_is_picked_up(make_larde
     assert (tmp_path / "out").read_bytes() == b"over tls"
     # Plain HTTP to the TLS port gets no HTTP answer: the connection is closed (after at most a
     # TLS alert), promptly, not held open.
-    plain = socket.create_connection(("127.0.0.1", l.port), timeout=10)
-    plain.sendall(f"GET /{bucket}/k HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
-    answer = b""
-    try:
-        while chunk := plain.recv(4096):
-            answer += chunk
-    except ConnectionResetError:
-        pass
-    plain.close()
+    answer = exchange(l.port, f"GET /{bucket}/k HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
     assert not answer.startswith(b"HTTP/") and b"over tls" not in answer, answer[:80]
 
     assert served_cert(l.port) == first_cert.read_text()
