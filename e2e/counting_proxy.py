@@ -95,24 +95,28 @@ class CountingProxy:
                         chunk = resp.read(64 * 1024)
                         if not chunk:
                             break
-                        if stall_after is not None and sent + len(chunk) > stall_after:
+                        limit = stall_after if stall_after is not None else cut_after
+                        broken = limit is not None and sent + len(chunk) > limit
+                        if broken:
+                            chunk = chunk[: limit - sent]
+                        with proxy.lock:
+                            proxy.body_bytes += len(chunk)
+                        if broken and stall_after is not None:
                             # Send what is allowed, then fall silent with the connection open.
-                            self.wfile.write(chunk[: stall_after - sent])
+                            self.wfile.write(chunk)
                             self.wfile.flush()
                             conn.close()
                             proxy._hold(self.connection)
                             return
-                        if cut_after is not None and sent + len(chunk) > cut_after:
+                        if broken:
                             # Send what is allowed, then drop the connection mid-body.
-                            self.wfile.write(chunk[: cut_after - sent])
+                            self.wfile.write(chunk)
                             self.wfile.flush()
                             self.close_connection = True
                             self.connection.shutdown(socket.SHUT_RDWR)
                             conn.close()
                             return
                         sent += len(chunk)
-                        with proxy.lock:
-                            proxy.body_bytes += len(chunk)
                         if chunked:
                             self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                         else:

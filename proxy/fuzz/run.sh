@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fuzz Larder's client-facing parsers: a short run of every target in CI, longer runs by hand:
-#   proxy/fuzz/run.sh                              # every target, 20 s each
+#   proxy/fuzz/run.sh                              # every target, 20 s each, one per core at once
 #   LARDER_FUZZ_SECONDS=3600 proxy/fuzz/run.sh auth  # one target for an hour
 # Needs the nightly toolchain and cargo-fuzz (e2e/setup.sh installs cargo-fuzz). New inputs go to
 # a temporary corpus seeded from fuzz/seeds/<target>; a crash leaves its input under
@@ -12,13 +12,35 @@ targets=("$@")
 [ ${#targets[@]} -eq 0 ] && targets=(request range auth chunked copy_source form)
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-for t in "${targets[@]}"; do
+# Built once, before any run, so that the runs below do not race to build.
+if ! cargo +nightly fuzz build >"$work/build.log" 2>&1; then
+  tail -n 60 "$work/build.log"
+  exit 1
+fi
+run() {
+  local t="$1"
   mkdir -p "$work/$t"
-  echo "== fuzz $t (${seconds}s)"
   if ! cargo +nightly fuzz run "$t" "$work/$t" "fuzz/seeds/$t" -- -max_total_time="$seconds" >"$work/$t.log" 2>&1; then
     tail -n 60 "$work/$t.log"
     echo "fuzz target $t failed; the input is under proxy/fuzz/artifacts/$t/" >&2
-    exit 1
+    return 1
   fi
-  grep -E '^Done ' "$work/$t.log"
+  echo "== fuzz $t (${seconds}s): $(grep -E '^Done ' "$work/$t.log")"
+}
+# libFuzzer runs one process per target on one core: as many targets at once as there are cores.
+parallel="${LARDER_FUZZ_JOBS:-$(nproc)}"
+failed=0
+running=0
+for t in "${targets[@]}"; do
+  run "$t" &
+  running=$((running + 1))
+  if [ "$running" -ge "$parallel" ]; then
+    wait -n || failed=1
+    running=$((running - 1))
+  fi
 done
+while [ "$running" -gt 0 ]; do
+  wait -n || failed=1
+  running=$((running - 1))
+done
+exit "$failed"
