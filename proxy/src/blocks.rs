@@ -1498,13 +1498,17 @@ mod tests {
                 .snapshot()
                 .sum("larder_prefetch_blocks_total", &[("outcome", "issued")])
         };
+        // Yield first (a sleep runs every task already spawned, on this single-threaded
+        // runtime), then check: the last read's read-ahead tasks may not have started yet.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        while (store.flights.in_flight() > 0
-            || store.prefetch_slots.available_permits() < 8
-            || origin.gets.load(Ordering::SeqCst) as f64 != 2.0 + issued())
-            && tokio::time::Instant::now() < deadline
-        {
-            tokio::time::sleep(Duration::from_millis(2)).await;
+        loop {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            let settled = store.flights.in_flight() == 0
+                && store.prefetch_slots.available_permits() == 8
+                && origin.gets.load(Ordering::SeqCst) as f64 == 2.0 + issued();
+            if settled || tokio::time::Instant::now() >= deadline {
+                break;
+            }
         }
         let s = store.metrics.snapshot();
         let issued = issued();
