@@ -11,81 +11,27 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cache_core::{
-    BlockLayout, BlockSlice, CacheKey, DiskCache, FlightReader, FlightWriter, HybridCache, Joined,
+    BlockLayout, BlockSlice, DiskCache, FlightReader, FlightWriter, HybridCache, Joined,
     MemoryTier, SingleFlight, Tier, WritePolicy,
 };
 use futures::future::{self, FutureExt};
 use futures::stream::{self, Stream, StreamExt};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
+use crate::cache_key::{BlockId, KeySchema};
 use crate::fleet::client::PeerError;
 use crate::fleet::Fleet;
-use crate::metrics::{Metrics, UpstreamStatus};
+use crate::metrics::Metrics;
+use crate::model::UpstreamOutcome;
+use crate::model::{BodyStream, ObjectId, ObjectMeta, OriginError, Span};
 use crate::origin::hedge::HedgePolicy;
-use crate::origin::{BodyStream, ObjectId, ObjectMeta, Origin, OriginError, Span};
+use crate::origin::Origin;
 use crate::prefetch::{Detector, PrefetchConfig};
 use tracing::Instrument;
 
 /// A slice at most this fraction of its block (1 MiB of an 8 MiB block) is read from disk by
 /// range rather than as a whole block.
 const SMALL_SLICE_DIVISOR: u64 = 8;
-
-/// The cache key of one block of one version of an object.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct BlockId {
-    bucket: Arc<str>,
-    key: Arc<str>,
-    etag: Arc<str>,
-    index: u64,
-    /// The block size the object was cut by: block `index` of 4 MiB blocks is other bytes than
-    /// block `index` of 8 MiB blocks, so a disk tier kept across a change of `block_size` must
-    /// never answer one for the other.
-    block_size: u64,
-    /// Disk partition of the bucket (a function of `bucket`, so it changes nothing in equality).
-    partition: Arc<str>,
-}
-
-impl BlockId {
-    /// The key of block `index` of `object` at `etag`, cut by `layout`, cached in disk
-    /// partition `partition`. The version id is deliberately not part of the key: an ETag names
-    /// the bytes, and `If-Match` pins every fetch to it.
-    pub fn new(
-        object: &ObjectId,
-        etag: &Arc<str>,
-        layout: &BlockLayout,
-        index: u64,
-        partition: Arc<str>,
-    ) -> Self {
-        Self {
-            bucket: object.bucket.clone(),
-            key: object.key.clone(),
-            etag: etag.clone(),
-            index,
-            block_size: layout.block_size(),
-            partition,
-        }
-    }
-}
-
-impl CacheKey for BlockId {
-    /// Length-prefixed fields, so no choice of bucket, key or ETag can make two ids collide.
-    fn disk_key(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(24 + self.bucket.len() + self.key.len() + self.etag.len());
-        // Schema 2 adds the block size; entries of schema 1 (no geometry) are never matched.
-        out.extend_from_slice(b"s3b2");
-        for part in [&self.bucket, &self.key, &self.etag] {
-            out.extend_from_slice(&(part.len() as u32).to_le_bytes());
-            out.extend_from_slice(part.as_bytes());
-        }
-        out.extend_from_slice(&self.block_size.to_le_bytes());
-        out.extend_from_slice(&self.index.to_le_bytes());
-        out
-    }
-
-    fn partition(&self) -> &str {
-        &self.partition
-    }
-}
 
 /// How a response's bytes are being found, for the `X-Cache` header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,10 +85,8 @@ enum OpenBlock {
 
 /// Blocks in memory, on disk, in flight, and the origin behind them.
 pub struct BlockStore {
-    layout: BlockLayout,
     cache: HybridCache<BlockId>,
-    bucket_partitions: std::collections::HashMap<String, Arc<str>>,
-    default_partition: Arc<str>,
+    keys: KeySchema,
     flights: SingleFlight<BlockId, OriginError>,
     origin: Arc<dyn Origin>,
     read_window: usize,
@@ -288,30 +232,23 @@ impl BlockStoreConfig {
 impl BlockStore {
     /// A store reading blocks of `origin` as `config` says.
     pub fn new(config: BlockStoreConfig, origin: Arc<dyn Origin>, metrics: Arc<Metrics>) -> Self {
+        let block_size = config.layout.block_size();
+        let pinned_kib = kib(config.response_buffer.max(block_size));
         Self {
-            layout: config.layout,
             cache: HybridCache::new(config.memory_capacity, config.disk, config.write_policy),
-            bucket_partitions: config
-                .bucket_partitions
-                .into_iter()
-                .map(|(b, p)| (b, Arc::from(p)))
-                .collect(),
-            default_partition: Arc::from("default"),
+            keys: KeySchema::new(config.layout, config.bucket_partitions),
             flights: SingleFlight::new(),
             origin,
             read_window: config.read_window,
-            pinned: Arc::new(Semaphore::new(kib(config
-                .response_buffer
-                .max(config.layout.block_size()))
-                as usize)),
-            pinned_total: kib(config.response_buffer.max(config.layout.block_size())) * 1024,
+            pinned: Arc::new(Semaphore::new(pinned_kib as usize)),
+            pinned_total: pinned_kib * 1024,
             idle_timeout: config.idle_timeout,
             upstream_slots: Semaphore::new(config.upstream_concurrency),
             peer_slots: Semaphore::new(config.upstream_concurrency),
             max_resumes: config.max_resumes,
             hedge: HedgePolicy::new(config.hedge_quantile),
             prefetch: config.prefetch,
-            sequences: Detector::new(config.prefetch, config.layout.block_size()),
+            sequences: Detector::new(config.prefetch, block_size),
             prefetch_slots: Semaphore::new(config.prefetch.max_inflight.max(1)),
             prefetched: {
                 let metrics = metrics.clone();
@@ -366,7 +303,8 @@ impl BlockStore {
             return;
         }
         let blocks = self
-            .layout
+            .keys
+            .layout()
             .slices(range.start, range.end, size)
             .map(|s| s.index);
         self.prefetch(object, etag, blocks, size);
@@ -387,7 +325,7 @@ impl BlockStore {
             {
                 continue;
             }
-            let Some(slice) = self.layout.block(index, size) else {
+            let Some(slice) = self.keys.layout().block(index, size) else {
                 continue;
             };
             let remote = self
@@ -453,7 +391,7 @@ impl BlockStore {
             }
             _ => {}
         }
-        let Some(slice) = self.layout.block(index, size) else {
+        let Some(slice) = self.keys.layout().block(index, size) else {
             return Ok(Warmed::AlreadyCached);
         };
         match self.flights.join(id.clone()) {
@@ -483,7 +421,7 @@ impl BlockStore {
 
     /// The layout blocks are cut by.
     pub fn layout(&self) -> &BlockLayout {
-        &self.layout
+        self.keys.layout()
     }
 
     /// The memory tier, for metrics.
@@ -497,12 +435,7 @@ impl BlockStore {
     }
 
     fn id(&self, object: &ObjectId, etag: &Arc<str>, index: u64) -> BlockId {
-        let partition = self
-            .bucket_partitions
-            .get(object.bucket.as_ref())
-            .unwrap_or(&self.default_partition)
-            .clone();
-        BlockId::new(object, etag, &self.layout, index, partition)
+        self.keys.block(object, etag, index)
     }
 
     /// `bytes` found in a tier for `slice`'s block, if they are as long as that block must be.
@@ -533,7 +466,7 @@ impl BlockStore {
     ) -> CacheResult {
         let (mut in_memory, mut on_disk, mut missing) = (0usize, 0usize, 0usize);
         let mut first_missing = None;
-        for slice in self.layout.slices(range.start, range.end, size) {
+        for slice in self.keys.layout().slices(range.start, range.end, size) {
             let id = self.id(object, etag, slice.index);
             match self.cache.locate(&id) {
                 Some(Tier::Memory) => in_memory += 1,
@@ -596,7 +529,11 @@ impl BlockStore {
         purpose: Purpose,
     ) -> impl Stream<Item = Result<Bytes, OriginError>> + Send + 'static {
         let store = self.clone();
-        let slices: Vec<BlockSlice> = self.layout.slices(range.start, range.end, size).collect();
+        let slices: Vec<BlockSlice> = self
+            .keys
+            .layout()
+            .slices(range.start, range.end, size)
+            .collect();
         // Bytes read for a peer are counted where they reach a client, by the peer.
         let bucket = (purpose != Purpose::Peer).then(|| object.bucket.clone());
         stream::iter(slices)
@@ -853,8 +790,8 @@ impl BlockStore {
             ))
             .await;
         let status = match &result {
-            Ok(Some(_)) => UpstreamStatus::Http(206),
-            Ok(None) => UpstreamStatus::Http(416),
+            Ok(Some(_)) => UpstreamOutcome::Http(206),
+            Ok(None) => UpstreamOutcome::Http(416),
             Err(e) => e.into(),
         };
         self.metrics
@@ -930,7 +867,7 @@ impl BlockStore {
                 opened.map(|o| o.map(|(meta, age, body)| (meta, age, body, Supplier::Peer)))
             }
             None => {
-                let block_size = self.layout.block_size();
+                let block_size = self.keys.layout().block_size();
                 let start = index.saturating_mul(block_size);
                 let span = Span::Bytes(start..start.saturating_add(block_size));
                 self.get_cold(&object, span)
@@ -950,7 +887,7 @@ impl BlockStore {
             }
         };
         let etag: Arc<str> = meta.etag.as_str().into();
-        let Some(slice) = self.layout.block(index, meta.size) else {
+        let Some(slice) = self.keys.layout().block(index, meta.size) else {
             let _ = tx.send(Ok(None));
             return;
         };
@@ -1239,13 +1176,7 @@ impl BlockStore {
             }
             // Only a body that started and broke is resumed; a request that failed outright was
             // already retried by the client library.
-            let resumable = got > 0
-                && matches!(
-                    failure,
-                    OriginError::Transport(_)
-                        | OriginError::Timeout(_)
-                        | OriginError::BodyLength { .. }
-                );
+            let resumable = got > 0 && failure.is_resumable();
             if !resumable || resumes >= self.max_resumes {
                 return Err(failure);
             }
@@ -1290,7 +1221,7 @@ impl BlockStore {
             async move {
                 let result = self.origin.get(object, Some(etag), Some(range)).await;
                 let status = match &result {
-                    Ok(_) => UpstreamStatus::Http(206),
+                    Ok(_) => UpstreamOutcome::Http(206),
                     Err(e) => e.into(),
                 };
                 self.metrics

@@ -12,6 +12,8 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::auth::{AuthMode, KeyPolicy};
+
 /// Larder's whole configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -48,7 +50,7 @@ pub struct Config {
     /// `read-write` for object writes, `admin` for bucket administration too). TOML only, e.g.
     /// `[[auth_policies]] access_key = "analytics", buckets = ["lake", "logs-*"],
     /// access = "read-only"`. Keys without a policy may do everything. Default: none.
-    pub auth_policies: Vec<crate::auth::KeyPolicy>,
+    pub auth_policies: Vec<KeyPolicy>,
     /// PEM certificate chain for TLS on the S3 listener; with `tls_key`, the listener speaks
     /// HTTPS only. Both files are re-read when they change. Default: none (plain HTTP).
     pub tls_cert: Option<std::path::PathBuf>,
@@ -292,17 +294,6 @@ pub struct DiskPartition {
     /// Buckets cached in it.
     #[serde(default)]
     pub buckets: Vec<String>,
-}
-
-/// See [`Config::auth`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "kebab-case")]
-pub enum AuthMode {
-    /// AWS Signature Version 4.
-    #[default]
-    Sigv4,
-    /// No authentication.
-    None,
 }
 
 /// See [`Config::io_engine`].

@@ -26,9 +26,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::{Authenticator, KeyStore};
 use crate::config::{ByteSize, Config, HumanDuration};
+use crate::front::server::Upstream;
 use crate::metrics::Metrics;
 use crate::origin::s3::S3OriginConfig;
-use crate::server::Upstream;
 
 const BUCKET: &str = "demo-bucket";
 const ACCESS_KEY: &str = "larder-demo";
@@ -108,7 +108,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     .await?;
     // Clients hold their own key, which Larder verifies; only Larder holds the origin's.
     let auth = Authenticator::SigV4(KeyStore::from_pairs([(CLIENT_KEY, CLIENT_SECRET)]));
-    let larder = crate::server::start(&config, upstream, auth)
+    let larder = crate::front::server::start(&config, upstream, auth)
         .await
         .context("starting larder")?;
     let through = client(

@@ -4,20 +4,18 @@
 //! headers, errors) → [`metadata`] (cached HeadObject) → [`blocks`] (block-aligned reads over
 //! `cache_core`'s memory tier and single-flight) → [`origin`] (aws-sdk-s3).
 
-pub mod admin;
 pub mod auth;
 pub mod blocks;
+pub mod cache_key;
 pub mod config;
 pub mod demo;
 pub mod fleet;
-pub mod form_upload;
+pub mod front;
 pub mod metadata;
 pub mod metrics;
+pub mod model;
 pub mod origin;
 pub mod prefetch;
-pub mod routes;
 pub mod s3;
-pub mod server;
 pub mod telemetry;
-pub mod tls;
 pub mod warm;

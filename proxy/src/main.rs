@@ -6,8 +6,8 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use larder::auth::Authenticator;
 use larder::config::Config;
+use larder::front::server::Upstream;
 use larder::origin::s3::S3OriginConfig;
-use larder::server::Upstream;
 use serde::Serialize;
 
 #[derive(Parser)]
@@ -349,7 +349,11 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {
-    let auth = Authenticator::from_config(&config)?;
+    let auth = Authenticator::load(
+        config.auth,
+        config.auth_credentials.as_deref(),
+        &config.auth_policies,
+    )?;
     match &auth {
         Authenticator::None => tracing::warn!("auth = none: any client that reaches the S3 listener reads and writes through Larder's upstream credentials"),
         Authenticator::SigV4(keys) => tracing::info!(keys = keys.len(), "clients must sign requests (SigV4)"),
@@ -364,7 +368,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         max_attempts: config.upstream_max_attempts,
     })
     .await?;
-    let running = larder::server::start(&config, upstream, auth)
+    let running = larder::front::server::start(&config, upstream, auth)
         .await
         .with_context(|| {
             format!(

@@ -5,8 +5,10 @@ use std::time::{Duration, Instant};
 
 use moka::future::Cache;
 
-use crate::metrics::{Metrics, UpstreamStatus};
-use crate::origin::{ObjectId, ObjectMeta, Origin, OriginError};
+use crate::metrics::Metrics;
+use crate::model::UpstreamOutcome;
+use crate::model::{ObjectId, ObjectMeta, OriginError};
+use crate::origin::Origin;
 use tracing::Instrument;
 
 /// Metadata as cached: what the upstream said, and when it said it (for metadata learnt from
@@ -58,15 +60,6 @@ pub enum Source {
     Fetched,
     /// The cache, past its TTL, because the upstream failed (`serve_stale_on_error`).
     Stale,
-}
-
-/// Whether an upstream failure is the upstream being unwell (rather than answering).
-fn is_outage(e: &OriginError) -> bool {
-    match e {
-        OriginError::Service { status, .. } => *status >= 500,
-        OriginError::Transport(_) | OriginError::Timeout(_) => true,
-        _ => false,
-    }
 }
 
 impl MetadataCache {
@@ -187,7 +180,7 @@ impl MetadataCache {
                 Ok((meta, Source::Fetched))
             }
             (Ok(meta), None) => Ok((meta, Source::Fetched)),
-            (Err((e, from_head)), Some(stale)) if is_outage(&e) => match stale.get(id).await {
+            (Err((e, from_head)), Some(stale)) if e.is_outage() => match stale.get(id).await {
                 Some(meta) => {
                     tracing::warn!(object = %id, error = %e, "upstream failing: serving stale metadata");
                     Ok((meta, Source::Stale))
@@ -233,7 +226,7 @@ impl MetadataCache {
             ))
             .await;
         let status = match &result {
-            Ok(_) => UpstreamStatus::Http(200),
+            Ok(_) => UpstreamOutcome::Http(200),
             Err(e) => {
                 if !e.is_not_found() {
                     self.metrics.upstream_failed(e);

@@ -10,6 +10,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use crate::model::UpstreamOutcome;
 use cache_core::disk::{DiskStats, DropReason};
 use cache_core::{DiskCache, MemoryTier};
 use opentelemetry::metrics::{Counter, Histogram, Meter, MeterProvider as _};
@@ -31,8 +32,19 @@ pub enum RequestClass {
     Free,
 }
 
+/// What the fleet's gauges show, read at each collection.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FleetGauges {
+    /// Replicas this one sees, itself included.
+    pub members: u64,
+    /// Replicas that may own blocks for this one.
+    pub owners: u64,
+    /// Share of keys whose owner changed at the last membership change.
+    pub moved: f64,
+}
+
 impl RequestClass {
-    /// The class of an operation named by [`crate::routes`].
+    /// The class of an operation, as the S3 front names it (`GetObject`, `ListObjectsV2`...).
     pub fn of(operation: &str) -> Self {
         const PUT: [&str; 7] = [
             "List",
@@ -404,10 +416,10 @@ impl Metrics {
     }
 
     /// A request upstream answered with `status` (or failed, as `status` says) after `elapsed`.
-    pub fn upstream(&self, operation: &'static str, status: UpstreamStatus, elapsed: Duration) {
+    pub fn upstream(&self, operation: &'static str, status: UpstreamOutcome, elapsed: Duration) {
         let status_label = match status {
-            UpstreamStatus::Http(code) => KeyValue::new("status", status_value(code)),
-            UpstreamStatus::Failed(reason) => kv("status", reason),
+            UpstreamOutcome::Http(code) => KeyValue::new("status", status_value(code)),
+            UpstreamOutcome::Failed(reason) => kv("status", reason),
         };
         self.upstream_requests
             .add(1, &[kv("operation", operation), status_label]);
@@ -521,27 +533,28 @@ impl Metrics {
         self.fleet_changes.add(1, &[]);
     }
 
-    /// Export the fleet's gauges (members, candidates, keys moved at the last change), read at
-    /// each collection.
-    pub fn observe_fleet(&self, fleet: Arc<crate::fleet::Fleet>) {
-        let members = fleet.clone();
+    /// Export the fleet's gauges (members, candidates, keys moved at the last change), each read
+    /// from `read` at each collection.
+    pub fn observe_fleet(&self, read: impl Fn() -> FleetGauges + Send + Sync + 'static) {
+        let read = Arc::new(read);
+        let members = read.clone();
         self.meter
             .u64_observable_gauge("larder.fleet.members")
             .with_description("Replicas this one sees, itself included")
-            .with_callback(move |o| o.observe(members.view().members().len() as u64, &[]))
+            .with_callback(move |o| o.observe(members().members, &[]))
             .build();
-        let candidates = fleet.clone();
+        let owners = read.clone();
         self.meter
             .u64_observable_gauge("larder.fleet.owners")
             .with_description("Replicas that may own blocks for this one (its zone, or all)")
-            .with_callback(move |o| o.observe(candidates.view().candidates() as u64, &[]))
+            .with_callback(move |o| o.observe(owners().owners, &[]))
             .build();
         self.meter
             .f64_observable_gauge("larder.fleet.keys.moved.ratio")
             .with_description(
                 "Share of block keys whose owner changed at the last membership change",
             )
-            .with_callback(move |o| o.observe(fleet.last_moved(), &[]))
+            .with_callback(move |o| o.observe(read().moved, &[]))
             .build();
     }
 
@@ -634,14 +647,14 @@ impl Metrics {
             .build();
     }
 
-    /// Export the upstream client's retry count, read at each collection.
-    pub fn observe_retries(&self, origin: Arc<dyn crate::origin::Origin>) {
+    /// Export the upstream client's retry count, read from `retries` at each collection.
+    pub fn observe_retries(&self, retries: impl Fn() -> u64 + Send + Sync + 'static) {
         self.meter
             .u64_observable_counter("larder.upstream.retries")
             .with_description(
                 "Upstream requests sent again by the S3 client after a failed attempt",
             )
-            .with_callback(move |o| o.observe(origin.retries(), &[]))
+            .with_callback(move |o| o.observe(retries(), &[]))
             .build();
     }
 
@@ -808,30 +821,6 @@ impl Metrics {
     }
 }
 
-/// How an upstream request ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UpstreamStatus {
-    /// With an HTTP response of this status.
-    Http(u16),
-    /// Without a response: `transport`, `timeout`, `truncated`, `abandoned`, `internal`.
-    Failed(&'static str),
-}
-
-impl From<&crate::origin::OriginError> for UpstreamStatus {
-    fn from(e: &crate::origin::OriginError) -> Self {
-        use crate::origin::OriginError as E;
-        match e {
-            E::Service { status, .. } => UpstreamStatus::Http(*status),
-            E::Changed => UpstreamStatus::Http(412),
-            E::Transport(_) => UpstreamStatus::Failed("transport"),
-            E::Timeout(_) => UpstreamStatus::Failed("timeout"),
-            E::BodyLength { .. } => UpstreamStatus::Failed("truncated"),
-            E::Abandoned => UpstreamStatus::Failed("abandoned"),
-            E::Internal(_) => UpstreamStatus::Failed("internal"),
-        }
-    }
-}
-
 /// The disk counters, read at most once per 100 ms (a collection reads ~20 instruments).
 struct CachedStats {
     disk: DiskCache,
@@ -992,7 +981,7 @@ mod tests {
             m.request("GetObject", None, 200, "hit-memory", Duration::ZERO);
             m.served("memory", None, 4);
         }
-        m.upstream("GetObject", UpstreamStatus::Http(206), Duration::ZERO);
+        m.upstream("GetObject", UpstreamOutcome::Http(206), Duration::ZERO);
         m.upstream_received(8);
         let s = m.snapshot();
         let direct = s.sum("larder_cost_direct_dollars_total", &[]);

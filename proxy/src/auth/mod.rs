@@ -29,6 +29,17 @@ pub enum Authenticator {
     None,
 }
 
+/// How clients authenticate (the `auth` option).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum AuthMode {
+    /// AWS Signature Version 4 (and SigV2 presigned URLs), against the client keys.
+    #[default]
+    Sigv4,
+    /// No authentication.
+    None,
+}
+
 /// Who sent a request, and how its body is protected.
 #[derive(Debug)]
 pub struct Principal {
@@ -44,16 +55,19 @@ pub struct Principal {
 }
 
 impl Authenticator {
-    /// The authenticator the configuration asks for, loading the credentials file.
-    pub fn from_config(config: &crate::config::Config) -> Result<Self, keys::KeysError> {
-        match (&config.auth, &config.auth_credentials) {
-            (crate::config::AuthMode::Sigv4, Some(path)) => Ok(Authenticator::SigV4(
-                KeyStore::load(path, &config.auth_policies)?,
-            )),
-            (crate::config::AuthMode::Sigv4, None) => {
-                Err(keys::KeysError::Empty("auth_credentials".into()))
+    /// The authenticator for `mode`, loading the client keys from `credentials` (required for
+    /// SigV4) with their `policies`.
+    pub fn load(
+        mode: AuthMode,
+        credentials: Option<&std::path::Path>,
+        policies: &[KeyPolicy],
+    ) -> Result<Self, keys::KeysError> {
+        match (mode, credentials) {
+            (AuthMode::Sigv4, Some(path)) => {
+                Ok(Authenticator::SigV4(KeyStore::load(path, policies)?))
             }
-            (crate::config::AuthMode::None, _) => Ok(Authenticator::None),
+            (AuthMode::Sigv4, None) => Err(keys::KeysError::Empty("auth_credentials".into())),
+            (AuthMode::None, _) => Ok(Authenticator::None),
         }
     }
 

@@ -21,6 +21,7 @@ use subtle::ConstantTimeEq;
 
 use super::keys::{Key, KeyStore};
 use super::signed::Signed;
+use crate::s3::request::PRESIGNED_PARAMS;
 use crate::s3::S3Error;
 
 /// How far a request's date may be from Larder's clock, as S3 allows.
@@ -28,15 +29,6 @@ pub const MAX_SKEW: Duration = Duration::from_secs(15 * 60);
 /// Longest validity of a presigned URL, as S3 allows (7 days).
 pub const MAX_PRESIGNED_EXPIRY: u64 = 7 * 24 * 3600;
 const ALGORITHM: &str = "AWS4-HMAC-SHA256";
-/// The query parameters that carry a presigned URL's signature, in the order parsed.
-pub const PRESIGNED_PARAMS: [&str; 6] = [
-    "X-Amz-Algorithm",
-    "X-Amz-Credential",
-    "X-Amz-Date",
-    "X-Amz-Expires",
-    "X-Amz-SignedHeaders",
-    "X-Amz-Signature",
-];
 const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
 
 /// How the request's body is protected.

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use super::auth::{PeerSecret, HEADER};
 use super::seal;
 use super::wire::{self, FrameError, WireError};
-use crate::origin::{BodyStream, ObjectId, ObjectMeta, OriginError};
+use crate::model::{BodyStream, ObjectId, ObjectMeta, OriginError};
 
 /// What a replica says about itself at `/v1/info`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,6 +1,7 @@
 //! One cache across many replicas: each block has an owner among the replicas
 //! ([`ring`], rendezvous hashing, within the zone by default); a replica asked for a block it
-//! does not own gets it from the owner ([`client`], [`server`]), whose single-flight then
+//! does not own gets it from the owner ([`client`]; the owner answers from its peer listener,
+//! `front::peer`), whose single-flight then
 //! deduplicates across the whole fleet, so a block leaves S3 once per fleet (or zone).
 //!
 //! Membership comes from what the platform already knows ([`membership`]: a list, a file, or
@@ -12,7 +13,6 @@ pub mod client;
 pub mod membership;
 pub mod ring;
 pub mod seal;
-pub mod server;
 pub mod wire;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,9 +22,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use parking_lot::RwLock;
 
-use crate::blocks::BlockId;
+use crate::cache_key::BlockId;
 use crate::metrics::Metrics;
-use crate::origin::ObjectId;
+use crate::model::ObjectId;
 use client::PeerClient;
 use ring::View;
 
@@ -142,6 +142,3 @@ impl Fleet {
         self.copies.is_some()
     }
 }
-
-#[cfg(test)]
-mod tests;

@@ -16,7 +16,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use futures::stream::{self, BoxStream, Stream, StreamExt};
 
 use super::auth::PeerSecret;
-use crate::origin::OriginError;
+use crate::model::OriginError;
 
 /// Largest frame an owner sends: an 8 MiB block goes as 32 frames.
 pub const MAX_FRAME: usize = 256 * 1024;

@@ -13,7 +13,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
 
-use crate::origin::{ObjectMeta, OriginError};
+use crate::model::{ObjectMeta, OriginError};
 
 /// Metadata as it travels, with how long ago the owner had it from the upstream.
 #[derive(Debug, Serialize, Deserialize)]

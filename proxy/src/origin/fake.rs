@@ -11,7 +11,8 @@ use bytes::Bytes;
 use futures::stream::{self, StreamExt};
 use parking_lot::Mutex;
 
-use super::{BodyStream, ObjectId, ObjectMeta, Origin, OriginError, Span};
+use super::Origin;
+use crate::model::{BodyStream, ObjectId, ObjectMeta, OriginError, Span};
 
 #[derive(Default)]
 pub(crate) struct FakeOrigin {

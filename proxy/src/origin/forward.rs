@@ -17,9 +17,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use crate::auth::sigv4::PRESIGNED_PARAMS;
-use crate::auth::Payload;
-use crate::s3::request::{encode_path, Target};
+use crate::s3::request::{encode_path, Target, PRESIGNED_PARAMS};
 
 /// Query parameters of a presigned URL besides SigV4's own ([`PRESIGNED_PARAMS`]): the client's
 /// session token and SigV2's signature, not to be sent upstream.
@@ -106,10 +104,24 @@ pub struct Forward {
     pub headers: HeaderMap,
     /// The body to send.
     pub body: Body,
-    /// How the client protected the body; decides the upstream payload hash.
-    pub payload: Payload,
+    /// What the client's signature said of the body; decides the upstream payload hash.
+    pub payload: SignedBody,
     /// What Larder did to the body on the way.
     pub reshaped: Reshaped,
+}
+
+/// What the client's signature said of the body, as far as the upstream request's own signature
+/// goes (the front decides it from what it verified).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SignedBody {
+    /// The body's SHA-256 (lowercase hex) as the client signed it: the upstream checks the body
+    /// against it.
+    Sha256(String),
+    /// `aws-chunked` with unsigned trailing checksums, passed on as it came.
+    UnsignedTrailer,
+    /// Not covered by a hash of the whole body: unsigned, presigned, or signed chunk by chunk
+    /// (each chunk checked by the front).
+    Unsigned,
 }
 
 /// What became of a client's signed `aws-chunked` body.
@@ -248,8 +260,8 @@ impl Forwarder {
             }
         }
         let payload_hash = match (&request.payload, request.reshaped) {
-            (Payload::Sha256(h), _) => h.clone(),
-            (Payload::UnsignedTrailer, _) => "STREAMING-UNSIGNED-PAYLOAD-TRAILER".to_owned(),
+            (SignedBody::Sha256(h), _) => h.clone(),
+            (SignedBody::UnsignedTrailer, _) => "STREAMING-UNSIGNED-PAYLOAD-TRAILER".to_owned(),
             (_, Reshaped::Decoded(length)) => {
                 strip_aws_chunked(&mut headers);
                 headers.remove("x-amz-decoded-content-length");
@@ -261,9 +273,7 @@ impl Forwarder {
                 headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
                 "STREAMING-UNSIGNED-PAYLOAD-TRAILER".to_owned()
             }
-            (Payload::Unsigned | Payload::SignedChunks { .. }, Reshaped::AsSent) => {
-                "UNSIGNED-PAYLOAD".to_owned()
-            }
+            (SignedBody::Unsigned, Reshaped::AsSent) => "UNSIGNED-PAYLOAD".to_owned(),
         };
         if let Ok(v) = HeaderValue::from_str(&authority) {
             headers.insert(header::HOST, v);

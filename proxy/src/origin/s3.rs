@@ -19,7 +19,8 @@ use aws_smithy_runtime_api::client::retries::RequestAttempts;
 use futures::StreamExt;
 use http::{HeaderName, HeaderValue};
 
-use super::{BodyStream, ObjectId, ObjectMeta, Origin, OriginError, Span};
+use super::Origin;
+use crate::model::{BodyStream, ObjectId, ObjectMeta, OriginError, Span};
 
 /// How to reach the upstream.
 #[derive(Debug, Clone)]

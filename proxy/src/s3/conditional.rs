@@ -8,7 +8,7 @@ use std::time::SystemTime;
 
 use http::HeaderMap;
 
-use crate::origin::ObjectMeta;
+use crate::model::ObjectMeta;
 
 /// The outcome of evaluating a request's conditions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,6 +4,8 @@ use axum::body::Body;
 use axum::response::Response;
 use http::{header, HeaderValue, Method, StatusCode};
 
+use crate::model::OriginError;
+
 /// An error answered to an S3 client. Each variant is one S3 error code; [`S3Error::Upstream`]
 /// carries a code the upstream gave us, passed through unchanged.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -93,6 +95,31 @@ pub enum S3Error {
         /// The upstream's message.
         message: String,
     },
+}
+
+/// What S3 would have answered for an upstream failure: the upstream's own error passes
+/// through; a failure to reach it is 503 (clients retry); anything else is Larder's fault (500).
+impl From<OriginError> for S3Error {
+    fn from(error: OriginError) -> Self {
+        match error {
+            OriginError::Service {
+                status,
+                code,
+                message,
+            } => S3Error::Upstream {
+                status,
+                code,
+                message,
+            },
+            OriginError::Transport(m) | OriginError::Timeout(m) => {
+                S3Error::ServiceUnavailable(format!("upstream unavailable: {m}"))
+            }
+            OriginError::Changed
+            | OriginError::BodyLength { .. }
+            | OriginError::Abandoned
+            | OriginError::Internal(_) => S3Error::InternalError,
+        }
+    }
 }
 
 impl S3Error {

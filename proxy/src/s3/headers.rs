@@ -2,7 +2,7 @@
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
-use crate::origin::ObjectMeta;
+use crate::model::ObjectMeta;
 
 /// Headers describing the object itself (not the range): ETag, Last-Modified, Accept-Ranges,
 /// version, and everything S3 stored with the object; then the client's `response-*` overrides.

@@ -6,6 +6,16 @@ use super::error::S3Error;
 
 /// Longest key S3 accepts, in bytes of UTF-8.
 pub const MAX_KEY_LEN: usize = 1024;
+/// The query parameters that carry a presigned URL's SigV4 signature, in the order parsed: the
+/// verifier reads them, the forwarder strips them.
+pub const PRESIGNED_PARAMS: [&str; 6] = [
+    "X-Amz-Algorithm",
+    "X-Amz-Credential",
+    "X-Amz-Date",
+    "X-Amz-Expires",
+    "X-Amz-SignedHeaders",
+    "X-Amz-Signature",
+];
 
 /// The target of a request.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -22,7 +22,8 @@ use tokio_util::sync::CancellationToken;
 use crate::blocks::{BlockStore, Warmed};
 use crate::metadata::MetadataCache;
 use crate::metrics::Metrics;
-use crate::origin::{ObjectId, Origin, OriginError};
+use crate::model::{ObjectId, OriginError};
+use crate::origin::Origin;
 use crate::s3::range::{self, Resolved};
 
 /// Most jobs remembered (finished ones are forgotten oldest first).

@@ -3,19 +3,24 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 
-use super::auth::PeerSecret;
-use super::client::{Info, PeerClient};
-use super::ring::{Member, Scope, View};
-use super::server::{self, PeerState};
-use super::*;
+use bytes::Bytes;
+
+use super::{self as server, PeerState};
 use crate::blocks::{BlockStore, BlockStoreConfig};
+use crate::fleet::auth::PeerSecret;
+use crate::fleet::client::{self, Info, PeerClient};
+use crate::fleet::ring::{self, Member, Scope, View};
+use crate::fleet::{CopyLimits, Fleet};
 use crate::metadata::MetadataCache;
+use crate::metrics::Metrics;
+use crate::model::ObjectId;
+use crate::model::OriginError;
 use crate::origin::fake::FakeOrigin;
-use crate::origin::OriginError;
 
 const BLOCK: u64 = 4096;
 const SIZE: usize = 10 * BLOCK as usize + 123;

@@ -22,14 +22,14 @@ use bytes::Bytes;
 use futures::{stream, StreamExt};
 use http::{header, Method, StatusCode};
 
-use super::auth::{PeerSecret, HEADER};
-use super::client::Info;
-use super::seal;
-use super::wire::{self, WireError};
 use crate::blocks::BlockStore;
+use crate::fleet::auth::{PeerSecret, HEADER};
+use crate::fleet::client::Info;
+use crate::fleet::seal;
+use crate::fleet::wire::{self, WireError};
 use crate::metadata::{MetadataCache, Source};
 use crate::metrics::Metrics;
-use crate::origin::{ObjectId, OriginError};
+use crate::model::{ObjectId, OriginError};
 
 /// What the peer listener needs.
 pub struct PeerState {
@@ -282,3 +282,6 @@ async fn stream_after_first(
         .filter(|chunk| futures::future::ready(!matches!(chunk, Ok(b) if b.is_empty())));
     Response::new(Body::from_stream(body))
 }
+
+#[cfg(test)]
+mod tests;

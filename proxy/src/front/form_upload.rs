@@ -17,8 +17,8 @@ use http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 
 use crate::auth::Authenticator;
 use crate::metadata::MetadataCache;
+use crate::model::ObjectId;
 use crate::origin::forward::{Forward, Forwarder, Reshaped};
-use crate::origin::ObjectId;
 use crate::s3::form::{self, FormHead};
 use crate::s3::request::{Target, MAX_KEY_LEN};
 use crate::s3::S3Error;
@@ -147,7 +147,7 @@ pub async fn upload(
         query: None,
         headers,
         body: Body::from_stream(file),
-        payload: principal.payload,
+        payload: (&principal.payload).into(),
         reshaped: Reshaped::AsSent,
     };
     let response = app

@@ -23,9 +23,11 @@ use crate::auth::chunked::{self, ChunkError, Decoder};
 use crate::auth::{Authenticator, Payload, Principal};
 use crate::blocks::{BlockStore, CacheResult};
 use crate::metadata::{MetadataCache, Source};
-use crate::metrics::{Metrics, UpstreamStatus};
-use crate::origin::forward::{Forward, ForwardError, Forwarder, Reshaped};
-use crate::origin::{ObjectId, Origin, OriginError};
+use crate::metrics::Metrics;
+use crate::model::UpstreamOutcome;
+use crate::model::{ObjectId, OriginError};
+use crate::origin::forward::{Forward, ForwardError, Forwarder, Reshaped, SignedBody};
+use crate::origin::Origin;
 use crate::s3::conditional::{self, Outcome};
 use crate::s3::copy_source::CopySource;
 use crate::s3::headers::object_headers;
@@ -212,14 +214,15 @@ impl AppState {
     ) -> (&'static str, Option<String>, Handled) {
         // A browser-form upload carries its signature in the form: verified there.
         if let Ok(t @ Target::Bucket(bucket)) = &target {
-            if crate::form_upload::is_form_upload(&req, t) {
+            if crate::front::form_upload::is_form_upload(&req, t) {
                 let bucket = bucket.clone();
-                let uploader = crate::form_upload::Uploader {
+                let uploader = crate::front::form_upload::Uploader {
                     auth: &self.auth,
                     metadata: &self.metadata,
                     forwarder: &self.forwarder,
                 };
-                let result = crate::form_upload::upload(uploader, req, body, bucket.clone()).await;
+                let result =
+                    crate::front::form_upload::upload(uploader, req, body, bucket.clone()).await;
                 return ("PostObject", Some(bucket), result.map(|r| (r, "pass")));
             }
         }
@@ -342,7 +345,7 @@ impl AppState {
             query: req.uri.query().map(str::to_owned),
             headers,
             body,
-            payload: principal.payload,
+            payload: (&principal.payload).into(),
             reshaped,
         };
         let started = Instant::now();
@@ -356,10 +359,10 @@ impl AppState {
             ))
             .await;
         let status = match &result {
-            Ok(r) => UpstreamStatus::Http(r.status().as_u16()),
-            Err(ForwardError::Timeout(_)) => UpstreamStatus::Failed("timeout"),
-            Err(ForwardError::Transport(_)) => UpstreamStatus::Failed("transport"),
-            Err(_) => UpstreamStatus::Failed("internal"),
+            Ok(r) => UpstreamOutcome::Http(r.status().as_u16()),
+            Err(ForwardError::Timeout(_)) => UpstreamOutcome::Failed("timeout"),
+            Err(ForwardError::Transport(_)) => UpstreamOutcome::Failed("transport"),
+            Err(_) => UpstreamOutcome::Failed("internal"),
         };
         self.metrics.upstream(operation, status, started.elapsed());
         if let Err(e) = &result {
@@ -583,40 +586,18 @@ impl AppState {
             false,
         ) = (&error, from_head, head)
         {
-            if let Err(OriginError::Service {
-                status,
-                code,
-                message,
-            }) = self.origin.get(id, None, Some(0..1)).await
+            if let Err(refined @ OriginError::Service { .. }) =
+                self.origin.get(id, None, Some(0..1)).await
             {
-                return S3Error::Upstream {
-                    status,
-                    code,
-                    message,
-                };
+                return refined.into();
             }
         }
-        match error {
-            OriginError::Service {
-                status,
-                code,
-                message,
-            } => S3Error::Upstream {
-                status,
-                code,
-                message,
-            },
-            OriginError::Transport(m) | OriginError::Timeout(m) => {
-                S3Error::ServiceUnavailable(format!("upstream unavailable: {m}"))
-            }
-            OriginError::Changed
-            | OriginError::BodyLength { .. }
-            | OriginError::Abandoned
-            | OriginError::Internal(_) => {
-                tracing::error!(object = %id, error = %error, "cannot read from the upstream");
-                S3Error::InternalError
-            }
+        let message = error.to_string();
+        let answer = S3Error::from(error);
+        if answer == S3Error::InternalError {
+            tracing::error!(object = %id, error = %message, "cannot read from the upstream");
         }
+        answer
     }
 }
 
@@ -741,6 +722,18 @@ struct Retry;
 
 fn request_id() -> String {
     format!("{:016X}", rand::random::<u64>())
+}
+
+/// What the forwarder signs for a body the client protected so: a whole-body hash passes on;
+/// signed chunks have been checked here and go on unsigned (or decoded).
+impl From<&Payload> for SignedBody {
+    fn from(payload: &Payload) -> Self {
+        match payload {
+            Payload::Sha256(h) => SignedBody::Sha256(h.clone()),
+            Payload::UnsignedTrailer => SignedBody::UnsignedTrailer,
+            Payload::Unsigned | Payload::SignedChunks { .. } => SignedBody::Unsigned,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -15,7 +15,6 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::admin::{self, AdminAccess, AdminState};
 use crate::auth::Authenticator;
 use crate::blocks::{BlockStore, BlockStoreConfig};
 use crate::config::Config;
@@ -26,16 +25,17 @@ use crate::fleet::auth::PeerSecret;
 use crate::fleet::client::{Info, PeerClient};
 use crate::fleet::membership::{MemberSource, Membership};
 use crate::fleet::ring::{Member, Scope, View};
-use crate::fleet::server::PeerState;
-use crate::fleet::{self, CopyLimits, Fleet};
+use crate::fleet::{CopyLimits, Fleet};
+use crate::front::admin::{self, AdminAccess, AdminState};
+use crate::front::peer::PeerState;
+use crate::front::routes::{self, AppState};
+use crate::front::tls::{TlsConfig, TlsError};
 use crate::metadata::MetadataCache;
-use crate::metrics::{Metrics, MetricsError, MetricsOptions};
+use crate::metrics::{FleetGauges, Metrics, MetricsError, MetricsOptions};
 use crate::origin::forward::{ForwardError, Forwarder};
 use crate::origin::s3::{S3Origin, S3OriginConfig};
 use crate::origin::Origin;
 use crate::prefetch::PrefetchConfig;
-use crate::routes::{self, AppState};
-use crate::tls::{TlsConfig, TlsError};
 use crate::warm::{WarmLimits, Warmer};
 use cache_core::disk::{Admission, EngineKind, PartitionConfig, Recovery};
 use cache_core::{DiskCache, DiskConfig, WritePolicy};
@@ -186,7 +186,15 @@ fn join_fleet(config: &Config, metrics: &Arc<Metrics>) -> Result<Joined, StartEr
         ttl: config.fleet_copy_ttl.0,
     };
     let fleet = Arc::new(Fleet::new(alone, client, copies, metrics.clone()));
-    metrics.observe_fleet(fleet.clone());
+    let observed = fleet.clone();
+    metrics.observe_fleet(move || {
+        let view = observed.view();
+        FleetGauges {
+            members: view.members().len() as u64,
+            owners: view.candidates() as u64,
+            moved: observed.last_moved(),
+        }
+    });
     let membership = Membership::new(
         fleet.clone(),
         source,
@@ -272,7 +280,8 @@ pub async fn start(
     metrics.observe_memory(blocks.memory().clone());
     let pinned = blocks.clone();
     metrics.observe_response_buffer(move || pinned.response_buffer());
-    metrics.observe_retries(origin.clone());
+    let counted = origin.clone();
+    metrics.observe_retries(move || counted.retries());
     let metadata = Arc::new(MetadataCache::new(
         origin.clone(),
         config.metadata_ttl.0,
@@ -339,7 +348,7 @@ pub async fn start(
         };
         tasks.push(tokio::spawn(serve_clients(
             listener,
-            fleet::server::router(state),
+            super::peer::router(state),
             limits,
             None,
             shutdown.clone(),

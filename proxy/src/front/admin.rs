@@ -196,7 +196,7 @@ async fn fleet_owner(State(s): State<Arc<AdminState>>, uri: axum::http::Uri) -> 
     ) else {
         return json_error(StatusCode::BAD_REQUEST, "give bucket, key and index".into());
     };
-    let object = crate::origin::ObjectId {
+    let object = crate::model::ObjectId {
         bucket: bucket.as_str().into(),
         key: key.as_str().into(),
         version_id: None,
@@ -378,7 +378,7 @@ impl Status {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::UpstreamStatus;
+    use crate::model::UpstreamOutcome;
     use std::time::Duration;
 
     #[test]
@@ -404,14 +404,14 @@ mod tests {
             "pass",
             Duration::from_millis(30),
         );
-        m.upstream("GetObject", UpstreamStatus::Http(206), Duration::ZERO);
-        m.upstream("GetObject", UpstreamStatus::Http(503), Duration::ZERO);
+        m.upstream("GetObject", UpstreamOutcome::Http(206), Duration::ZERO);
+        m.upstream("GetObject", UpstreamOutcome::Http(503), Duration::ZERO);
         m.upstream(
             "HeadObject",
-            UpstreamStatus::Failed("timeout"),
+            UpstreamOutcome::Failed("timeout"),
             Duration::ZERO,
         );
-        m.upstream("HeadObject", UpstreamStatus::Http(404), Duration::ZERO);
+        m.upstream("HeadObject", UpstreamOutcome::Http(404), Duration::ZERO);
         let s = Status::from_snapshot(&m.snapshot(), &m, false, Vec::new());
         assert_eq!(s.requests, 5);
         assert_eq!(s.cacheable_requests, 4);

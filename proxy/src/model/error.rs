@@ -1,0 +1,109 @@
+//! Why the upstream could not deliver, and the one place that decides what each failure means:
+//! whether it is the upstream being unwell (an outage), whether a body that broke may be resumed,
+//! and which label it carries in the metrics. Its S3 answer is decided by the S3 front
+//! (`s3::error`), which depends on this module, never the reverse.
+
+use bytes::Bytes;
+use futures::stream::BoxStream;
+
+/// A body arriving from the upstream.
+pub type BodyStream = BoxStream<'static, Result<Bytes, OriginError>>;
+
+/// Why the origin could not deliver.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OriginError {
+    /// The upstream answered with an S3 error.
+    #[error("upstream answered {status} {code}: {message}")]
+    Service {
+        /// HTTP status.
+        status: u16,
+        /// S3 error code (for HEAD, which has no body, derived from the status).
+        code: String,
+        /// Message.
+        message: String,
+    },
+    /// An `If-Match` fetch found another ETag: the object changed since its metadata was read.
+    #[error("the object changed upstream")]
+    Changed,
+    /// The upstream could not be reached, or the connection broke.
+    #[error("upstream transport error: {0}")]
+    Transport(String),
+    /// The upstream did not answer, or stopped sending, within the configured time.
+    #[error("upstream timed out: {0}")]
+    Timeout(String),
+    /// The upstream body was shorter or longer than announced.
+    #[error("upstream body had {got} bytes, expected {expected}")]
+    BodyLength {
+        /// Bytes received.
+        got: u64,
+        /// Bytes expected.
+        expected: u64,
+    },
+    /// The task fetching the bytes went away before finishing.
+    #[error("the upstream fetch was abandoned")]
+    Abandoned,
+    /// Larder could not build the upstream request: a fault here, never the upstream's outage.
+    #[error("could not build the upstream request: {0}")]
+    Internal(String),
+}
+
+impl From<cache_core::Abandoned> for OriginError {
+    fn from(_: cache_core::Abandoned) -> Self {
+        OriginError::Abandoned
+    }
+}
+
+impl OriginError {
+    /// Whether the upstream said the object (or its bucket) does not exist.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, OriginError::Service { status: 404, .. })
+    }
+
+    /// Whether the failure is the upstream being unwell (rather than answering): what
+    /// `serve_stale_on_error` serves through.
+    pub fn is_outage(&self) -> bool {
+        match self {
+            OriginError::Service { status, .. } => *status >= 500,
+            OriginError::Transport(_) | OriginError::Timeout(_) => true,
+            _ => false,
+        }
+    }
+
+    /// Whether a body that broke this way may be asked for again from where it stopped (on the
+    /// same ETag): the connection failed, not the upstream's answer.
+    pub fn is_resumable(&self) -> bool {
+        matches!(
+            self,
+            OriginError::Transport(_) | OriginError::Timeout(_) | OriginError::BodyLength { .. }
+        )
+    }
+
+    /// How the upstream request ended, as the metrics label it: an HTTP status where the
+    /// upstream answered, else the kind of failure.
+    pub fn outcome(&self) -> UpstreamOutcome {
+        match self {
+            OriginError::Service { status, .. } => UpstreamOutcome::Http(*status),
+            OriginError::Changed => UpstreamOutcome::Http(412),
+            OriginError::Transport(_) => UpstreamOutcome::Failed("transport"),
+            OriginError::Timeout(_) => UpstreamOutcome::Failed("timeout"),
+            OriginError::BodyLength { .. } => UpstreamOutcome::Failed("truncated"),
+            OriginError::Abandoned => UpstreamOutcome::Failed("abandoned"),
+            OriginError::Internal(_) => UpstreamOutcome::Failed("internal"),
+        }
+    }
+}
+
+/// How an upstream request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamOutcome {
+    /// With an HTTP response of this status.
+    Http(u16),
+    /// Without a response: `transport`, `timeout`, `truncated`, `abandoned`, `internal`.
+    Failed(&'static str),
+}
+
+impl From<&OriginError> for UpstreamOutcome {
+    fn from(e: &OriginError) -> Self {
+        e.outcome()
+    }
+}

@@ -1,0 +1,14 @@
+//! The shared model of the read path: which object (and version) a request names, what the
+//! upstream says about it, the bytes asked of it, and why it failed.
+//!
+//! Everything else in the crate depends on these types; this module depends on nothing else in
+//! the crate, so the upstream client, the S3 front, the fleet and the metrics can all share them
+//! without reaching into each other.
+
+mod error;
+mod object;
+mod span;
+
+pub use error::{BodyStream, OriginError, UpstreamOutcome};
+pub use object::{ObjectId, ObjectMeta};
+pub use span::Span;
