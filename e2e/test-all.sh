@@ -35,6 +35,8 @@ export PATH="$(go env GOPATH 2>/dev/null || echo "$HOME/go")/bin:$PATH:$HOME/.lo
 
 step "cargo fmt"
 cargo fmt --all -- --check
+step "module cycles (dependencies between each crate's top-level modules run one way)"
+python3 .ci/module_cycles.py proxy/src cache-core/src
 step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo test"

@@ -13,6 +13,7 @@ use figment::Figment;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::auth::{AuthMode, KeyPolicy};
+use crate::telemetry::traces::{LogFormat, TraceOptions};
 
 /// Larder's whole configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -255,17 +256,6 @@ pub enum PrefetchMode {
     Auto,
     /// No read-ahead.
     Off,
-}
-
-/// See [`Config::log_format`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "kebab-case")]
-pub enum LogFormat {
-    /// Human-readable lines.
-    #[default]
-    Text,
-    /// JSON objects, one per line.
-    Json,
 }
 
 /// See [`Config::upstream_transfer`].
@@ -721,14 +711,24 @@ impl Config {
 
 impl Config {
     /// The prices the cost metrics use.
-    pub fn prices(&self) -> crate::metrics::Prices {
+    pub fn traces(&self) -> TraceOptions {
+        TraceOptions {
+            log_format: self.log_format,
+            otlp_endpoint: self.otlp_endpoint.clone(),
+            slow_threshold: self.trace_slow_threshold.0,
+            sample_ratio: self.trace_sample_ratio,
+        }
+    }
+
+    /// What the metrics price requests and bytes at.
+    pub fn prices(&self) -> crate::telemetry::metrics::Prices {
         let per_gb = match self.upstream_transfer {
             TransferKind::SameRegion => 0.0,
             TransferKind::CrossAz => self.price_cross_az_per_gb,
             TransferKind::CrossRegion => self.price_cross_region_per_gb,
             TransferKind::Internet => self.price_internet_per_gb,
         };
-        crate::metrics::Prices {
+        crate::telemetry::metrics::Prices {
             get_request: self.price_get_per_1000 / 1000.0,
             put_request: self.price_put_per_1000 / 1000.0,
             transfer_byte: per_gb / 1e9,

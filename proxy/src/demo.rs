@@ -26,9 +26,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::{Authenticator, KeyStore};
 use crate::config::{ByteSize, Config, HumanDuration};
-use crate::front::server::Upstream;
-use crate::metrics::Metrics;
-use crate::origin::s3::S3OriginConfig;
+use crate::telemetry::metrics::Metrics;
+use crate::upstream::s3::S3UpstreamConfig;
+use crate::upstream::Clients;
 
 const BUCKET: &str = "demo-bucket";
 const ACCESS_KEY: &str = "larder-demo";
@@ -92,7 +92,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         memory_capacity: ByteSize(256 << 20),
         ..Config::default()
     };
-    let upstream = Upstream::s3(&S3OriginConfig {
+    let upstream = Clients::s3(&S3UpstreamConfig {
         endpoint: config.upstream_endpoint.clone(),
         region: config.upstream_region.clone(),
         path_style: true,

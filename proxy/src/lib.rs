@@ -1,21 +1,35 @@
 //! Larder: an S3-compatible read-through caching proxy.
 //!
-//! The path of a GET: [`routes`] (the S3 front) → [`s3`] (addressing, ranges, conditionals,
-//! headers, errors) → [`metadata`] (cached HeadObject) → [`blocks`] (block-aligned reads over
-//! `cache_core`'s memory tier and single-flight) → [`origin`] (aws-sdk-s3).
+//! Dependencies run one way, from the fronts down to the shared model:
+//!
+//! ```text
+//! front/     listeners and what they answer: S3 routes, form uploads, admin, the fleet's peer port
+//!   ├─ auth/       who sent a request and what its signature covers
+//!   ├─ warm/       warm-up jobs (and the `larder warm` command)
+//!   └─ read/       the read path: metadata, then blocks from memory | disk | flight | peer | upstream
+//!        ├─ cache_key   the cache-key schema, in one place
+//!        ├─ fleet/      which replica owns a block, and the client that asks it
+//!        └─ upstream/   the upstream S3 API (aws-sdk-s3), hedging, and the pass-through forwarder
+//! s3/        the S3 protocol: addressing, ranges, conditionals, headers, errors
+//! telemetry/ metrics (with dollar costs), logs and traces
+//! model/     object identity, metadata, spans and upstream errors: depends on nothing here
+//! config     every option, with its default
+//! ```
+//!
+//! A cached GET: [`front::routes`] authenticates ([`auth`]) and parses the request ([`s3`]), asks
+//! [`read::metadata`] for the object's size and ETag, then streams [`read::blocks`], which finds
+//! each block under its [`cache_key`] in `cache_core`'s tiers or fetches it once from the
+//! block's owner ([`fleet`]) or the [`upstream`].
 
 pub mod auth;
-pub mod blocks;
 pub mod cache_key;
 pub mod config;
 pub mod demo;
 pub mod fleet;
 pub mod front;
-pub mod metadata;
-pub mod metrics;
 pub mod model;
-pub mod origin;
-pub mod prefetch;
+pub mod read;
 pub mod s3;
 pub mod telemetry;
+pub mod upstream;
 pub mod warm;

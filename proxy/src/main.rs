@@ -6,8 +6,8 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use larder::auth::Authenticator;
 use larder::config::Config;
-use larder::front::server::Upstream;
-use larder::origin::s3::S3OriginConfig;
+use larder::upstream::s3::S3UpstreamConfig;
+use larder::upstream::Clients;
 use serde::Serialize;
 
 #[derive(Parser)]
@@ -334,11 +334,11 @@ fn main() -> anyhow::Result<()> {
                 return Ok(());
             }
             // Logs (and traces) are set up before anything runs, and flushed after it stops.
-            let _telemetry = larder::telemetry::init(&config)?;
+            let _telemetry = larder::telemetry::traces::init(&config.traces())?;
             runtime.block_on(serve(config))
         }
         Command::Demo(args) => {
-            let _telemetry = larder::telemetry::init(&Config::default())?;
+            let _telemetry = larder::telemetry::traces::init(&Config::default().traces())?;
             runtime.block_on(larder::demo::run(args))
         }
         Command::Warm(args) => {
@@ -358,7 +358,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         Authenticator::None => tracing::warn!("auth = none: any client that reaches the S3 listener reads and writes through Larder's upstream credentials"),
         Authenticator::SigV4(keys) => tracing::info!(keys = keys.len(), "clients must sign requests (SigV4)"),
     }
-    let upstream = Upstream::s3(&S3OriginConfig {
+    let upstream = Clients::s3(&S3UpstreamConfig {
         endpoint: config.upstream_endpoint.clone(),
         region: config.upstream_region.clone(),
         path_style: config.upstream_path_style,

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use super::auth::{PeerSecret, HEADER};
 use super::seal;
 use super::wire::{self, FrameError, WireError};
-use crate::model::{BodyStream, ObjectId, ObjectMeta, OriginError};
+use crate::model::{BodyStream, ObjectId, ObjectMeta, UpstreamError};
 
 /// What a replica says about itself at `/v1/info`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,7 +39,7 @@ pub struct Info {
 pub enum PeerError {
     /// The owner relayed the upstream's answer: pass it on.
     #[error("the owner relayed: {0}")]
-    Answer(OriginError),
+    Answer(UpstreamError),
     /// The peer could not be used; `reason` is a metric label.
     #[error("peer unavailable ({reason}): {message}")]
     Unavailable {
@@ -266,6 +266,6 @@ impl PeerClient {
 
 fn body_stream(body: hyper::body::Incoming) -> BodyStream {
     body.into_data_stream()
-        .map_err(|e| OriginError::Transport(format!("peer body: {e}")))
+        .map_err(|e| UpstreamError::Transport(format!("peer body: {e}")))
         .boxed()
 }

@@ -23,8 +23,8 @@ use bytes::Bytes;
 use parking_lot::RwLock;
 
 use crate::cache_key::BlockId;
-use crate::metrics::Metrics;
 use crate::model::ObjectId;
+use crate::telemetry::metrics::Metrics;
 use client::PeerClient;
 use ring::View;
 

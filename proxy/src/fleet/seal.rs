@@ -16,7 +16,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use futures::stream::{self, BoxStream, Stream, StreamExt};
 
 use super::auth::PeerSecret;
-use crate::model::OriginError;
+use crate::model::UpstreamError;
 
 /// Largest frame an owner sends: an 8 MiB block goes as 32 frames.
 pub const MAX_FRAME: usize = 256 * 1024;
@@ -31,13 +31,13 @@ pub fn seal<S>(
     secret: PeerSecret,
     request: String,
     body: S,
-) -> impl Stream<Item = Result<Bytes, OriginError>>
+) -> impl Stream<Item = Result<Bytes, UpstreamError>>
 where
-    S: Stream<Item = Result<Bytes, OriginError>> + Send + 'static,
+    S: Stream<Item = Result<Bytes, UpstreamError>> + Send + 'static,
 {
     let mut seq = 0u64;
     body.flat_map(move |chunk| {
-        let pieces: Vec<Result<Bytes, OriginError>> = match chunk {
+        let pieces: Vec<Result<Bytes, UpstreamError>> = match chunk {
             Err(e) => vec![Err(e)],
             Ok(data) => {
                 let mut out = Vec::new();
@@ -65,12 +65,12 @@ where
 pub fn unseal(
     secret: PeerSecret,
     request: String,
-    body: BoxStream<'static, Result<Bytes, OriginError>>,
-) -> BoxStream<'static, Result<Bytes, OriginError>> {
+    body: BoxStream<'static, Result<Bytes, UpstreamError>>,
+) -> BoxStream<'static, Result<Bytes, UpstreamError>> {
     struct State {
         secret: PeerSecret,
         request: String,
-        body: BoxStream<'static, Result<Bytes, OriginError>>,
+        body: BoxStream<'static, Result<Bytes, UpstreamError>>,
         buf: BytesMut,
         seq: u64,
         done: bool,
@@ -116,7 +116,7 @@ pub fn unseal(
                 None => {
                     st.done = true;
                     return Some((
-                        Err(OriginError::Transport(
+                        Err(UpstreamError::Transport(
                             "peer body ended inside a frame".into(),
                         )),
                         st,
@@ -128,9 +128,9 @@ pub fn unseal(
     .boxed()
 }
 
-fn forged(what: &str) -> OriginError {
+fn forged(what: &str) -> UpstreamError {
     tracing::warn!(what, "a peer answer failed its authentication");
-    OriginError::Transport(format!("peer answer refused: {what}"))
+    UpstreamError::Transport(format!("peer answer refused: {what}"))
 }
 
 #[cfg(test)]
@@ -145,7 +145,7 @@ mod tests {
         sealed: Vec<Bytes>,
         with: &PeerSecret,
         request: &str,
-    ) -> (Vec<u8>, Option<OriginError>) {
+    ) -> (Vec<u8>, Option<UpstreamError>) {
         let body = stream::iter(sealed.into_iter().map(Ok)).boxed();
         let mut out = unseal(with.clone(), request.into(), body);
         let mut got = Vec::new();

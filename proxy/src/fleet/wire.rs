@@ -13,7 +13,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
 
-use crate::model::{ObjectMeta, OriginError};
+use crate::model::{ObjectMeta, UpstreamError};
 
 /// Metadata as it travels, with how long ago the owner had it from the upstream.
 #[derive(Debug, Serialize, Deserialize)]
@@ -152,27 +152,27 @@ impl WireError {
 
     /// The upstream's own answer, which the asker passes on as if it had asked S3 itself; `None`
     /// for the peer's failures, after which the asker asks S3.
-    pub fn into_answer(self) -> Option<OriginError> {
+    pub fn into_answer(self) -> Option<UpstreamError> {
         match self {
             WireError::Service {
                 status,
                 code,
                 message,
-            } => Some(OriginError::Service {
+            } => Some(UpstreamError::Service {
                 status,
                 code,
                 message,
             }),
-            WireError::Changed => Some(OriginError::Changed),
+            WireError::Changed => Some(UpstreamError::Changed),
             WireError::Unavailable { .. } | WireError::Refused { .. } => None,
         }
     }
 }
 
-impl From<&OriginError> for WireError {
-    fn from(e: &OriginError) -> Self {
+impl From<&UpstreamError> for WireError {
+    fn from(e: &UpstreamError) -> Self {
         match e {
-            OriginError::Service {
+            UpstreamError::Service {
                 status,
                 code,
                 message,
@@ -181,7 +181,7 @@ impl From<&OriginError> for WireError {
                 code: code.clone(),
                 message: message.clone(),
             },
-            OriginError::Changed => WireError::Changed,
+            UpstreamError::Changed => WireError::Changed,
             other => WireError::Unavailable {
                 message: other.to_string(),
             },
@@ -239,7 +239,7 @@ mod tests {
 
     #[test]
     fn upstream_answers_pass_on_and_peer_failures_fall_back() {
-        let not_found = OriginError::Service {
+        let not_found = UpstreamError::Service {
             status: 404,
             code: "NoSuchKey".into(),
             message: "gone".into(),
@@ -249,18 +249,18 @@ mod tests {
         let back: WireError = serde_json::from_slice(&wire.body()).unwrap();
         assert_eq!(back.into_answer(), Some(not_found));
         assert_eq!(
-            WireError::from(&OriginError::Changed).into_answer(),
-            Some(OriginError::Changed)
+            WireError::from(&UpstreamError::Changed).into_answer(),
+            Some(UpstreamError::Changed)
         );
-        let outage = OriginError::Service {
+        let outage = UpstreamError::Service {
             status: 503,
             code: "SlowDown".into(),
             message: String::new(),
         };
         for e in [
             outage,
-            OriginError::Timeout("t".into()),
-            OriginError::Abandoned,
+            UpstreamError::Timeout("t".into()),
+            UpstreamError::Abandoned,
         ] {
             let wire = WireError::from(&e);
             assert_eq!(wire.status(), 503);

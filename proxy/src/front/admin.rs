@@ -11,8 +11,8 @@ use axum::routing::get;
 use serde::Serialize;
 use subtle::ConstantTimeEq;
 
-use crate::blocks::BlockStore;
-use crate::metrics::{Metrics, Snapshot, UpstreamHealth};
+use crate::read::blocks::BlockStore;
+use crate::telemetry::metrics::{Metrics, Snapshot, UpstreamHealth};
 use crate::warm::{Progress, WarmError, WarmRequest, Warmer};
 
 /// What the admin endpoints report on.

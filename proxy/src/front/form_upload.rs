@@ -16,12 +16,12 @@ use http::request::Parts;
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 
 use crate::auth::Authenticator;
-use crate::metadata::MetadataCache;
 use crate::model::ObjectId;
-use crate::origin::forward::{Forward, Forwarder, Reshaped};
+use crate::read::metadata::MetadataCache;
 use crate::s3::form::{self, FormHead};
 use crate::s3::request::{Target, MAX_KEY_LEN};
 use crate::s3::S3Error;
+use crate::upstream::forward::{Forward, Forwarder, Reshaped};
 
 /// Whether a request is a browser-form upload: a POST of `multipart/form-data` to a bucket,
 /// with no sub-resource and no signature of its own (the form carries it).

@@ -22,14 +22,14 @@ use bytes::Bytes;
 use futures::{stream, StreamExt};
 use http::{header, Method, StatusCode};
 
-use crate::blocks::BlockStore;
 use crate::fleet::auth::{PeerSecret, HEADER};
 use crate::fleet::client::Info;
 use crate::fleet::seal;
 use crate::fleet::wire::{self, WireError};
-use crate::metadata::{MetadataCache, Source};
-use crate::metrics::Metrics;
-use crate::model::{ObjectId, OriginError};
+use crate::model::{ObjectId, UpstreamError};
+use crate::read::blocks::BlockStore;
+use crate::read::metadata::{MetadataCache, Source};
+use crate::telemetry::metrics::Metrics;
 
 /// What the peer listener needs.
 pub struct PeerState {
@@ -88,9 +88,9 @@ async fn authenticate(secret: &PeerSecret, signature: &str, response: Response) 
     Response::from_parts(parts, Body::from(bytes))
 }
 
-fn body_stream(body: Body) -> stream::BoxStream<'static, Result<Bytes, OriginError>> {
+fn body_stream(body: Body) -> stream::BoxStream<'static, Result<Bytes, UpstreamError>> {
     body.into_data_stream()
-        .map(|r| r.map_err(|e| OriginError::Transport(e.to_string())))
+        .map(|r| r.map_err(|e| UpstreamError::Transport(e.to_string())))
         .boxed()
 }
 
@@ -233,7 +233,7 @@ async fn open(peer: &PeerState, params: &Params) -> Response {
         let open = peer.blocks.open_cold_for_peer(id.clone(), index);
         peer.metadata.get_or_open_aged(&id, open).await
     } else {
-        let head = async { Ok::<_, OriginError>(None) };
+        let head = async { Ok::<_, UpstreamError>(None) };
         peer.metadata.get_or_open_aged(&id, head).await
     };
     let (meta, age) = match opened {
@@ -264,7 +264,7 @@ async fn open(peer: &PeerState, params: &Params) -> Response {
 async fn stream_after_first(
     peer: &PeerState,
     head: Bytes,
-    mut body: stream::BoxStream<'static, Result<Bytes, OriginError>>,
+    mut body: stream::BoxStream<'static, Result<Bytes, UpstreamError>>,
 ) -> Response {
     let first = match body.next().await {
         Some(Ok(first)) => first,

@@ -21,19 +21,19 @@ use tracing::Instrument;
 
 use crate::auth::chunked::{self, ChunkError, Decoder};
 use crate::auth::{Authenticator, Payload, Principal};
-use crate::blocks::{BlockStore, CacheResult};
-use crate::metadata::{MetadataCache, Source};
-use crate::metrics::Metrics;
 use crate::model::UpstreamOutcome;
-use crate::model::{ObjectId, OriginError};
-use crate::origin::forward::{Forward, ForwardError, Forwarder, Reshaped, SignedBody};
-use crate::origin::Origin;
+use crate::model::{ObjectId, UpstreamError};
+use crate::read::blocks::{BlockStore, CacheResult};
+use crate::read::metadata::{MetadataCache, Source};
 use crate::s3::conditional::{self, Outcome};
 use crate::s3::copy_source::CopySource;
 use crate::s3::headers::object_headers;
 use crate::s3::range::{self, RangeSpec, Resolved};
 use crate::s3::request::{self, ObjectQuery, Target};
 use crate::s3::S3Error;
+use crate::telemetry::metrics::Metrics;
+use crate::upstream::forward::{Forward, ForwardError, Forwarder, Reshaped, SignedBody};
+use crate::upstream::Upstream;
 
 /// What the S3 front needs.
 pub struct AppState {
@@ -46,7 +46,7 @@ pub struct AppState {
     /// Block data.
     pub blocks: Arc<BlockStore>,
     /// The upstream, for the rare request the caches cannot answer (explaining a 404).
-    pub origin: Arc<dyn Origin>,
+    pub origin: Arc<dyn Upstream>,
     /// The upstream, for every request that is not a cacheable read.
     pub forwarder: Forwarder,
     /// Metrics.
@@ -552,11 +552,12 @@ impl AppState {
         // becomes a proper S3 error instead of a broken body.
         let first = match body.next().await {
             Some(Ok(first)) => first,
-            Some(Err(OriginError::Changed)) => return Err(Retry),
+            Some(Err(UpstreamError::Changed)) => return Err(Retry),
             Some(Err(e)) => return Ok(Err(self.explain(e, id, head, false).await)),
             None => return Ok(Err(S3Error::InternalError)),
         };
-        let stream = futures::stream::once(async move { Ok::<_, OriginError>(first) }).chain(body);
+        let stream =
+            futures::stream::once(async move { Ok::<_, UpstreamError>(first) }).chain(body);
         let cache = if source == Source::Stale {
             cache.as_stale_str()
         } else {
@@ -569,7 +570,7 @@ impl AppState {
     /// from the metadata HEAD.
     async fn explain(
         &self,
-        error: OriginError,
+        error: UpstreamError,
         id: &ObjectId,
         head: bool,
         from_head: bool,
@@ -579,14 +580,14 @@ impl AppState {
         // gets the bare status, as from S3; for a GET, a one-byte GET asks the upstream for the
         // code S3 would have sent.
         if let (
-            OriginError::Service {
+            UpstreamError::Service {
                 status: 400..=499, ..
             },
             true,
             false,
         ) = (&error, from_head, head)
         {
-            if let Err(refined @ OriginError::Service { .. }) =
+            if let Err(refined @ UpstreamError::Service { .. }) =
                 self.origin.get(id, None, Some(0..1)).await
             {
                 return refined.into();
@@ -739,13 +740,13 @@ impl From<&Payload> for SignedBody {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::blocks::BlockStoreConfig;
-    use crate::origin::fake::FakeOrigin;
+    use crate::read::blocks::BlockStoreConfig;
+    use crate::upstream::fake::FakeUpstream;
     use bytes::Bytes;
     use http_body_util::BodyExt;
     use std::time::Duration;
 
-    fn app(origin: Arc<FakeOrigin>) -> Arc<AppState> {
+    fn app(origin: Arc<FakeUpstream>) -> Arc<AppState> {
         let metrics = Arc::new(Metrics::default());
         let config = BlockStoreConfig {
             read_window: 2,
@@ -796,7 +797,7 @@ mod tests {
     async fn an_object_changed_under_cached_metadata_is_served_whole_from_the_new_version() {
         let v1: Bytes = vec![1u8; 3 * 4096].into();
         let v2: Bytes = vec![2u8; 3 * 4096].into();
-        let origin = Arc::new(FakeOrigin::default());
+        let origin = Arc::new(FakeUpstream::default());
         origin.put("k", v1.clone(), "\"v1\"");
         let app = app(origin.clone());
         let (status, headers, body) = get(&app, "bytes=0-9").await;
@@ -830,7 +831,7 @@ mod tests {
             .map(|i| (i % 251) as u8)
             .collect::<Vec<u8>>()
             .into();
-        let origin = Arc::new(FakeOrigin::default());
+        let origin = Arc::new(FakeUpstream::default());
         origin.put("k", data.clone(), "\"v1\"");
         let app = app(origin.clone());
         let (status, headers, body) = get(&app, "bytes=5000-5009").await;
@@ -872,7 +873,7 @@ mod tests {
 
     #[tokio::test]
     async fn errors_are_s3_xml_with_a_request_id() {
-        let app = app(Arc::new(FakeOrigin::default()));
+        let app = app(Arc::new(FakeUpstream::default()));
         let (status, headers, body) = get(&app, "bytes=0-1").await;
         assert_eq!(status, StatusCode::NOT_FOUND);
         assert!(!headers["x-amz-request-id"].is_empty());

@@ -16,7 +16,6 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Authenticator;
-use crate::blocks::{BlockStore, BlockStoreConfig};
 use crate::config::Config;
 use crate::config::{
     DiskAdmission, DiskRecovery, DiskWritePolicy, FleetScope, IoEngineKind, PrefetchMode,
@@ -30,12 +29,11 @@ use crate::front::admin::{self, AdminAccess, AdminState};
 use crate::front::peer::PeerState;
 use crate::front::routes::{self, AppState};
 use crate::front::tls::{TlsConfig, TlsError};
-use crate::metadata::MetadataCache;
-use crate::metrics::{FleetGauges, Metrics, MetricsError, MetricsOptions};
-use crate::origin::forward::{ForwardError, Forwarder};
-use crate::origin::s3::{S3Origin, S3OriginConfig};
-use crate::origin::Origin;
-use crate::prefetch::PrefetchConfig;
+use crate::read::blocks::{BlockStore, BlockStoreConfig};
+use crate::read::metadata::MetadataCache;
+use crate::read::prefetch::PrefetchConfig;
+use crate::telemetry::metrics::{FleetGauges, Metrics, MetricsError, MetricsOptions};
+use crate::upstream::Clients;
 use crate::warm::{WarmLimits, Warmer};
 use cache_core::disk::{Admission, EngineKind, PartitionConfig, Recovery};
 use cache_core::{DiskCache, DiskConfig, WritePolicy};
@@ -76,33 +74,6 @@ pub enum StartError {
     /// The admin token could not be loaded.
     #[error("admin token: {0}")]
     Admin(String),
-}
-
-/// The upstream, as the cache reads it and as requests pass through to it.
-pub struct Upstream {
-    /// Object reads (HEAD and ranged GETs) for the cache.
-    pub origin: Arc<dyn Origin>,
-    /// Every other request.
-    pub forwarder: Forwarder,
-}
-
-impl Upstream {
-    /// Both clients of an S3 upstream, signing with the same credentials; `first_byte_timeout`
-    /// bounds the wait for a pass-through answer.
-    pub async fn s3(config: &S3OriginConfig) -> Result<Self, ForwardError> {
-        let origin = S3Origin::new(config).await;
-        let forwarder = Forwarder::new(
-            config.endpoint.as_deref(),
-            &config.region,
-            config.path_style,
-            origin.credentials(),
-            config.first_byte_timeout,
-        )?;
-        Ok(Self {
-            origin: Arc::new(origin),
-            forwarder,
-        })
-    }
 }
 
 /// The disk tier's configuration from Larder's.
@@ -215,10 +186,10 @@ fn join_fleet(config: &Config, metrics: &Arc<Metrics>) -> Result<Joined, StartEr
 /// `upstream` to the clients `auth` lets in.
 pub async fn start(
     config: &Config,
-    upstream: Upstream,
+    upstream: Clients,
     auth: Authenticator,
 ) -> Result<Running, StartError> {
-    let Upstream { origin, forwarder } = upstream;
+    let Clients { origin, forwarder } = upstream;
     let tls = match (&config.tls_cert, &config.tls_key) {
         (Some(cert), Some(key)) => Some(TlsConfig::load(cert, key)?),
         _ => None,
@@ -268,7 +239,7 @@ pub async fn start(
             min_window: config.prefetch_min_window,
             max_window: config.prefetch_max_window,
             max_inflight: config.prefetch_max_inflight,
-            unused_after: crate::prefetch::UNUSED_AFTER,
+            unused_after: crate::read::prefetch::UNUSED_AFTER,
         },
         fleet: fleet.as_ref().map(|f| f.fleet.clone()),
     };

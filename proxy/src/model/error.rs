@@ -7,11 +7,11 @@ use bytes::Bytes;
 use futures::stream::BoxStream;
 
 /// A body arriving from the upstream.
-pub type BodyStream = BoxStream<'static, Result<Bytes, OriginError>>;
+pub type BodyStream = BoxStream<'static, Result<Bytes, UpstreamError>>;
 
 /// Why the origin could not deliver.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum OriginError {
+pub enum UpstreamError {
     /// The upstream answered with an S3 error.
     #[error("upstream answered {status} {code}: {message}")]
     Service {
@@ -47,24 +47,24 @@ pub enum OriginError {
     Internal(String),
 }
 
-impl From<cache_core::Abandoned> for OriginError {
+impl From<cache_core::Abandoned> for UpstreamError {
     fn from(_: cache_core::Abandoned) -> Self {
-        OriginError::Abandoned
+        UpstreamError::Abandoned
     }
 }
 
-impl OriginError {
+impl UpstreamError {
     /// Whether the upstream said the object (or its bucket) does not exist.
     pub fn is_not_found(&self) -> bool {
-        matches!(self, OriginError::Service { status: 404, .. })
+        matches!(self, UpstreamError::Service { status: 404, .. })
     }
 
     /// Whether the failure is the upstream being unwell (rather than answering): what
     /// `serve_stale_on_error` serves through.
     pub fn is_outage(&self) -> bool {
         match self {
-            OriginError::Service { status, .. } => *status >= 500,
-            OriginError::Transport(_) | OriginError::Timeout(_) => true,
+            UpstreamError::Service { status, .. } => *status >= 500,
+            UpstreamError::Transport(_) | UpstreamError::Timeout(_) => true,
             _ => false,
         }
     }
@@ -74,7 +74,9 @@ impl OriginError {
     pub fn is_resumable(&self) -> bool {
         matches!(
             self,
-            OriginError::Transport(_) | OriginError::Timeout(_) | OriginError::BodyLength { .. }
+            UpstreamError::Transport(_)
+                | UpstreamError::Timeout(_)
+                | UpstreamError::BodyLength { .. }
         )
     }
 
@@ -82,13 +84,13 @@ impl OriginError {
     /// upstream answered, else the kind of failure.
     pub fn outcome(&self) -> UpstreamOutcome {
         match self {
-            OriginError::Service { status, .. } => UpstreamOutcome::Http(*status),
-            OriginError::Changed => UpstreamOutcome::Http(412),
-            OriginError::Transport(_) => UpstreamOutcome::Failed("transport"),
-            OriginError::Timeout(_) => UpstreamOutcome::Failed("timeout"),
-            OriginError::BodyLength { .. } => UpstreamOutcome::Failed("truncated"),
-            OriginError::Abandoned => UpstreamOutcome::Failed("abandoned"),
-            OriginError::Internal(_) => UpstreamOutcome::Failed("internal"),
+            UpstreamError::Service { status, .. } => UpstreamOutcome::Http(*status),
+            UpstreamError::Changed => UpstreamOutcome::Http(412),
+            UpstreamError::Transport(_) => UpstreamOutcome::Failed("transport"),
+            UpstreamError::Timeout(_) => UpstreamOutcome::Failed("timeout"),
+            UpstreamError::BodyLength { .. } => UpstreamOutcome::Failed("truncated"),
+            UpstreamError::Abandoned => UpstreamOutcome::Failed("abandoned"),
+            UpstreamError::Internal(_) => UpstreamOutcome::Failed("internal"),
         }
     }
 }
@@ -102,8 +104,8 @@ pub enum UpstreamOutcome {
     Failed(&'static str),
 }
 
-impl From<&OriginError> for UpstreamOutcome {
-    fn from(e: &OriginError) -> Self {
+impl From<&UpstreamError> for UpstreamOutcome {
+    fn from(e: &UpstreamError) -> Self {
         e.outcome()
     }
 }

@@ -9,6 +9,6 @@ mod error;
 mod object;
 mod span;
 
-pub use error::{BodyStream, OriginError, UpstreamOutcome};
+pub use error::{BodyStream, UpstreamError, UpstreamOutcome};
 pub use object::{ObjectId, ObjectMeta};
 pub use span::Span;

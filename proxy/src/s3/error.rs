@@ -4,7 +4,7 @@ use axum::body::Body;
 use axum::response::Response;
 use http::{header, HeaderValue, Method, StatusCode};
 
-use crate::model::OriginError;
+use crate::model::UpstreamError;
 
 /// An error answered to an S3 client. Each variant is one S3 error code; [`S3Error::Upstream`]
 /// carries a code the upstream gave us, passed through unchanged.
@@ -99,10 +99,10 @@ pub enum S3Error {
 
 /// What S3 would have answered for an upstream failure: the upstream's own error passes
 /// through; a failure to reach it is 503 (clients retry); anything else is Larder's fault (500).
-impl From<OriginError> for S3Error {
-    fn from(error: OriginError) -> Self {
+impl From<UpstreamError> for S3Error {
+    fn from(error: UpstreamError) -> Self {
         match error {
-            OriginError::Service {
+            UpstreamError::Service {
                 status,
                 code,
                 message,
@@ -111,13 +111,13 @@ impl From<OriginError> for S3Error {
                 code,
                 message,
             },
-            OriginError::Transport(m) | OriginError::Timeout(m) => {
+            UpstreamError::Transport(m) | UpstreamError::Timeout(m) => {
                 S3Error::ServiceUnavailable(format!("upstream unavailable: {m}"))
             }
-            OriginError::Changed
-            | OriginError::BodyLength { .. }
-            | OriginError::Abandoned
-            | OriginError::Internal(_) => S3Error::InternalError,
+            UpstreamError::Changed
+            | UpstreamError::BodyLength { .. }
+            | UpstreamError::Abandoned
+            | UpstreamError::Internal(_) => S3Error::InternalError,
         }
     }
 }

@@ -19,12 +19,12 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use crate::blocks::{BlockStore, Warmed};
-use crate::metadata::MetadataCache;
-use crate::metrics::Metrics;
-use crate::model::{ObjectId, OriginError};
-use crate::origin::Origin;
+use crate::model::{ObjectId, UpstreamError};
+use crate::read::blocks::{BlockStore, Warmed};
+use crate::read::metadata::MetadataCache;
 use crate::s3::range::{self, Resolved};
+use crate::telemetry::metrics::Metrics;
+use crate::upstream::Upstream;
 
 /// Most jobs remembered (finished ones are forgotten oldest first).
 const KEPT_JOBS: usize = 64;
@@ -178,7 +178,7 @@ pub struct WarmLimits {
 pub struct Warmer {
     blocks: Arc<BlockStore>,
     metadata: Arc<MetadataCache>,
-    origin: Arc<dyn Origin>,
+    origin: Arc<dyn Upstream>,
     metrics: Arc<Metrics>,
     limits: WarmLimits,
     jobs: Mutex<VecDeque<Arc<Job>>>,
@@ -189,7 +189,7 @@ impl Warmer {
     pub fn new(
         blocks: Arc<BlockStore>,
         metadata: Arc<MetadataCache>,
-        origin: Arc<dyn Origin>,
+        origin: Arc<dyn Upstream>,
         metrics: Arc<Metrics>,
         limits: WarmLimits,
     ) -> Self {
@@ -305,7 +305,7 @@ impl Warmer {
     }
 
     /// List and warm, page by page.
-    async fn run(&self, job: &Arc<Job>) -> Result<(), OriginError> {
+    async fn run(&self, job: &Arc<Job>) -> Result<(), UpstreamError> {
         let request = &job.request;
         if !request.keys.is_empty() {
             self.warm_objects(job, request.keys.clone()).await;
@@ -400,12 +400,12 @@ impl Warmer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::blocks::BlockStoreConfig;
-    use crate::origin::fake::FakeOrigin;
+    use crate::read::blocks::BlockStoreConfig;
+    use crate::upstream::fake::FakeUpstream;
     use bytes::Bytes;
 
-    fn warmer() -> (Arc<Warmer>, Arc<FakeOrigin>) {
-        let origin = Arc::new(FakeOrigin::default());
+    fn warmer() -> (Arc<Warmer>, Arc<FakeUpstream>) {
+        let origin = Arc::new(FakeUpstream::default());
         for (key, size) in [("p/a", 10_000), ("p/b", 5000), ("p/c", 1), ("q/d", 9000)] {
             origin.put(key, Bytes::from(vec![7u8; size]), "\"e\"");
         }

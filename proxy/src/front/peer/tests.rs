@@ -11,16 +11,16 @@ use futures::{Stream, StreamExt};
 use bytes::Bytes;
 
 use super::{self as server, PeerState};
-use crate::blocks::{BlockStore, BlockStoreConfig};
 use crate::fleet::auth::PeerSecret;
 use crate::fleet::client::{self, Info, PeerClient};
 use crate::fleet::ring::{self, Member, Scope, View};
 use crate::fleet::{CopyLimits, Fleet};
-use crate::metadata::MetadataCache;
-use crate::metrics::Metrics;
 use crate::model::ObjectId;
-use crate::model::OriginError;
-use crate::origin::fake::FakeOrigin;
+use crate::model::UpstreamError;
+use crate::read::blocks::{BlockStore, BlockStoreConfig};
+use crate::read::metadata::MetadataCache;
+use crate::telemetry::metrics::Metrics;
+use crate::upstream::fake::FakeUpstream;
 
 const BLOCK: u64 = 4096;
 const SIZE: usize = 10 * BLOCK as usize + 123;
@@ -44,7 +44,7 @@ fn object() -> ObjectId {
     }
 }
 
-async fn collect(s: impl Stream<Item = Result<Bytes, OriginError>>) -> Vec<u8> {
+async fn collect(s: impl Stream<Item = Result<Bytes, UpstreamError>>) -> Vec<u8> {
     let mut out = Vec::new();
     futures::pin_mut!(s);
     while let Some(chunk) = s.next().await {
@@ -57,7 +57,7 @@ async fn collect(s: impl Stream<Item = Result<Bytes, OriginError>>) -> Vec<u8> {
 fn serve_peers(
     listener: tokio::net::TcpListener,
     blocks: Arc<BlockStore>,
-    origin: Arc<FakeOrigin>,
+    origin: Arc<FakeUpstream>,
     metrics: Arc<Metrics>,
     id: u64,
 ) {
@@ -84,7 +84,7 @@ fn serve_peers(
 
 /// A replica that owns blocks and serves them on a loopback peer listener; its address and
 /// metrics.
-async fn owner_replica(origin: Arc<FakeOrigin>) -> (SocketAddr, Arc<Metrics>) {
+async fn owner_replica(origin: Arc<FakeUpstream>) -> (SocketAddr, Arc<Metrics>) {
     let metrics = Arc::new(Metrics::default());
     let blocks = Arc::new(BlockStore::new(
         BlockStoreConfig::for_tests(),
@@ -100,7 +100,7 @@ async fn owner_replica(origin: Arc<FakeOrigin>) -> (SocketAddr, Arc<Metrics>) {
 /// A replica called `me` in a fleet of two with `other`, giving it `deadline` to answer,
 /// fetching at most `upstream_concurrency` blocks at once and keeping no copies.
 fn replica_of_two(
-    origin: Arc<FakeOrigin>,
+    origin: Arc<FakeUpstream>,
     me: &str,
     other: &str,
     deadline: Duration,
@@ -139,7 +139,7 @@ fn owned_by_second(a: &str, b: &str) -> usize {
 /// peer owns some of the object's blocks and it owns the others (ownership depends on the
 /// peer's port, which the system picks).
 fn asking_replica(
-    origin: Arc<FakeOrigin>,
+    origin: Arc<FakeUpstream>,
     peer: &str,
 ) -> (Arc<BlockStore>, Arc<Fleet>, Arc<Metrics>) {
     let blocks = SIZE / BLOCK as usize + 1;
@@ -158,7 +158,7 @@ fn owned_by_peer(fleet: &Fleet) -> Vec<u64> {
 
 #[tokio::test]
 async fn blocks_owned_elsewhere_come_from_their_owner_once() {
-    let origin = Arc::new(FakeOrigin::default());
+    let origin = Arc::new(FakeUpstream::default());
     origin.put("k", data(), "\"e1\"");
     let (peer, owner_metrics) = owner_replica(origin.clone()).await;
     let (store, fleet, metrics) = asking_replica(origin.clone(), &peer.to_string());
@@ -196,7 +196,7 @@ async fn blocks_owned_elsewhere_come_from_their_owner_once() {
 
 #[tokio::test]
 async fn a_cold_object_opens_at_its_owner_with_one_upstream_get() {
-    let origin = Arc::new(FakeOrigin::default());
+    let origin = Arc::new(FakeUpstream::default());
     origin.put("k", data(), "\"e1\"");
     let (peer, _) = owner_replica(origin.clone()).await;
     let (store, fleet, _) = asking_replica(origin.clone(), &peer.to_string());
@@ -219,7 +219,7 @@ async fn a_cold_object_opens_at_its_owner_with_one_upstream_get() {
 
 #[tokio::test]
 async fn an_owner_that_is_gone_costs_a_fallback_not_a_failure() {
-    let origin = Arc::new(FakeOrigin::default());
+    let origin = Arc::new(FakeUpstream::default());
     origin.put("k", data(), "\"e1\"");
     // Nothing listens there.
     let dead = std::net::TcpListener::bind("127.0.0.1:0")
@@ -241,7 +241,7 @@ async fn an_owner_that_is_gone_costs_a_fallback_not_a_failure() {
 
 #[tokio::test]
 async fn an_owner_relays_the_upstreams_answer_instead_of_a_fallback() {
-    let origin = Arc::new(FakeOrigin::default());
+    let origin = Arc::new(FakeUpstream::default());
     origin.put("k", data(), "\"e2\"");
     let (peer, _) = owner_replica(origin.clone()).await;
     let (store, fleet, metrics) = asking_replica(origin.clone(), &peer.to_string());
@@ -251,7 +251,7 @@ async fn an_owner_relays_the_upstreams_answer_instead_of_a_fallback() {
     // is passed on (the read starts over), not retried against S3 as if the owner had failed.
     let s = store.read(object(), "\"e1\"".into(), start..start + 1, SIZE as u64);
     futures::pin_mut!(s);
-    assert_eq!(s.next().await.unwrap().unwrap_err(), OriginError::Changed);
+    assert_eq!(s.next().await.unwrap().unwrap_err(), UpstreamError::Changed);
     assert_eq!(
         metrics.snapshot().sum("larder_peer_fallbacks_total", &[]),
         0.0
@@ -261,7 +261,7 @@ async fn an_owner_relays_the_upstreams_answer_instead_of_a_fallback() {
 
 #[tokio::test]
 async fn unsigned_or_mis_cut_requests_are_refused() {
-    let origin = Arc::new(FakeOrigin::default());
+    let origin = Arc::new(FakeUpstream::default());
     origin.put("k", data(), "\"e1\"");
     let peer = owner_replica(origin.clone()).await.0.to_string();
     let other_secret = PeerClient::new(
@@ -307,7 +307,7 @@ async fn unsigned_or_mis_cut_requests_are_refused() {
 
 /// A replica in a fleet of two with one upstream slot, serving its peer on `listener`.
 fn busy_replica(
-    origin: Arc<FakeOrigin>,
+    origin: Arc<FakeUpstream>,
     listener: tokio::net::TcpListener,
     other: SocketAddr,
 ) -> (Arc<BlockStore>, Arc<Fleet>, Arc<Metrics>) {
@@ -331,7 +331,7 @@ fn busy_replica(
 
 #[tokio::test]
 async fn two_busy_replicas_asking_each_other_do_not_stall() {
-    let origin = Arc::new(FakeOrigin::with_delay(Duration::from_millis(50)));
+    let origin = Arc::new(FakeUpstream::with_delay(Duration::from_millis(50)));
     origin.put("k", data(), "\"e1\"");
     // Two ports whose owners split the object's blocks, so each replica owns one the other
     // reads (ownership depends on the ports, which the system picks).

@@ -19,12 +19,12 @@ use aws_smithy_runtime_api::client::retries::RequestAttempts;
 use futures::StreamExt;
 use http::{HeaderName, HeaderValue};
 
-use super::Origin;
-use crate::model::{BodyStream, ObjectId, ObjectMeta, OriginError, Span};
+use super::Upstream;
+use crate::model::{BodyStream, ObjectId, ObjectMeta, Span, UpstreamError};
 
 /// How to reach the upstream.
 #[derive(Debug, Clone)]
-pub struct S3OriginConfig {
+pub struct S3UpstreamConfig {
     /// Endpoint URL; `None` for AWS S3.
     pub endpoint: Option<String>,
     /// Region.
@@ -41,7 +41,7 @@ pub struct S3OriginConfig {
     pub max_attempts: u32,
 }
 
-impl Default for S3OriginConfig {
+impl Default for S3UpstreamConfig {
     fn default() -> Self {
         Self {
             endpoint: None,
@@ -56,7 +56,7 @@ impl Default for S3OriginConfig {
 }
 
 /// The upstream S3 API through aws-sdk-s3.
-pub struct S3Origin {
+pub struct S3Upstream {
     client: Client,
     credentials: Option<aws_credential_types::provider::SharedCredentialsProvider>,
     retries: Arc<AtomicU64>,
@@ -87,9 +87,9 @@ impl Intercept for CountRetries {
     }
 }
 
-impl S3Origin {
+impl S3Upstream {
     /// Build a client, loading credentials from the standard AWS chain.
-    pub async fn new(config: &S3OriginConfig) -> Self {
+    pub async fn new(config: &S3UpstreamConfig) -> Self {
         let mut loader = aws_config::defaults(BehaviorVersion::latest())
             .region(Region::new(config.region.clone()));
         if let Some(endpoint) = &config.endpoint {
@@ -127,7 +127,7 @@ impl S3Origin {
 }
 
 #[async_trait::async_trait]
-impl Origin for S3Origin {
+impl Upstream for S3Upstream {
     fn retries(&self) -> u64 {
         self.retries.load(Ordering::Relaxed)
     }
@@ -137,7 +137,7 @@ impl Origin for S3Origin {
         bucket: &str,
         prefix: &str,
         token: Option<String>,
-    ) -> Result<(Vec<(String, u64)>, Option<String>), OriginError> {
+    ) -> Result<(Vec<(String, u64)>, Option<String>), UpstreamError> {
         let out = self
             .client
             .list_objects_v2()
@@ -159,7 +159,7 @@ impl Origin for S3Origin {
         Ok((objects, next))
     }
 
-    async fn head(&self, object: &ObjectId) -> Result<ObjectMeta, OriginError> {
+    async fn head(&self, object: &ObjectId) -> Result<ObjectMeta, UpstreamError> {
         let out = self
             .client
             .head_object()
@@ -177,7 +177,7 @@ impl Origin for S3Origin {
         object: &ObjectId,
         if_match: Option<&str>,
         range: Option<Range<u64>>,
-    ) -> Result<BodyStream, OriginError> {
+    ) -> Result<BodyStream, UpstreamError> {
         let expected = range.as_ref().map(|r| r.end - r.start);
         let out = self
             .client
@@ -194,14 +194,14 @@ impl Origin for S3Origin {
             .send()
             .await
             .map_err(|e| match map_error(e) {
-                OriginError::Service { status: 412, .. } if if_match.is_some() => {
-                    OriginError::Changed
+                UpstreamError::Service { status: 412, .. } if if_match.is_some() => {
+                    UpstreamError::Changed
                 }
                 other => other,
             })?;
         if let (Some(expected), Some(len)) = (expected, out.content_length) {
             if u64::try_from(len).ok() != Some(expected) {
-                return Err(OriginError::BodyLength {
+                return Err(UpstreamError::BodyLength {
                     got: len.max(0) as u64,
                     expected,
                 });
@@ -214,7 +214,7 @@ impl Origin for S3Origin {
         &self,
         object: &ObjectId,
         span: Span,
-    ) -> Result<Option<(ObjectMeta, BodyStream)>, OriginError> {
+    ) -> Result<Option<(ObjectMeta, BodyStream)>, UpstreamError> {
         let result = self
             .client
             .get_object()
@@ -229,7 +229,7 @@ impl Origin for S3Origin {
             Err(e) => {
                 return match map_error(e) {
                     // Past the end, or an empty object: only a HEAD says which.
-                    OriginError::Service { status: 416, .. } => Ok(None),
+                    UpstreamError::Service { status: 416, .. } => Ok(None),
                     other => Err(other),
                 };
             }
@@ -244,7 +244,7 @@ impl Origin for S3Origin {
         let within = span.within(size);
         let expected = within.end - within.start;
         if out.content_length.and_then(|l| u64::try_from(l).ok()) != Some(expected) {
-            return Err(OriginError::BodyLength {
+            return Err(UpstreamError::BodyLength {
                 got: out.content_length.unwrap_or(0).max(0) as u64,
                 expected,
             });
@@ -261,7 +261,9 @@ fn body_stream(body: aws_sdk_s3::primitives::ByteStream) -> BodyStream {
             None => None,
             Some(Ok(bytes)) => Some((Ok(bytes), body)),
             Some(Err(e)) => Some((
-                Err(OriginError::Transport(DisplayErrorContext(&e).to_string())),
+                Err(UpstreamError::Transport(
+                    DisplayErrorContext(&e).to_string(),
+                )),
                 body,
             )),
         }
@@ -274,7 +276,7 @@ fn total_of_content_range(v: &str) -> Option<u64> {
     v.strip_prefix("bytes ")?.split_once('/')?.1.parse().ok()
 }
 
-fn map_error<E>(err: SdkError<E, aws_sdk_s3::config::http::HttpResponse>) -> OriginError
+fn map_error<E>(err: SdkError<E, aws_sdk_s3::config::http::HttpResponse>) -> UpstreamError
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
 {
@@ -291,17 +293,17 @@ where
                 .message()
                 .map(str::to_owned)
                 .unwrap_or_else(|| code.clone());
-            OriginError::Service {
+            UpstreamError::Service {
                 status,
                 code,
                 message,
             }
         }
-        SdkError::TimeoutError(_) => OriginError::Timeout(DisplayErrorContext(&err).to_string()),
+        SdkError::TimeoutError(_) => UpstreamError::Timeout(DisplayErrorContext(&err).to_string()),
         SdkError::ConstructionFailure(_) => {
-            OriginError::Internal(DisplayErrorContext(&err).to_string())
+            UpstreamError::Internal(DisplayErrorContext(&err).to_string())
         }
-        _ => OriginError::Transport(DisplayErrorContext(&err).to_string()),
+        _ => UpstreamError::Transport(DisplayErrorContext(&err).to_string()),
     }
 }
 
@@ -320,11 +322,11 @@ fn code_for_status(status: u16) -> &'static str {
     }
 }
 
-fn meta_from_head(out: HeadObjectOutput) -> Result<ObjectMeta, OriginError> {
+fn meta_from_head(out: HeadObjectOutput) -> Result<ObjectMeta, UpstreamError> {
     let size = out
         .content_length
         .and_then(|l| u64::try_from(l).ok())
-        .ok_or_else(|| OriginError::Service {
+        .ok_or_else(|| UpstreamError::Service {
             status: 502,
             code: "InternalError".into(),
             message: "upstream HEAD had no Content-Length".into(),
@@ -338,7 +340,7 @@ macro_rules! object_meta {
     ($out:expr, $size:expr, $op:literal) => {{
         let out = $out;
         match out.e_tag.clone() {
-            None => Err(OriginError::Service {
+            None => Err(UpstreamError::Service {
                 status: 502,
                 code: "InternalError".into(),
                 message: concat!("upstream ", $op, " had no ETag").into(),
@@ -450,7 +452,7 @@ mod tests {
     #[tokio::test]
     async fn retries_are_counted() {
         let (url, server) = flaky_server().await;
-        let origin = S3Origin::new(&S3OriginConfig {
+        let origin = S3Upstream::new(&S3UpstreamConfig {
             endpoint: Some(url),
             region: "us-east-1".into(),
             path_style: true,

@@ -5,10 +5,10 @@ use std::time::{Duration, Instant};
 
 use moka::future::Cache;
 
-use crate::metrics::Metrics;
 use crate::model::UpstreamOutcome;
-use crate::model::{ObjectId, ObjectMeta, OriginError};
-use crate::origin::Origin;
+use crate::model::{ObjectId, ObjectMeta, UpstreamError};
+use crate::telemetry::metrics::Metrics;
+use crate::upstream::Upstream;
 use tracing::Instrument;
 
 /// Metadata as cached: what the upstream said, and when it said it (for metadata learnt from
@@ -47,7 +47,7 @@ pub struct MetadataCache {
     /// with a HEAD, cheap next to fetching a block again that is likely still cached; objects
     /// not in it are opened with a GET that brings metadata and a block at once.
     seen: Option<moka::sync::Cache<ObjectId, ()>>,
-    origin: Arc<dyn Origin>,
+    origin: Arc<dyn Upstream>,
     metrics: Arc<Metrics>,
 }
 
@@ -68,7 +68,7 @@ impl MetadataCache {
     /// With `stale_for` > 0, metadata is also kept that much longer than `ttl`, and served
     /// when the upstream fails.
     pub fn new(
-        origin: Arc<dyn Origin>,
+        origin: Arc<dyn Upstream>,
         ttl: Duration,
         stale_for: Duration,
         capacity: u64,
@@ -96,7 +96,7 @@ impl MetadataCache {
     }
 
     /// The object's metadata, and where it came from.
-    pub async fn get(&self, id: &ObjectId) -> Result<(Arc<ObjectMeta>, Source), OriginError> {
+    pub async fn get(&self, id: &ObjectId) -> Result<(Arc<ObjectMeta>, Source), UpstreamError> {
         let head = async {
             let entry = Entry {
                 fetched: Instant::now(),
@@ -124,8 +124,8 @@ impl MetadataCache {
     pub async fn get_or_open(
         &self,
         id: &ObjectId,
-        open: impl std::future::Future<Output = Result<Option<(ObjectMeta, Duration)>, OriginError>>,
-    ) -> Result<(Arc<ObjectMeta>, Source), (OriginError, bool)> {
+        open: impl std::future::Future<Output = Result<Option<(ObjectMeta, Duration)>, UpstreamError>>,
+    ) -> Result<(Arc<ObjectMeta>, Source), (UpstreamError, bool)> {
         let (meta, source, _) = self.get_or_open_aged(id, open).await?;
         Ok((meta, source))
     }
@@ -135,8 +135,8 @@ impl MetadataCache {
     pub async fn get_or_open_aged(
         &self,
         id: &ObjectId,
-        open: impl std::future::Future<Output = Result<Option<(ObjectMeta, Duration)>, OriginError>>,
-    ) -> Result<(Arc<ObjectMeta>, Source, Duration), (OriginError, bool)> {
+        open: impl std::future::Future<Output = Result<Option<(ObjectMeta, Duration)>, UpstreamError>>,
+    ) -> Result<(Arc<ObjectMeta>, Source, Duration), (UpstreamError, bool)> {
         let fetch = async {
             match open.await {
                 Ok(Some((meta, age))) => Ok(Entry {
@@ -157,8 +157,8 @@ impl MetadataCache {
     async fn lookup(
         &self,
         id: &ObjectId,
-        fetch: impl std::future::Future<Output = Result<Entry, (OriginError, bool)>>,
-    ) -> Result<(Entry, Source), (OriginError, bool)> {
+        fetch: impl std::future::Future<Output = Result<Entry, (UpstreamError, bool)>>,
+    ) -> Result<(Entry, Source), (UpstreamError, bool)> {
         let fetched = match &self.cache {
             None => fetch.await,
             Some(cache) => {
@@ -214,7 +214,7 @@ impl MetadataCache {
         }
     }
 
-    async fn head(&self, id: &ObjectId) -> Result<Arc<ObjectMeta>, OriginError> {
+    async fn head(&self, id: &ObjectId) -> Result<Arc<ObjectMeta>, UpstreamError> {
         let started = std::time::Instant::now();
         let result = self
             .origin
@@ -243,12 +243,12 @@ impl MetadataCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::origin::fake::FakeOrigin;
+    use crate::upstream::fake::FakeUpstream;
     use std::sync::atomic::Ordering;
 
     #[tokio::test]
     async fn a_named_version_expires_with_the_ttl_like_the_latest() {
-        let origin = Arc::new(FakeOrigin::default());
+        let origin = Arc::new(FakeUpstream::default());
         origin.put("k", bytes::Bytes::from_static(b"data"), "\"e\"");
         let cache = MetadataCache::new(
             origin.clone(),
@@ -258,7 +258,7 @@ mod tests {
             Arc::new(Metrics::default()),
         );
         let cached =
-            |r: Result<(Arc<ObjectMeta>, Source), OriginError>| r.unwrap().1 == Source::Cached;
+            |r: Result<(Arc<ObjectMeta>, Source), UpstreamError>| r.unwrap().1 == Source::Cached;
         let id = |version: Option<&str>| ObjectId {
             bucket: "b".into(),
             key: "k".into(),
@@ -284,7 +284,7 @@ mod tests {
 
     #[tokio::test]
     async fn metadata_learnt_with_an_age_is_trusted_only_for_the_rest_of_the_ttl() {
-        let origin = Arc::new(FakeOrigin::default());
+        let origin = Arc::new(FakeUpstream::default());
         origin.put("k", bytes::Bytes::from_static(b"data"), "\"e\"");
         let cache = MetadataCache::new(
             origin.clone(),
@@ -316,7 +316,7 @@ mod tests {
 
     #[tokio::test]
     async fn stale_metadata_is_served_only_in_an_outage_and_only_for_so_long() {
-        let origin = Arc::new(FakeOrigin::default());
+        let origin = Arc::new(FakeUpstream::default());
         origin.put("k", bytes::Bytes::from_static(b"data"), "\"e\"");
         let cache = MetadataCache::new(
             origin.clone(),

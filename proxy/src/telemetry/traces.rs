@@ -17,7 +17,31 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
-use crate::config::{Config, LogFormat};
+use super::metrics::otlp_url;
+
+/// How log lines are written (the `log_format` option).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// JSON objects, one per line.
+    Json,
+}
+
+/// What logs and traces are set up with (from the configuration).
+#[derive(Debug, Clone, Default)]
+pub struct TraceOptions {
+    /// How log lines are written.
+    pub log_format: LogFormat,
+    /// Where spans are exported by OTLP/HTTP; `None`: no traces.
+    pub otlp_endpoint: Option<String>,
+    /// A trace whose root span took at least this long is exported.
+    pub slow_threshold: Duration,
+    /// Share of the other traces exported too.
+    pub sample_ratio: f64,
+}
 
 /// Most traces held while their request is running; beyond it new traces are not kept.
 const MAX_OPEN_TRACES: usize = 4096;
@@ -46,7 +70,7 @@ impl Drop for Telemetry {
 
 /// Install the global `tracing` subscriber for `config`: the log format, `RUST_LOG` (default
 /// `info`) and, with `otlp_endpoint`, the OTLP trace exporter.
-pub fn init(config: &Config) -> Result<Telemetry, TelemetryError> {
+pub fn init(config: &TraceOptions) -> Result<Telemetry, TelemetryError> {
     let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     let logs = match config.log_format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
@@ -64,13 +88,13 @@ pub fn init(config: &Config) -> Result<Telemetry, TelemetryError> {
         Some(endpoint) => {
             let exporter = opentelemetry_otlp::SpanExporter::builder()
                 .with_http()
-                .with_endpoint(crate::metrics::otlp_url(endpoint, "traces"))
+                .with_endpoint(otlp_url(endpoint, "traces"))
                 .build()
                 .map_err(|e| TelemetryError(e.to_string()))?;
             let processor = SlowTraces::new(
                 BatchSpanProcessor::builder(exporter).build(),
-                config.trace_slow_threshold.0,
-                config.trace_sample_ratio,
+                config.slow_threshold,
+                config.sample_ratio,
             );
             Some(
                 SdkTracerProvider::builder()

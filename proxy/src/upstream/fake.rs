@@ -11,11 +11,11 @@ use bytes::Bytes;
 use futures::stream::{self, StreamExt};
 use parking_lot::Mutex;
 
-use super::Origin;
-use crate::model::{BodyStream, ObjectId, ObjectMeta, OriginError, Span};
+use super::Upstream;
+use crate::model::{BodyStream, ObjectId, ObjectMeta, Span, UpstreamError};
 
 #[derive(Default)]
-pub(crate) struct FakeOrigin {
+pub(crate) struct FakeUpstream {
     objects: Mutex<HashMap<String, (Bytes, String)>>,
     pub(crate) heads: AtomicUsize,
     pub(crate) gets: AtomicUsize,
@@ -29,7 +29,7 @@ pub(crate) struct FakeOrigin {
     pub(crate) break_at: AtomicUsize,
 }
 
-impl FakeOrigin {
+impl FakeUpstream {
     pub(crate) fn with_delay(chunk_delay: Duration) -> Self {
         Self {
             chunk_delay,
@@ -49,9 +49,9 @@ impl FakeOrigin {
         self.objects.lock().remove(key);
     }
 
-    fn lookup(&self, object: &ObjectId) -> Result<(Bytes, String), OriginError> {
+    fn lookup(&self, object: &ObjectId) -> Result<(Bytes, String), UpstreamError> {
         if self.outage.load(Ordering::SeqCst) {
-            return Err(OriginError::Service {
+            return Err(UpstreamError::Service {
                 status: 503,
                 code: "ServiceUnavailable".into(),
                 message: "outage".into(),
@@ -61,7 +61,7 @@ impl FakeOrigin {
             .lock()
             .get(object.key.as_ref())
             .cloned()
-            .ok_or_else(|| OriginError::Service {
+            .ok_or_else(|| UpstreamError::Service {
                 status: 404,
                 code: "NoSuchKey".into(),
                 message: "The specified key does not exist.".into(),
@@ -79,8 +79,8 @@ impl Drop for OpenBody {
 }
 
 #[async_trait::async_trait]
-impl Origin for FakeOrigin {
-    async fn head(&self, object: &ObjectId) -> Result<ObjectMeta, OriginError> {
+impl Upstream for FakeUpstream {
+    async fn head(&self, object: &ObjectId) -> Result<ObjectMeta, UpstreamError> {
         self.heads.fetch_add(1, Ordering::SeqCst);
         let (data, etag) = self.lookup(object)?;
         Ok(ObjectMeta {
@@ -96,7 +96,7 @@ impl Origin for FakeOrigin {
         &self,
         object: &ObjectId,
         span: Span,
-    ) -> Result<Option<(ObjectMeta, BodyStream)>, OriginError> {
+    ) -> Result<Option<(ObjectMeta, BodyStream)>, UpstreamError> {
         let (data, etag) = self.lookup(object)?;
         let size = data.len() as u64;
         let within = span.within(size);
@@ -120,7 +120,7 @@ impl Origin for FakeOrigin {
         _bucket: &str,
         prefix: &str,
         token: Option<String>,
-    ) -> Result<(Vec<(String, u64)>, Option<String>), OriginError> {
+    ) -> Result<(Vec<(String, u64)>, Option<String>), UpstreamError> {
         // Pages of two keys, so paging is exercised.
         let mut keys: Vec<(String, u64)> = self
             .objects
@@ -141,11 +141,11 @@ impl Origin for FakeOrigin {
         object: &ObjectId,
         if_match: Option<&str>,
         range: Option<Range<u64>>,
-    ) -> Result<BodyStream, OriginError> {
+    ) -> Result<BodyStream, UpstreamError> {
         self.gets.fetch_add(1, Ordering::SeqCst);
         let (data, etag) = self.lookup(object)?;
         if if_match.is_some_and(|e| e != etag) {
-            return Err(OriginError::Changed);
+            return Err(UpstreamError::Changed);
         }
         let r = range.unwrap_or(0..data.len() as u64);
         let mut body = data.slice(r.start as usize..r.end as usize);
@@ -156,12 +156,12 @@ impl Origin for FakeOrigin {
         if broken {
             body = body.slice(..self.break_at.load(Ordering::SeqCst).min(body.len()));
         }
-        let mut chunks: Vec<Result<Bytes, OriginError>> = body
+        let mut chunks: Vec<Result<Bytes, UpstreamError>> = body
             .chunks(1000)
             .map(|c| Ok(Bytes::copy_from_slice(c)))
             .collect();
         if broken {
-            chunks.push(Err(OriginError::Transport("connection reset".into())));
+            chunks.push(Err(UpstreamError::Transport("connection reset".into())));
         }
         let open = self.open_bodies.fetch_add(1, Ordering::SeqCst) + 1;
         self.most_open_bodies.fetch_max(open, Ordering::SeqCst);

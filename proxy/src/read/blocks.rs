@@ -21,12 +21,12 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 use crate::cache_key::{BlockId, KeySchema};
 use crate::fleet::client::PeerError;
 use crate::fleet::Fleet;
-use crate::metrics::Metrics;
 use crate::model::UpstreamOutcome;
-use crate::model::{BodyStream, ObjectId, ObjectMeta, OriginError, Span};
-use crate::origin::hedge::HedgePolicy;
-use crate::origin::Origin;
-use crate::prefetch::{Detector, PrefetchConfig};
+use crate::model::{BodyStream, ObjectId, ObjectMeta, Span, UpstreamError};
+use crate::read::prefetch::{Detector, PrefetchConfig};
+use crate::telemetry::metrics::Metrics;
+use crate::upstream::hedge::HedgePolicy;
+use crate::upstream::Upstream;
 use tracing::Instrument;
 
 /// A slice at most this fraction of its block (1 MiB of an 8 MiB block) is read from disk by
@@ -80,15 +80,15 @@ enum OpenBlock {
     Ready(Bytes),
     /// Just the slice's bytes, read from disk.
     Part(Bytes),
-    Streaming(FlightReader<OriginError>, &'static str),
+    Streaming(FlightReader<UpstreamError>, &'static str),
 }
 
 /// Blocks in memory, on disk, in flight, and the origin behind them.
 pub struct BlockStore {
     cache: HybridCache<BlockId>,
     keys: KeySchema,
-    flights: SingleFlight<BlockId, OriginError>,
-    origin: Arc<dyn Origin>,
+    flights: SingleFlight<BlockId, UpstreamError>,
+    origin: Arc<dyn Upstream>,
     read_window: usize,
     /// Bytes (in KiB permits) of blocks all responses hold at once: the block each is sending
     /// and those opened ahead of it. Such blocks may have left the memory tier (or never been
@@ -231,7 +231,7 @@ impl BlockStoreConfig {
 
 impl BlockStore {
     /// A store reading blocks of `origin` as `config` says.
-    pub fn new(config: BlockStoreConfig, origin: Arc<dyn Origin>, metrics: Arc<Metrics>) -> Self {
+    pub fn new(config: BlockStoreConfig, origin: Arc<dyn Upstream>, metrics: Arc<Metrics>) -> Self {
         let block_size = config.layout.block_size();
         let pinned_kib = kib(config.response_buffer.max(block_size));
         Self {
@@ -371,7 +371,7 @@ impl BlockStore {
         etag: &Arc<str>,
         index: u64,
         size: u64,
-    ) -> Result<Warmed, OriginError> {
+    ) -> Result<Warmed, UpstreamError> {
         let id = self.id(object, etag, index);
         let target = if self.cache.disk().is_some() {
             Tier::Disk
@@ -504,7 +504,7 @@ impl BlockStore {
         etag: Arc<str>,
         range: Range<u64>,
         size: u64,
-    ) -> impl Stream<Item = Result<Bytes, OriginError>> + Send + 'static {
+    ) -> impl Stream<Item = Result<Bytes, UpstreamError>> + Send + 'static {
         self.read_as(object, etag, range, size, Purpose::Demand)
     }
 
@@ -516,7 +516,7 @@ impl BlockStore {
         etag: Arc<str>,
         range: Range<u64>,
         size: u64,
-    ) -> impl Stream<Item = Result<Bytes, OriginError>> + Send + 'static {
+    ) -> impl Stream<Item = Result<Bytes, UpstreamError>> + Send + 'static {
         self.read_as(object, etag, range, size, Purpose::Peer)
     }
 
@@ -527,7 +527,7 @@ impl BlockStore {
         range: Range<u64>,
         size: u64,
         purpose: Purpose,
-    ) -> impl Stream<Item = Result<Bytes, OriginError>> + Send + 'static {
+    ) -> impl Stream<Item = Result<Bytes, UpstreamError>> + Send + 'static {
         let store = self.clone();
         let slices: Vec<BlockSlice> = self
             .keys
@@ -545,7 +545,7 @@ impl BlockStore {
                     // always ahead of its later ones.
                     let permit = store.pin(slice.block_len).await?;
                     let opened = store.open(&object, &etag, slice, purpose).await;
-                    Ok::<_, OriginError>((slice, opened, permit))
+                    Ok::<_, UpstreamError>((slice, opened, permit))
                 });
                 // A block at hand (the usual hit) is opened right here. One that has to wait
                 // goes on in a task of its own: `flat_map` polls this stream only between
@@ -561,7 +561,7 @@ impl BlockStore {
                 let store = self.clone();
                 move |opened| match opened {
                     Err(_) | Ok(Err(_)) => {
-                        stream::once(future::ready(Err(OriginError::Abandoned))).boxed()
+                        stream::once(future::ready(Err(UpstreamError::Abandoned))).boxed()
                     }
                     // The room is given back when the block's slice has been sent.
                     Ok(Ok((slice, open, permit))) => store
@@ -576,7 +576,7 @@ impl BlockStore {
 
     /// Room for a block of `len` bytes in the responses' buffer, waiting (and counting the
     /// wait) if it is full.
-    async fn pin(&self, len: u64) -> Result<tokio::sync::OwnedSemaphorePermit, OriginError> {
+    async fn pin(&self, len: u64) -> Result<tokio::sync::OwnedSemaphorePermit, UpstreamError> {
         let permits = u32::try_from(kib(len)).unwrap_or(u32::MAX);
         if let Ok(permit) = self.pinned.clone().try_acquire_many_owned(permits) {
             return Ok(permit);
@@ -586,7 +586,7 @@ impl BlockStore {
             .clone()
             .acquire_many_owned(permits)
             .await
-            .map_err(|_| OriginError::Abandoned)
+            .map_err(|_| UpstreamError::Abandoned)
     }
 
     /// Bytes of blocks responses hold now, and the most they may.
@@ -603,7 +603,7 @@ impl BlockStore {
         bucket: Option<&str>,
         slice: BlockSlice,
         open: OpenBlock,
-    ) -> stream::BoxStream<'static, Result<Bytes, OriginError>> {
+    ) -> stream::BoxStream<'static, Result<Bytes, UpstreamError>> {
         match open {
             OpenBlock::Ready(bytes) => {
                 let part = bytes.slice(slice.from as usize..slice.to as usize);
@@ -630,7 +630,7 @@ impl BlockStore {
         tier: &'static str,
         bucket: Option<&str>,
         part: Bytes,
-    ) -> stream::BoxStream<'static, Result<Bytes, OriginError>> {
+    ) -> stream::BoxStream<'static, Result<Bytes, UpstreamError>> {
         if let Some(bucket) = bucket {
             self.metrics.served(tier, Some(bucket), part.len() as u64);
         }
@@ -757,7 +757,7 @@ impl BlockStore {
         &self,
         object: &ObjectId,
         len: u64,
-    ) -> Result<Option<(ObjectMeta, BodyStream)>, OriginError> {
+    ) -> Result<Option<(ObjectMeta, BodyStream)>, UpstreamError> {
         let Some((meta, body)) = self.get_cold(object, Span::Last(len)).await? else {
             return Ok(None);
         };
@@ -773,12 +773,12 @@ impl BlockStore {
         Ok(Some((meta, body)))
     }
 
-    /// A GET that also brings metadata ([`Origin::get_with_meta`]), traced and counted.
+    /// A GET that also brings metadata ([`Upstream::get_with_meta`]), traced and counted.
     async fn get_cold(
         &self,
         object: &ObjectId,
         span: Span,
-    ) -> Result<Option<(ObjectMeta, BodyStream)>, OriginError> {
+    ) -> Result<Option<(ObjectMeta, BodyStream)>, UpstreamError> {
         let started = Instant::now();
         let result = self
             .origin
@@ -808,13 +808,13 @@ impl BlockStore {
     /// then fills that block, saving the HEAD round trip; in a fleet, from the replica owning
     /// that block, which does the same (once for everyone asking). With the metadata comes how
     /// long ago the upstream said it. `Ok(None)` when the answer cannot stand for a HEAD (see
-    /// [`Origin::get_with_meta`]). The fetch runs in a task of its own, like any block fetch,
+    /// [`Upstream::get_with_meta`]). The fetch runs in a task of its own, like any block fetch,
     /// so the block lands even if the caller goes away.
     pub async fn open_cold(
         self: &Arc<Self>,
         object: ObjectId,
         index: u64,
-    ) -> Result<Option<(ObjectMeta, Duration)>, OriginError> {
+    ) -> Result<Option<(ObjectMeta, Duration)>, UpstreamError> {
         self.open_cold_as(object, index, Purpose::Demand).await
     }
 
@@ -823,7 +823,7 @@ impl BlockStore {
         self: &Arc<Self>,
         object: ObjectId,
         index: u64,
-    ) -> Result<Option<(ObjectMeta, Duration)>, OriginError> {
+    ) -> Result<Option<(ObjectMeta, Duration)>, UpstreamError> {
         self.open_cold_as(object, index, Purpose::Peer).await
     }
 
@@ -832,7 +832,7 @@ impl BlockStore {
         object: ObjectId,
         index: u64,
         purpose: Purpose,
-    ) -> Result<Option<(ObjectMeta, Duration)>, OriginError> {
+    ) -> Result<Option<(ObjectMeta, Duration)>, UpstreamError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let store = self.clone();
         let span = tracing::info_span!(
@@ -843,7 +843,7 @@ impl BlockStore {
         tokio::spawn(
             async move { store.fetch_cold(object, index, purpose, tx).await }.instrument(span),
         );
-        rx.await.unwrap_or(Err(OriginError::Abandoned))
+        rx.await.unwrap_or(Err(UpstreamError::Abandoned))
     }
 
     async fn fetch_cold(
@@ -851,11 +851,11 @@ impl BlockStore {
         object: ObjectId,
         index: u64,
         purpose: Purpose,
-        tx: tokio::sync::oneshot::Sender<Result<Option<(ObjectMeta, Duration)>, OriginError>>,
+        tx: tokio::sync::oneshot::Sender<Result<Option<(ObjectMeta, Duration)>, UpstreamError>>,
     ) {
         let owner = self.remote_owner(&object, index, purpose);
         let Ok(slot) = self.slots(owner.is_some()).acquire().await else {
-            let _ = tx.send(Err(OriginError::Abandoned));
+            let _ = tx.send(Err(UpstreamError::Abandoned));
             return;
         };
         let at_owner = match owner {
@@ -983,7 +983,7 @@ impl BlockStore {
         peer: &str,
         object: &ObjectId,
         index: u64,
-    ) -> Option<Result<Option<crate::fleet::client::Opened>, OriginError>> {
+    ) -> Option<Result<Option<crate::fleet::client::Opened>, UpstreamError>> {
         let fleet = self.fleet.as_ref()?;
         match self
             .ask_peer("open", fleet.client().open(peer, object, index))
@@ -998,7 +998,7 @@ impl BlockStore {
     #[allow(clippy::too_many_arguments)]
     async fn fetch(
         &self,
-        mut writer: FlightWriter<BlockId, OriginError>,
+        mut writer: FlightWriter<BlockId, UpstreamError>,
         id: BlockId,
         object: ObjectId,
         etag: Arc<str>,
@@ -1062,7 +1062,7 @@ impl BlockStore {
             Err(e) => {
                 tracing::warn!(object = %object, block = slice.index, error = %e, "block fetch failed");
                 // A changed or deleted object is the upstream answering correctly.
-                if !matches!(e, OriginError::Changed) && !e.is_not_found() {
+                if !matches!(e, UpstreamError::Changed) && !e.is_not_found() {
                     self.metrics.upstream_failed(&e);
                 }
                 self.metrics.cache_write_dropped("fetch_failed");
@@ -1082,13 +1082,13 @@ impl BlockStore {
     /// byte where it stopped (a fallback, not a resume). Says who supplied the bytes.
     async fn fetch_into(
         &self,
-        writer: &FlightWriter<BlockId, OriginError>,
+        writer: &FlightWriter<BlockId, UpstreamError>,
         object: &ObjectId,
         etag: &str,
         slice: BlockSlice,
         slot: Option<SemaphorePermit<'_>>,
         first: FirstAttempt,
-    ) -> Result<Supplier, OriginError> {
+    ) -> Result<Supplier, UpstreamError> {
         let range = slice.block_start..slice.block_start + slice.block_len;
         let expected = range.end - range.start;
         // The permit is held until the body is complete: it bounds fetch buffers, not just requests.
@@ -1098,7 +1098,7 @@ impl BlockStore {
                 .slots(matches!(first, FirstAttempt::Owner(_)))
                 .acquire()
                 .await
-                .map_err(|_| OriginError::Abandoned)?,
+                .map_err(|_| UpstreamError::Abandoned)?,
         };
         let mut first = Some(first);
         let mut supplied = Supplier::Peer;
@@ -1132,7 +1132,7 @@ impl BlockStore {
                     let next = match tokio::time::timeout(self.idle_timeout, body.next()).await {
                         Ok(next) => next,
                         Err(_) => {
-                            break OriginError::Timeout(format!(
+                            break UpstreamError::Timeout(format!(
                                 "no body bytes for {:?}",
                                 self.idle_timeout
                             ))
@@ -1142,7 +1142,7 @@ impl BlockStore {
                         Some(Ok(chunk)) => {
                             got += chunk.len() as u64;
                             if got > expected {
-                                return Err(OriginError::BodyLength { got, expected });
+                                return Err(UpstreamError::BodyLength { got, expected });
                             }
                             match supplier {
                                 Supplier::Upstream => {
@@ -1163,7 +1163,7 @@ impl BlockStore {
                             })
                         }
                         Some(Err(e)) => break e,
-                        None => break OriginError::BodyLength { got, expected },
+                        None => break UpstreamError::BodyLength { got, expected },
                     }
                 },
                 Err(e) => e,
@@ -1214,7 +1214,7 @@ impl BlockStore {
         object: &ObjectId,
         etag: &str,
         range: Range<u64>,
-    ) -> Result<BodyStream, OriginError> {
+    ) -> Result<BodyStream, UpstreamError> {
         let get = |hedge: bool| {
             let started = Instant::now();
             let range = range.clone();
@@ -1264,10 +1264,10 @@ impl BlockStore {
 /// The bytes `[from, to)` of a block arriving through `reader`. Stops reading (and drops the
 /// reader) once `to` is reached.
 fn slice_of(
-    reader: FlightReader<OriginError>,
+    reader: FlightReader<UpstreamError>,
     from: u64,
     to: u64,
-) -> impl Stream<Item = Result<Bytes, OriginError>> + Send {
+) -> impl Stream<Item = Result<Bytes, UpstreamError>> + Send {
     stream::unfold(Some((reader, 0u64)), move |state| async move {
         let (mut reader, mut pos) = state?;
         while pos < to {
@@ -1276,7 +1276,7 @@ fn slice_of(
                 Some(Err(e)) => return Some((Err(e), None)),
                 None => {
                     return Some((
-                        Err(OriginError::BodyLength {
+                        Err(UpstreamError::BodyLength {
                             got: pos,
                             expected: to,
                         }),
@@ -1300,7 +1300,7 @@ fn slice_of(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::origin::fake::FakeOrigin;
+    use crate::upstream::fake::FakeUpstream;
     use std::sync::atomic::Ordering;
 
     fn data(size: usize, seed: u8) -> Bytes {
@@ -1314,7 +1314,7 @@ mod tests {
         size: usize,
         delay: Duration,
         upstream_concurrency: usize,
-    ) -> (Arc<BlockStore>, Arc<FakeOrigin>, ObjectId, Arc<str>) {
+    ) -> (Arc<BlockStore>, Arc<FakeUpstream>, ObjectId, Arc<str>) {
         setup_with(size, delay, upstream_concurrency, |_| {})
     }
 
@@ -1323,8 +1323,8 @@ mod tests {
         delay: Duration,
         upstream_concurrency: usize,
         tweak: impl FnOnce(&mut BlockStoreConfig),
-    ) -> (Arc<BlockStore>, Arc<FakeOrigin>, ObjectId, Arc<str>) {
-        let origin = Arc::new(FakeOrigin::with_delay(delay));
+    ) -> (Arc<BlockStore>, Arc<FakeUpstream>, ObjectId, Arc<str>) {
+        let origin = Arc::new(FakeUpstream::with_delay(delay));
         origin.put("k", data(size, 0), "\"e1\"");
         let mut config = BlockStoreConfig {
             upstream_concurrency,
@@ -1345,8 +1345,8 @@ mod tests {
     }
 
     async fn collect(
-        s: impl Stream<Item = Result<Bytes, OriginError>>,
-    ) -> Result<Vec<u8>, OriginError> {
+        s: impl Stream<Item = Result<Bytes, UpstreamError>>,
+    ) -> Result<Vec<u8>, UpstreamError> {
         let mut out = Vec::new();
         futures::pin_mut!(s);
         while let Some(c) = s.next().await {
@@ -1378,7 +1378,7 @@ mod tests {
         origin.break_at.store(100, Ordering::SeqCst);
         origin.breaks_left.store(100, Ordering::SeqCst);
         let err = collect(store.read(id, etag, 4096..8192, 10_000)).await;
-        assert!(matches!(err, Err(OriginError::Transport(_))), "{err:?}");
+        assert!(matches!(err, Err(UpstreamError::Transport(_))), "{err:?}");
         assert_eq!(origin.gets.load(Ordering::SeqCst), 2 + 4, "1 + 3 resumes");
     }
 
@@ -1597,7 +1597,7 @@ mod tests {
         let err = collect(store.read(id.clone(), stale.clone(), 0..10_000, 10_000))
             .await
             .unwrap_err();
-        assert_eq!(err, OriginError::Changed);
+        assert_eq!(err, UpstreamError::Changed);
         assert_eq!(
             store.classify(&id, &stale, 0..10_000, 10_000),
             CacheResult::Miss
@@ -1660,12 +1660,12 @@ mod tests {
 #[cfg(test)]
 mod disk_tests {
     use super::*;
-    use crate::origin::fake::FakeOrigin;
+    use crate::upstream::fake::FakeUpstream;
     use cache_core::disk::DiskConfig;
 
     async fn store_over(
         path: &std::path::Path,
-        origin: Arc<FakeOrigin>,
+        origin: Arc<FakeUpstream>,
     ) -> (Arc<BlockStore>, DiskCache) {
         let mut cfg = DiskConfig::new(path, 9 << 20);
         cfg.region_size = 1 << 20;
@@ -1683,7 +1683,7 @@ mod disk_tests {
     async fn a_restarted_store_serves_from_disk_without_the_origin() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("cache");
-        let origin = Arc::new(FakeOrigin::with_delay(Duration::ZERO));
+        let origin = Arc::new(FakeUpstream::with_delay(Duration::ZERO));
         let body: Bytes = (0..300_000u32)
             .map(|i| (i % 241) as u8)
             .collect::<Vec<_>>()

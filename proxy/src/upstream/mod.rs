@@ -1,0 +1,90 @@
+//! The upstream: where bytes come from when no cache tier holds them.
+//!
+//! [`Upstream`] is the seam between Larder's read path and the upstream S3 API: the real
+//! implementation is [`s3::S3Upstream`] (aws-sdk-s3); unit tests plug in fakes. Everything the
+//! cache does not serve passes through [`forward::Forwarder`], re-signed. [`Clients`] holds both,
+//! signing with the same credentials.
+
+#[cfg(test)]
+pub(crate) mod fake;
+pub mod forward;
+pub mod hedge;
+pub mod s3;
+
+use std::ops::Range;
+
+use std::sync::Arc;
+
+use crate::model::{BodyStream, ObjectId, ObjectMeta, Span, UpstreamError};
+use forward::{ForwardError, Forwarder};
+use s3::{S3Upstream, S3UpstreamConfig};
+
+/// The upstream S3 API, as much of it as the read path needs.
+#[async_trait::async_trait]
+pub trait Upstream: Send + Sync + 'static {
+    /// HeadObject.
+    async fn head(&self, object: &ObjectId) -> Result<ObjectMeta, UpstreamError>;
+
+    /// GetObject of `range` (or the whole object), failing with [`UpstreamError::Changed`] if the
+    /// object's ETag is no longer `if_match`.
+    async fn get(
+        &self,
+        object: &ObjectId,
+        if_match: Option<&str>,
+        range: Option<Range<u64>>,
+    ) -> Result<BodyStream, UpstreamError>;
+
+    /// GetObject of `span` of an object nothing is known of yet: the answer's headers stand in
+    /// for a HEAD (Content-Range gives the size), so a cold read costs one round trip, not two.
+    /// `Ok(None)` when they cannot (no Content-Range, or the range starts past the end): the
+    /// caller asks with HEAD instead. The default always says so.
+    async fn get_with_meta(
+        &self,
+        _object: &ObjectId,
+        _span: Span,
+    ) -> Result<Option<(ObjectMeta, BodyStream)>, UpstreamError> {
+        Ok(None)
+    }
+
+    /// One page of ListObjectsV2 under `prefix`: keys with their sizes, and the token for the
+    /// next page (`None` on the last).
+    async fn list(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        token: Option<String>,
+    ) -> Result<(Vec<(String, u64)>, Option<String>), UpstreamError>;
+
+    /// Requests the client library sent again after a failed attempt, since start (each one a
+    /// billed request upstream).
+    fn retries(&self) -> u64 {
+        0
+    }
+}
+
+/// The upstream, as the cache reads it and as requests pass through to it.
+pub struct Clients {
+    /// Object reads (HEAD and ranged GETs) for the cache.
+    pub origin: Arc<dyn Upstream>,
+    /// Every other request.
+    pub forwarder: Forwarder,
+}
+
+impl Clients {
+    /// Both clients of an S3 upstream, signing with the same credentials; `first_byte_timeout`
+    /// bounds the wait for a pass-through answer.
+    pub async fn s3(config: &S3UpstreamConfig) -> Result<Self, ForwardError> {
+        let origin = S3Upstream::new(config).await;
+        let forwarder = Forwarder::new(
+            config.endpoint.as_deref(),
+            &config.region,
+            config.path_style,
+            origin.credentials(),
+            config.first_byte_timeout,
+        )?;
+        Ok(Self {
+            origin: Arc::new(origin),
+            forwarder,
+        })
+    }
+}
