@@ -24,6 +24,7 @@
 pub mod auth;
 pub mod cache_key;
 pub mod config;
+#[cfg(feature = "demo")]
 pub mod demo;
 pub mod fleet;
 pub mod front;

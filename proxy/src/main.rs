@@ -27,6 +27,7 @@ enum Command {
     Serve(Box<ServeArgs>),
     /// Run Larder in front of an embedded S3 origin with a sample workload, print what it saved,
     /// and exit. Needs no AWS account.
+    #[cfg(feature = "demo")]
     Demo(larder::demo::DemoArgs),
     /// Warm an object, a prefix or byte ranges into a running Larder's disk tier, through its
     /// admin API, with a progress bar. Exits 0 when every object was warmed.
@@ -337,6 +338,7 @@ fn main() -> anyhow::Result<()> {
             let _telemetry = larder::telemetry::traces::init(&config.traces())?;
             runtime.block_on(serve(config))
         }
+        #[cfg(feature = "demo")]
         Command::Demo(args) => {
             let _telemetry = larder::telemetry::traces::init(&Config::default().traces())?;
             runtime.block_on(larder::demo::run(args))

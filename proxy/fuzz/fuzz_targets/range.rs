@@ -1,7 +1,7 @@
 //! Range headers: whatever the header and size, a resolved range lies inside the object.
 #![no_main]
 
-use larder::s3::range::{resolve, Resolved};
+use larder::model::range::{resolve, Resolved};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

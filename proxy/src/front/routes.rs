@@ -21,6 +21,7 @@ use tracing::Instrument;
 
 use crate::auth::chunked::{self, ChunkError, Decoder};
 use crate::auth::{Authenticator, Payload, Principal};
+use crate::model::range::{self, ByteRange, Resolved};
 use crate::model::UpstreamOutcome;
 use crate::model::{ObjectId, UpstreamError};
 use crate::read::blocks::{BlockStore, CacheResult};
@@ -28,7 +29,6 @@ use crate::read::metadata::{MetadataCache, Source};
 use crate::s3::conditional::{self, Outcome};
 use crate::s3::copy_source::CopySource;
 use crate::s3::headers::object_headers;
-use crate::s3::range::{self, RangeSpec, Resolved};
 use crate::s3::request::{self, ObjectQuery, Target};
 use crate::s3::S3Error;
 use crate::telemetry::metrics::Metrics;
@@ -452,17 +452,21 @@ impl AppState {
         query: &ObjectQuery,
         head: bool,
     ) -> Result<Handled, Retry> {
-        let range_header = headers.get(header::RANGE).and_then(|v| v.to_str().ok());
+        // Parsed once; `None` is no header or one S3 ignores (the whole object).
+        let range = headers
+            .get(header::RANGE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(ByteRange::parse);
         // A GET of an object nothing is known of fetches its metadata together with the first
         // block it needs (or, for a suffix range, with those last bytes): one upstream round
         // trip before the first byte instead of two.
-        let cold = match (head, range_header.map(RangeSpec::parse)) {
+        let cold = match (head, range) {
             (true, _) => None,
-            (false, None | Some(None)) => Some(Cold::Block(0)),
-            (false, Some(Some(RangeSpec::FromTo { first, .. }))) => {
+            (false, None) => Some(Cold::Block(0)),
+            (false, Some(ByteRange::FromTo { first, .. })) => {
                 Some(Cold::Block(first / self.blocks.layout().block_size()))
             }
-            (false, Some(Some(RangeSpec::Suffix(n)))) => (n > 0).then_some(Cold::Tail(n)),
+            (false, Some(ByteRange::Suffix(n))) => (n > 0).then_some(Cold::Tail(n)),
         }
         .filter(|_| self.metadata.is_unknown(id) && !self.blocks.known_on_disk(id));
         let opened = AtomicBool::new(false);
@@ -512,7 +516,7 @@ impl AppState {
             }
             Outcome::PreconditionFailed => return Ok(Err(S3Error::PreconditionFailed)),
         }
-        let (status, start, end) = match range::resolve(range_header, meta.size) {
+        let (status, start, end) = match range::resolve_parsed(range, meta.size) {
             Resolved::Whole => (StatusCode::OK, 0, meta.size),
             Resolved::Partial { start, end } => {
                 let v = format!("bytes {}-{}/{}", start, end - 1, meta.size);

@@ -1,5 +1,5 @@
 //! The shared model of the read path: which object (and version) a request names, what the
-//! upstream says about it, the bytes asked of it, and why it failed.
+//! upstream says about it, the bytes asked of it (and S3's rules for them), and why it failed.
 //!
 //! Everything else in the crate depends on these types; this module depends on nothing else in
 //! the crate, so the upstream client, the S3 front, the fleet and the metrics can all share them
@@ -7,8 +7,8 @@
 
 mod error;
 mod object;
-mod span;
+pub mod range;
 
 pub use error::{BodyStream, UpstreamError, UpstreamOutcome};
 pub use object::{ObjectId, ObjectMeta};
-pub use span::Span;
+pub use range::ByteRange;

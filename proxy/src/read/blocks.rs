@@ -22,7 +22,7 @@ use crate::cache_key::{BlockId, KeySchema};
 use crate::fleet::client::PeerError;
 use crate::fleet::Fleet;
 use crate::model::UpstreamOutcome;
-use crate::model::{BodyStream, ObjectId, ObjectMeta, Span, UpstreamError};
+use crate::model::{BodyStream, ByteRange, ObjectId, ObjectMeta, UpstreamError};
 use crate::read::prefetch::{Detector, PrefetchConfig};
 use crate::telemetry::metrics::Metrics;
 use crate::upstream::hedge::HedgePolicy;
@@ -758,7 +758,7 @@ impl BlockStore {
         object: &ObjectId,
         len: u64,
     ) -> Result<Option<(ObjectMeta, BodyStream)>, UpstreamError> {
-        let Some((meta, body)) = self.get_cold(object, Span::Last(len)).await? else {
+        let Some((meta, body)) = self.get_cold(object, ByteRange::Suffix(len)).await? else {
             return Ok(None);
         };
         let (metrics, bucket) = (self.metrics.clone(), object.bucket.clone());
@@ -777,7 +777,7 @@ impl BlockStore {
     async fn get_cold(
         &self,
         object: &ObjectId,
-        span: Span,
+        span: ByteRange,
     ) -> Result<Option<(ObjectMeta, BodyStream)>, UpstreamError> {
         let started = Instant::now();
         let result = self
@@ -869,7 +869,7 @@ impl BlockStore {
             None => {
                 let block_size = self.keys.layout().block_size();
                 let start = index.saturating_mul(block_size);
-                let span = Span::Bytes(start..start.saturating_add(block_size));
+                let span = ByteRange::bytes(start..start.saturating_add(block_size));
                 self.get_cold(&object, span)
                     .await
                     .map(|o| o.map(|(meta, body)| (meta, Duration::ZERO, body, Supplier::Upstream)))

@@ -12,7 +12,7 @@ use futures::stream::{self, StreamExt};
 use parking_lot::Mutex;
 
 use super::Upstream;
-use crate::model::{BodyStream, ObjectId, ObjectMeta, Span, UpstreamError};
+use crate::model::{BodyStream, ByteRange, ObjectId, ObjectMeta, UpstreamError};
 
 #[derive(Default)]
 pub(crate) struct FakeUpstream {
@@ -95,7 +95,7 @@ impl Upstream for FakeUpstream {
     async fn get_with_meta(
         &self,
         object: &ObjectId,
-        span: Span,
+        span: ByteRange,
     ) -> Result<Option<(ObjectMeta, BodyStream)>, UpstreamError> {
         let (data, etag) = self.lookup(object)?;
         let size = data.len() as u64;

@@ -15,7 +15,7 @@ use std::ops::Range;
 
 use std::sync::Arc;
 
-use crate::model::{BodyStream, ObjectId, ObjectMeta, Span, UpstreamError};
+use crate::model::{BodyStream, ByteRange, ObjectId, ObjectMeta, UpstreamError};
 use forward::{ForwardError, Forwarder};
 use s3::{S3Upstream, S3UpstreamConfig};
 
@@ -41,7 +41,7 @@ pub trait Upstream: Send + Sync + 'static {
     async fn get_with_meta(
         &self,
         _object: &ObjectId,
-        _span: Span,
+        _span: ByteRange,
     ) -> Result<Option<(ObjectMeta, BodyStream)>, UpstreamError> {
         Ok(None)
     }

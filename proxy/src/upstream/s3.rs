@@ -20,7 +20,7 @@ use futures::StreamExt;
 use http::{HeaderName, HeaderValue};
 
 use super::Upstream;
-use crate::model::{BodyStream, ObjectId, ObjectMeta, Span, UpstreamError};
+use crate::model::{BodyStream, ByteRange, ObjectId, ObjectMeta, UpstreamError};
 
 /// How to reach the upstream.
 #[derive(Debug, Clone)]
@@ -213,7 +213,7 @@ impl Upstream for S3Upstream {
     async fn get_with_meta(
         &self,
         object: &ObjectId,
-        span: Span,
+        span: ByteRange,
     ) -> Result<Option<(ObjectMeta, BodyStream)>, UpstreamError> {
         let result = self
             .client

@@ -19,10 +19,10 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
+use crate::model::range::{self, Resolved};
 use crate::model::{ObjectId, UpstreamError};
 use crate::read::blocks::{BlockStore, Warmed};
 use crate::read::metadata::MetadataCache;
-use crate::s3::range::{self, Resolved};
 use crate::telemetry::metrics::Metrics;
 use crate::upstream::Upstream;
 

@@ -1,4 +1,6 @@
-//! The `Range` header, with S3's semantics.
+//! Byte ranges: the one type for the bytes a request asks of an object ([`ByteRange`], parsed
+//! from a `Range` header or made by the read path to ask the upstream), and how S3 applies one
+//! to an object once its size is known ([`Resolved`]).
 //!
 //! S3 serves a single byte range. What it does with anything else, which we follow:
 //! - a header that is not a well-formed single `bytes=` range (multiple ranges, another unit,
@@ -11,9 +13,12 @@
 //! - a range whose end lies past the object is cut at the last byte; a suffix longer than the
 //!   object is the whole object, as 206.
 
-/// A parsed `Range` header, not yet applied to an object size.
+use std::ops::Range;
+
+/// The bytes asked of an object, not yet applied to its size: a parsed `Range` header, or what
+/// the read path asks of the upstream before it knows the size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RangeSpec {
+pub enum ByteRange {
     /// `bytes=first-last` or `bytes=first-`.
     FromTo {
         /// First byte.
@@ -41,9 +46,9 @@ pub enum Resolved {
     Unsatisfiable,
 }
 
-impl RangeSpec {
+impl ByteRange {
     /// Parse a `Range` header value. `None` means "ignore the header" (see the module docs).
-    pub fn parse(value: &str) -> Option<RangeSpec> {
+    pub fn parse(value: &str) -> Option<ByteRange> {
         let spec = value.trim().strip_prefix("bytes=")?.trim();
         if spec.contains(',') {
             return None;
@@ -57,33 +62,64 @@ impl RangeSpec {
             s.parse().ok()
         };
         if a.is_empty() {
-            return Some(RangeSpec::Suffix(num(b)?));
+            return Some(ByteRange::Suffix(num(b)?));
         }
         let first = num(a)?;
         if b.is_empty() {
-            return Some(RangeSpec::FromTo { first, last: None });
+            return Some(ByteRange::FromTo { first, last: None });
         }
         let last = num(b)?;
         if last < first {
             return None;
         }
-        Some(RangeSpec::FromTo {
+        Some(ByteRange::FromTo {
             first,
             last: Some(last),
         })
     }
 
-    /// Apply to an object of `size` bytes.
+    /// `[start, end)`, cut short at the object's end (`end` > `start`).
+    pub fn bytes(range: Range<u64>) -> Self {
+        ByteRange::FromTo {
+            first: range.start,
+            last: Some(range.end.saturating_sub(1).max(range.start)),
+        }
+    }
+
+    /// The `Range` header asking for it.
+    pub fn header(&self) -> String {
+        match self {
+            ByteRange::FromTo {
+                first,
+                last: Some(last),
+            } => format!("bytes={first}-{last}"),
+            ByteRange::FromTo { first, last: None } => format!("bytes={first}-"),
+            ByteRange::Suffix(n) => format!("bytes=-{n}"),
+        }
+    }
+
+    /// Its bytes within an object of `size` bytes (empty when it starts past the end).
+    pub fn within(&self, size: u64) -> Range<u64> {
+        match *self {
+            ByteRange::FromTo { first, last } => {
+                let end = last.map_or(size, |l| l.saturating_add(1).min(size));
+                first.min(size)..end.max(first.min(size))
+            }
+            ByteRange::Suffix(n) => size.saturating_sub(n)..size,
+        }
+    }
+
+    /// Apply to an object of `size` bytes, as S3 does.
     pub fn resolve(self, size: u64) -> Resolved {
         match self {
-            RangeSpec::FromTo { first, last } => {
+            ByteRange::FromTo { first, last } => {
                 if first >= size {
                     return Resolved::Unsatisfiable;
                 }
                 let end = last.map_or(size, |l| l.saturating_add(1).min(size));
                 Resolved::Partial { start: first, end }
             }
-            RangeSpec::Suffix(n) => {
+            ByteRange::Suffix(n) => {
                 if n == 0 {
                     return Resolved::Unsatisfiable;
                 }
@@ -101,9 +137,12 @@ impl RangeSpec {
 
 /// Resolve an optional `Range` header against an object size.
 pub fn resolve(header: Option<&str>, size: u64) -> Resolved {
-    header
-        .and_then(RangeSpec::parse)
-        .map_or(Resolved::Whole, |spec| spec.resolve(size))
+    resolve_parsed(header.and_then(ByteRange::parse), size)
+}
+
+/// Resolve a range parsed with [`ByteRange::parse`] (`None`: no header, or one S3 ignores).
+pub fn resolve_parsed(range: Option<ByteRange>, size: u64) -> Resolved {
+    range.map_or(Resolved::Whole, |r| r.resolve(size))
 }
 
 #[cfg(test)]
@@ -179,6 +218,16 @@ mod tests {
             assert_eq!(r(h, 100), Resolved::Whole, "{h}");
         }
         assert_eq!(resolve(None, 100), Resolved::Whole);
+    }
+
+    #[test]
+    fn ranges_made_by_the_read_path_ask_what_they_cover() {
+        assert_eq!(ByteRange::bytes(8..16).header(), "bytes=8-15");
+        assert_eq!(ByteRange::Suffix(10).header(), "bytes=-10");
+        assert_eq!(ByteRange::bytes(8..16).within(12), 8..12);
+        assert_eq!(ByteRange::bytes(20..30).within(12), 12..12);
+        assert_eq!(ByteRange::Suffix(10).within(4), 0..4);
+        assert_eq!(ByteRange::parse("bytes=5-").unwrap().header(), "bytes=5-");
     }
 
     proptest! {
