@@ -1,5 +1,13 @@
 //! Client authentication and authorisation: who sent a request (SigV4), and whether their key's
 //! policy lets them do it.
+//!
+//! Why not s3s's verifiers: in s3s 0.14 (a dependency of the demo only) SigV4, SigV2 and
+//! `aws-chunked` verification are private modules (`mod sig_v4`, `mod sig_v2`) run inside its
+//! `S3Service`, which dispatches each request to an `S3` trait method with the body already
+//! parsed into typed input. A pass-through proxy must instead forward the request as signed,
+//! stream its body untouched, and know which headers the signature covered; none of that is
+//! reachable from outside s3s. So the canonical request is computed by `aws-sigv4`, the AWS SDK's
+//! own signer (see [`sigv4`]), and only the parsing around it is Larder's.
 
 pub mod chunked;
 pub mod keys;
