@@ -11,8 +11,8 @@
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .
-# The binaries under test, less the demo and its embedded S3 origin (the `demo` feature).
-RUN cargo build --release --locked -p larder --no-default-features && install -D target/release/larder /out/larder
+# The same command e2e/test-all.sh uses for the binaries under test.
+RUN cargo build --release --locked -p larder && install -D target/release/larder /out/larder
 
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /out/larder /usr/local/bin/larder
