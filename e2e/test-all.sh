@@ -39,7 +39,7 @@ step "module cycles (dependencies between each crate's top-level modules run one
 python3 .ci/module_cycles.py proxy/src cache-core/src
 step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
-step "the production build (no demo feature) compiles and carries no s3s"
+step "a build without the demo feature (--no-default-features) compiles and carries no s3s"
 cargo clippy -p larder --no-default-features --locked -- -D warnings
 if cargo tree -p larder --no-default-features -e normal --prefix none --locked | grep -q '^s3s'; then
   echo "s3s is in the production build (larder --no-default-features)" >&2

@@ -379,6 +379,7 @@ impl Status {
 mod tests {
     use super::*;
     use crate::model::UpstreamOutcome;
+    use crate::telemetry::labels::Source;
     use std::time::Duration;
 
     #[test]
@@ -393,10 +394,10 @@ mod tests {
                 "hit-memory",
                 Duration::from_millis(1),
             );
-            m.served("memory", None, 100);
+            m.served(Source::Memory, None, 100);
         }
         m.request("GetObject", None, 200, "miss", Duration::from_millis(30));
-        m.served("upstream", None, 100);
+        m.served(Source::Upstream, None, 100);
         m.request(
             "ListObjectsV2",
             None,

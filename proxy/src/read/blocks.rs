@@ -24,6 +24,9 @@ use crate::fleet::Fleet;
 use crate::model::UpstreamOutcome;
 use crate::model::{BodyStream, ByteRange, ObjectId, ObjectMeta, UpstreamError};
 use crate::read::prefetch::{Detector, PrefetchConfig};
+use crate::telemetry::labels::{
+    Lookup, PrefetchBlock, PrefetchBytes, Rejected, Source, WriteDropped,
+};
 use crate::telemetry::metrics::Metrics;
 use crate::upstream::hedge::HedgePolicy;
 use crate::upstream::Upstream;
@@ -80,7 +83,7 @@ enum OpenBlock {
     Ready(Bytes),
     /// Just the slice's bytes, read from disk.
     Part(Bytes),
-    Streaming(FlightReader<UpstreamError>, &'static str),
+    Streaming(FlightReader<UpstreamError>, Source),
 }
 
 /// Blocks in memory, on disk, in flight, and the origin behind them.
@@ -259,7 +262,7 @@ impl BlockStore {
                         if cause != moka::notification::RemovalCause::Explicit
                             && cause != moka::notification::RemovalCause::Replaced
                         {
-                            metrics.prefetch_bytes("wasted", bytes);
+                            metrics.prefetch_bytes(PrefetchBytes::Wasted, bytes);
                         }
                     })
                     .build()
@@ -334,16 +337,16 @@ impl BlockStore {
             let (store, object, etag) = (self.clone(), object.clone(), etag.clone());
             tokio::spawn(async move {
                 let Ok(_budget) = store.prefetch_slots.try_acquire() else {
-                    store.metrics.prefetch_blocks("skipped_budget");
+                    store.metrics.prefetch_blocks(PrefetchBlock::SkippedBudget);
                     return;
                 };
                 let Ok(slot) = store.slots(remote).try_acquire() else {
-                    store.metrics.prefetch_blocks("skipped_busy");
+                    store.metrics.prefetch_blocks(PrefetchBlock::SkippedBusy);
                     return;
                 };
                 if let Joined::Leader { writer, reader } = store.flights.join(id.clone()) {
                     drop(reader);
-                    store.metrics.prefetch_blocks("issued");
+                    store.metrics.prefetch_blocks(PrefetchBlock::Issued);
                     // Marked before the fetch, so a reader that joins it in flight counts as a use.
                     store.prefetched.insert(id.clone(), slice.block_len);
                     store
@@ -384,7 +387,7 @@ impl BlockStore {
             Some(Tier::Memory) => {
                 if let Some(bytes) = self.cache.memory().get(&id).await {
                     if !self.cache.insert_cold(id, bytes).await {
-                        self.metrics.cache_write_dropped("warm_rejected");
+                        self.metrics.cache_write_dropped(WriteDropped::WarmRejected);
                     }
                     return Ok(Warmed::AlreadyCached);
                 }
@@ -451,7 +454,7 @@ impl BlockStore {
                 found = bytes.len(),
                 "a cached block has the wrong length; fetching it again"
             );
-            self.metrics.block_rejected("length");
+            self.metrics.block_rejected(Rejected::Length);
             None
         }
     }
@@ -607,9 +610,9 @@ impl BlockStore {
         match open {
             OpenBlock::Ready(bytes) => {
                 let part = bytes.slice(slice.from as usize..slice.to as usize);
-                self.whole_part("memory", bucket, part)
+                self.whole_part(Source::Memory, bucket, part)
             }
-            OpenBlock::Part(part) => self.whole_part("disk", bucket, part),
+            OpenBlock::Part(part) => self.whole_part(Source::Disk, bucket, part),
             OpenBlock::Streaming(reader, tier) => {
                 let (metrics, bucket) = (self.metrics.clone(), bucket.map(str::to_owned));
                 slice_of(reader, slice.from, slice.to)
@@ -627,7 +630,7 @@ impl BlockStore {
     /// client of `bucket`).
     fn whole_part(
         &self,
-        tier: &'static str,
+        tier: Source,
         bucket: Option<&str>,
         part: Bytes,
     ) -> stream::BoxStream<'static, Result<Bytes, UpstreamError>> {
@@ -647,28 +650,28 @@ impl BlockStore {
         let id = self.id(object, etag, slice.index);
         if self.prefetch.enabled() {
             if let Some(bytes) = self.prefetched.remove(&id) {
-                self.metrics.prefetch_bytes("used", bytes);
+                self.metrics.prefetch_bytes(PrefetchBytes::Used, bytes);
             }
         }
         let in_memory = self.cache.memory().get(&id).await;
         if let Some(bytes) = in_memory.and_then(|b| self.checked(b, &slice)) {
-            self.metrics.lookup("memory", true);
+            self.metrics.lookup(Lookup::Memory, true);
             return OpenBlock::Ready(bytes);
         }
-        self.metrics.lookup("memory", false);
+        self.metrics.lookup(Lookup::Memory, false);
         if let Some(fleet) = &self.fleet {
             let copy = fleet.copy(&id).await;
             if let Some(bytes) = copy.and_then(|b| self.checked(b, &slice)) {
-                self.metrics.lookup("peer-copy", true);
+                self.metrics.lookup(Lookup::PeerCopy, true);
                 return OpenBlock::Ready(bytes);
             }
             if fleet.keeps_copies() {
-                self.metrics.lookup("peer-copy", false);
+                self.metrics.lookup(Lookup::PeerCopy, false);
             }
         }
         let on_disk = self.cache.locate(&id) == Some(Tier::Disk);
         if self.cache.disk().is_some() {
-            self.metrics.lookup("disk", on_disk);
+            self.metrics.lookup(Lookup::Disk, on_disk);
         }
         // A small slice of a block on disk (a Parquet footer, a column chunk index) reads only
         // the 64 KiB chunks it touches, instead of the whole block through a flight.
@@ -685,7 +688,7 @@ impl BlockStore {
         match self.flights.join(id.clone()) {
             Joined::Follower(reader) => {
                 self.metrics.coalesced();
-                OpenBlock::Streaming(reader, "upstream")
+                OpenBlock::Streaming(reader, Source::Upstream)
             }
             Joined::Leader { mut writer, reader } => {
                 // A flight may have completed between the memory lookup and the join.
@@ -693,12 +696,12 @@ impl BlockStore {
                 if let Some(bytes) = in_memory.and_then(|b| self.checked(b, &slice)) {
                     writer.push(bytes);
                     writer.finish();
-                    return OpenBlock::Streaming(reader, "memory");
+                    return OpenBlock::Streaming(reader, Source::Memory);
                 }
                 let tier = match (on_disk, self.remote_owner(object, slice.index, purpose)) {
-                    (true, _) => "disk",
-                    (false, Some(_)) => "peer",
-                    (false, None) => "upstream",
+                    (true, _) => Source::Disk,
+                    (false, Some(_)) => Source::Peer,
+                    (false, None) => Source::Upstream,
                 };
                 // The read runs in a task of its own: a client that goes away does not cancel
                 // it for the readers that joined, and the block still lands in the cache.
@@ -708,7 +711,7 @@ impl BlockStore {
                 let span = tracing::info_span!(
                     "block fetch",
                     larder.block = slice.index,
-                    larder.source = tier
+                    larder.source = tier.as_str()
                 );
                 tokio::spawn(
                     async move {
@@ -766,7 +769,7 @@ impl BlockStore {
             .inspect(move |chunk| {
                 if let Ok(b) = chunk {
                     metrics.upstream_received(b.len() as u64);
-                    metrics.served("upstream", Some(&bucket), b.len() as u64);
+                    metrics.served(Source::Upstream, Some(&bucket), b.len() as u64);
                 }
             })
             .boxed();
@@ -1041,7 +1044,7 @@ impl BlockStore {
             }
             Ok(Supplier::Mixed) => {
                 writer.finish();
-                self.metrics.cache_write_dropped("mixed_source");
+                self.metrics.cache_write_dropped(WriteDropped::MixedSource);
                 drop(writer);
             }
             Ok(Supplier::Upstream) => {
@@ -1053,7 +1056,7 @@ impl BlockStore {
                     }
                     Purpose::Warm => {
                         if !self.cache.insert_cold(id, block).await {
-                            self.metrics.cache_write_dropped("warm_rejected");
+                            self.metrics.cache_write_dropped(WriteDropped::WarmRejected);
                         }
                     }
                 }
@@ -1065,7 +1068,7 @@ impl BlockStore {
                 if !matches!(e, UpstreamError::Changed) && !e.is_not_found() {
                     self.metrics.upstream_failed(&e);
                 }
-                self.metrics.cache_write_dropped("fetch_failed");
+                self.metrics.cache_write_dropped(WriteDropped::FetchFailed);
                 if purpose == Purpose::Prefetch {
                     self.prefetched.invalidate(&id);
                 }

@@ -10,6 +10,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use super::labels::{Lookup, PrefetchBlock, PrefetchBytes, Rejected, Source, WriteDropped};
 use crate::model::UpstreamOutcome;
 use cache_core::disk::{DiskStats, DropReason};
 use cache_core::{DiskCache, MemoryTier};
@@ -270,11 +271,11 @@ impl Metrics {
         for outcome in ["sent", "won"] {
             hedges.add(0, &[kv("outcome", outcome)]);
         }
-        for outcome in ["issued", "skipped_busy", "skipped_budget"] {
-            prefetch_blocks.add(0, &[kv("outcome", outcome)]);
+        for outcome in PrefetchBlock::ALL {
+            prefetch_blocks.add(0, &[kv("outcome", outcome.as_str())]);
         }
-        for outcome in ["used", "wasted"] {
-            prefetch_bytes.add(0, &[kv("outcome", outcome)]);
+        for outcome in PrefetchBytes::ALL {
+            prefetch_bytes.add(0, &[kv("outcome", outcome.as_str())]);
         }
         for outcome in ["done", "failed", "cancelled"] {
             warm_jobs.add(0, &[kv("outcome", outcome)]);
@@ -450,10 +451,10 @@ impl Metrics {
         }
     }
 
-    /// Object bytes sent to a client, from `tier` (`memory`, `disk` or `upstream`).
-    pub fn served(&self, tier: &'static str, bucket: Option<&str>, bytes: u64) {
+    /// Object bytes sent to a client, from `tier`.
+    pub fn served(&self, tier: Source, bucket: Option<&str>, bytes: u64) {
         let bucket = self.bucket_label(bucket);
-        let mut labels = vec![kv("tier", tier)];
+        let mut labels = vec![kv("tier", tier.as_str())];
         labels.extend(bucket.clone());
         self.served_bytes.add(bytes, &labels);
         if self.prices.transfer_byte > 0.0 {
@@ -476,13 +477,15 @@ impl Metrics {
     }
 
     /// A read-ahead block issued or skipped.
-    pub fn prefetch_blocks(&self, outcome: &'static str) {
-        self.prefetch_blocks.add(1, &[kv("outcome", outcome)]);
+    pub fn prefetch_blocks(&self, outcome: PrefetchBlock) {
+        self.prefetch_blocks
+            .add(1, &[kv("outcome", outcome.as_str())]);
     }
 
     /// Read-ahead bytes used or wasted.
-    pub fn prefetch_bytes(&self, outcome: &'static str, bytes: u64) {
-        self.prefetch_bytes.add(bytes, &[kv("outcome", outcome)]);
+    pub fn prefetch_bytes(&self, outcome: PrefetchBytes, bytes: u64) {
+        self.prefetch_bytes
+            .add(bytes, &[kv("outcome", outcome.as_str())]);
     }
 
     /// A warm-up job ended.
@@ -558,11 +561,11 @@ impl Metrics {
             .build();
     }
 
-    /// A block looked up in `tier` (`memory` or `disk`).
-    pub fn lookup(&self, tier: &'static str, hit: bool) {
+    /// A block looked up in `tier`.
+    pub fn lookup(&self, tier: Lookup, hit: bool) {
         let result = if hit { "hit" } else { "miss" };
         self.lookups
-            .add(1, &[kv("tier", tier), kv("result", result)]);
+            .add(1, &[kv("tier", tier.as_str()), kv("result", result)]);
     }
 
     /// A block read joined a fetch in flight.
@@ -592,15 +595,16 @@ impl Metrics {
             .build();
     }
 
-    /// A block found in a tier was refused (`reason`: `length`, it was not as long as its
-    /// object's size and the block size say it must be) and fetched again.
-    pub fn block_rejected(&self, reason: &'static str) {
-        self.blocks_rejected.add(1, &[kv("reason", reason)]);
+    /// A block found in a tier was refused and fetched again.
+    pub fn block_rejected(&self, reason: Rejected) {
+        self.blocks_rejected
+            .add(1, &[kv("reason", reason.as_str())]);
     }
 
     /// A fetched block was not written to the cache.
-    pub fn cache_write_dropped(&self, reason: &'static str) {
-        self.cache_writes_dropped.add(1, &[kv("reason", reason)]);
+    pub fn cache_write_dropped(&self, reason: WriteDropped) {
+        self.cache_writes_dropped
+            .add(1, &[kv("reason", reason.as_str())]);
     }
 
     /// The upstream's recent health.
@@ -979,7 +983,7 @@ mod tests {
         // Ten GETs of 4 bytes served from memory; one upstream GET of 8 bytes filled the cache.
         for _ in 0..10 {
             m.request("GetObject", None, 200, "hit-memory", Duration::ZERO);
-            m.served("memory", None, 4);
+            m.served(Source::Memory, None, 4);
         }
         m.upstream("GetObject", UpstreamOutcome::Http(206), Duration::ZERO);
         m.upstream_received(8);
@@ -1011,14 +1015,14 @@ mod tests {
             ..Default::default()
         })
         .unwrap();
-        m.served("memory", Some("lake"), 1);
-        m.served("memory", Some("secret-name-42"), 1);
+        m.served(Source::Memory, Some("lake"), 1);
+        m.served(Source::Memory, Some("secret-name-42"), 1);
         let text = m.render();
         assert!(text.contains("bucket=\"lake\""), "{text}");
         assert!(text.contains("bucket=\"other\""), "{text}");
         assert!(!text.contains("secret-name-42"), "{text}");
         let unlabelled = Metrics::default();
-        unlabelled.served("memory", Some("lake"), 1);
+        unlabelled.served(Source::Memory, Some("lake"), 1);
         assert!(!unlabelled.render().contains("bucket="));
     }
 

@@ -5,5 +5,6 @@
 //! serves requests; what it observes of the fleet, the upstream or the tiers is handed to it as
 //! callbacks by whoever composes them.
 
+pub mod labels;
 pub mod metrics;
 pub mod traces;

@@ -1,0 +1,118 @@
+//! The values metric labels take, as types: each enum is one label's whole vocabulary, declared
+//! once with the text Prometheus shows, so a call site cannot misspell a value or invent one the
+//! dashboards do not know.
+
+/// Declares a label enum: each variant with the text it is exported as.
+macro_rules! label {
+    ($(#[$doc:meta])* $name:ident { $($(#[$vdoc:meta])* $variant:ident => $text:literal,)+ }) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$vdoc])* $variant,)+
+        }
+
+        impl $name {
+            /// Every value, in declaration order (counters start at zero for each).
+            pub const ALL: &[$name] = &[$($name::$variant,)+];
+
+            /// The label's value, as exported.
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text,)+
+                }
+            }
+        }
+    };
+}
+
+label! {
+    /// Where the bytes of a block sent to a client came from (`tier` of
+    /// `larder_served_bytes_total`).
+    Source {
+        /// The memory tier (or a flight that found the block there).
+        Memory => "memory",
+        /// The disk tier.
+        Disk => "disk",
+        /// The replica owning the block.
+        Peer => "peer",
+        /// The upstream.
+        Upstream => "upstream",
+    }
+}
+
+label! {
+    /// A tier a block is looked up in (`tier` of `larder_cache_lookups_total`).
+    Lookup {
+        /// The memory tier.
+        Memory => "memory",
+        /// The brief copies of blocks fetched from their owner.
+        PeerCopy => "peer-copy",
+        /// The disk tier.
+        Disk => "disk",
+    }
+}
+
+label! {
+    /// What became of a block read ahead could be (`outcome` of `larder_prefetch_blocks_total`).
+    PrefetchBlock {
+        /// Fetched ahead of the reader.
+        Issued => "issued",
+        /// Not fetched: `prefetch_max_inflight` read-aheads were running.
+        SkippedBudget => "skipped_budget",
+        /// Not fetched: every upstream slot was taken (demand reads come first).
+        SkippedBusy => "skipped_busy",
+    }
+}
+
+label! {
+    /// What became of bytes read ahead (`outcome` of `larder_prefetch_bytes_total`).
+    PrefetchBytes {
+        /// Read by a client.
+        Used => "used",
+        /// Expired or evicted before anyone read them.
+        Wasted => "wasted",
+    }
+}
+
+label! {
+    /// Why a fetched block was not written to the cache (`reason` of
+    /// `larder_cache_writes_dropped_total`, beside the disk tier's own reasons).
+    WriteDropped {
+        /// A warm-up block the disk tier refused.
+        WarmRejected => "warm_rejected",
+        /// Begun by a peer, finished from S3: never checked whole against S3's bytes.
+        MixedSource => "mixed_source",
+        /// The fetch failed before the block was whole.
+        FetchFailed => "fetch_failed",
+    }
+}
+
+label! {
+    /// Why a block found in a tier was refused (`reason` of `larder_cache_blocks_rejected_total`).
+    Rejected {
+        /// Not as long as the object's size and the block size say it must be.
+        Length => "length",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    fn distinct(values: impl IntoIterator<Item = &'static str>) -> bool {
+        let values: Vec<_> = values.into_iter().collect();
+        values.len() == values.iter().collect::<HashSet<_>>().len()
+    }
+
+    #[test]
+    fn each_label_names_its_values_apart() {
+        assert!(distinct(Source::ALL.iter().map(|v| v.as_str())));
+        assert!(distinct(Lookup::ALL.iter().map(|v| v.as_str())));
+        assert!(distinct(PrefetchBlock::ALL.iter().map(|v| v.as_str())));
+        assert!(distinct(PrefetchBytes::ALL.iter().map(|v| v.as_str())));
+        assert!(distinct(WriteDropped::ALL.iter().map(|v| v.as_str())));
+        assert_eq!(PrefetchBlock::ALL.len(), 3);
+        assert_eq!(Source::Upstream.as_str(), "upstream");
+    }
+}
