@@ -774,7 +774,6 @@ mod tests {
                 Duration::from_secs(3600),
                 Duration::ZERO,
                 100,
-                metrics.clone(),
             )),
             blocks: Arc::new(BlockStore::new(config, origin.clone(), metrics.clone())),
             origin,

@@ -214,6 +214,11 @@ pub async fn start(
     } else {
         None
     };
+    let origin = crate::upstream::layered(
+        origin,
+        (config.upstream_hedge_quantile > 0.0).then_some(config.upstream_hedge_quantile),
+        metrics.clone(),
+    );
     let block_config = BlockStoreConfig {
         layout: BlockLayout::new(config.block_size.0),
         memory_capacity: config.memory_capacity.0,
@@ -232,8 +237,6 @@ pub async fn start(
             .flat_map(|p| p.buckets.iter().map(|b| (b.clone(), p.name.clone())))
             .collect(),
         max_resumes: config.upstream_max_resumes,
-        hedge_quantile: (config.upstream_hedge_quantile > 0.0)
-            .then_some(config.upstream_hedge_quantile),
         prefetch: PrefetchConfig {
             enabled: config.prefetch == PrefetchMode::Auto,
             min_window: config.prefetch_min_window,
@@ -258,7 +261,6 @@ pub async fn start(
         config.metadata_ttl.0,
         config.serve_stale_on_error.0,
         config.metadata_capacity,
-        metrics.clone(),
     ));
     let warmer = Arc::new(Warmer::new(
         blocks.clone(),

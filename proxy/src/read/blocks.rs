@@ -21,14 +21,12 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 use crate::cache_key::{BlockId, KeySchema};
 use crate::fleet::client::PeerError;
 use crate::fleet::Fleet;
-use crate::model::UpstreamOutcome;
 use crate::model::{BodyStream, ByteRange, ObjectId, ObjectMeta, UpstreamError};
 use crate::read::prefetch::{Detector, PrefetchConfig};
 use crate::telemetry::labels::{
     Lookup, PrefetchBlock, PrefetchBytes, Rejected, Source, WriteDropped,
 };
 use crate::telemetry::metrics::Metrics;
-use crate::upstream::hedge::HedgePolicy;
 use crate::upstream::Upstream;
 use tracing::Instrument;
 
@@ -105,7 +103,6 @@ pub struct BlockStore {
     /// each hold every slot waiting on the other, and both stall until the peer deadline.
     peer_slots: Semaphore,
     max_resumes: u32,
-    hedge: HedgePolicy,
     prefetch: PrefetchConfig,
     sequences: Detector,
     prefetch_slots: Semaphore,
@@ -202,8 +199,6 @@ pub struct BlockStoreConfig {
     pub bucket_partitions: std::collections::HashMap<String, String>,
     /// Times a broken upstream body is resumed before the fetch fails.
     pub max_resumes: u32,
-    /// Percentile of recent first-byte latencies after which a block GET is hedged; `None`: off.
-    pub hedge_quantile: Option<f64>,
     /// Read-ahead across requests.
     pub prefetch: PrefetchConfig,
     /// The fleet this replica is part of, if any.
@@ -225,7 +220,6 @@ impl BlockStoreConfig {
             write_policy: WritePolicy::OnInsert,
             bucket_partitions: Default::default(),
             max_resumes: 3,
-            hedge_quantile: None,
             prefetch: PrefetchConfig::off(),
             fleet: None,
         }
@@ -249,7 +243,6 @@ impl BlockStore {
             upstream_slots: Semaphore::new(config.upstream_concurrency),
             peer_slots: Semaphore::new(config.upstream_concurrency),
             max_resumes: config.max_resumes,
-            hedge: HedgePolicy::new(config.hedge_quantile),
             prefetch: config.prefetch,
             sequences: Detector::new(config.prefetch, block_size),
             prefetch_slots: Semaphore::new(config.prefetch.max_inflight.max(1)),
@@ -776,35 +769,13 @@ impl BlockStore {
         Ok(Some((meta, body)))
     }
 
-    /// A GET that also brings metadata ([`Upstream::get_with_meta`]), traced and counted.
+    /// A GET that also brings metadata ([`Upstream::get_with_meta`]).
     async fn get_cold(
         &self,
         object: &ObjectId,
         span: ByteRange,
     ) -> Result<Option<(ObjectMeta, BodyStream)>, UpstreamError> {
-        let started = Instant::now();
-        let result = self
-            .origin
-            .get_with_meta(object, span)
-            .instrument(tracing::info_span!(
-                "upstream",
-                otel.name = "GetObject",
-                otel.kind = "client"
-            ))
-            .await;
-        let status = match &result {
-            Ok(Some(_)) => UpstreamOutcome::Http(206),
-            Ok(None) => UpstreamOutcome::Http(416),
-            Err(e) => e.into(),
-        };
-        self.metrics
-            .upstream("GetObject", status, started.elapsed());
-        match &result {
-            Ok(Some(_)) => self.hedge.record(started.elapsed()),
-            Err(e) if !e.is_not_found() => self.metrics.upstream_failed(e),
-            _ => {}
-        }
-        result
+        self.origin.get_with_meta(object, span).await
     }
 
     /// Metadata of an object nothing is known of, from a GET of its block `index` whose body
@@ -1116,13 +1087,16 @@ impl BlockStore {
                         Ok(body) => (Ok(body), Supplier::Peer),
                         Err(PeerError::Answer(e)) => return Err(e),
                         Err(PeerError::Unavailable { .. }) => (
-                            self.get_hedged(object, etag, range.clone()).await,
+                            self.origin
+                                .get(object, Some(etag), Some(range.clone()))
+                                .await,
                             Supplier::Upstream,
                         ),
                     }
                 }
                 Some(FirstAttempt::Upstream) | None => (
-                    self.get_hedged(object, etag, range.start + got..range.end)
+                    self.origin
+                        .get(object, Some(etag), Some(range.start + got..range.end))
                         .await,
                     Supplier::Upstream,
                 ),
@@ -1208,59 +1182,6 @@ impl BlockStore {
             .client()
             .block(peer, object, etag, range, slice.object_size);
         self.ask_peer("block", asked).await
-    }
-
-    /// One ranged GET; with hedging on, a second one if the first has not answered within the
-    /// tracked percentile, the slower cancelled.
-    async fn get_hedged(
-        &self,
-        object: &ObjectId,
-        etag: &str,
-        range: Range<u64>,
-    ) -> Result<BodyStream, UpstreamError> {
-        let get = |hedge: bool| {
-            let started = Instant::now();
-            let range = range.clone();
-            async move {
-                let result = self.origin.get(object, Some(etag), Some(range)).await;
-                let status = match &result {
-                    Ok(_) => UpstreamOutcome::Http(206),
-                    Err(e) => e.into(),
-                };
-                self.metrics
-                    .upstream("GetObject", status, started.elapsed());
-                if result.is_ok() {
-                    self.hedge.record(started.elapsed());
-                }
-                (result, hedge)
-            }
-            .instrument(tracing::info_span!(
-                "upstream",
-                otel.name = "GetObject",
-                otel.kind = "client",
-                larder.hedge = hedge
-            ))
-        };
-        let Some(after) = self.hedge.delay() else {
-            return get(false).await.0;
-        };
-        let first = get(false);
-        tokio::pin!(first);
-        tokio::select! {
-            (result, _) = &mut first => return result,
-            _ = tokio::time::sleep(after) => {}
-        }
-        self.metrics.hedged(false);
-        let second = get(true);
-        tokio::pin!(second);
-        let (result, hedge) = tokio::select! {
-            r = &mut first => r,
-            r = &mut second => r,
-        };
-        if hedge {
-            self.metrics.hedged(true);
-        }
-        result
     }
 }
 

@@ -5,11 +5,8 @@ use std::time::{Duration, Instant};
 
 use moka::future::Cache;
 
-use crate::model::UpstreamOutcome;
 use crate::model::{ObjectId, ObjectMeta, UpstreamError};
-use crate::telemetry::metrics::Metrics;
 use crate::upstream::Upstream;
-use tracing::Instrument;
 
 /// Metadata as cached: what the upstream said, and when it said it (for metadata learnt from
 /// another replica, when that replica had it from the upstream).
@@ -48,7 +45,6 @@ pub struct MetadataCache {
     /// not in it are opened with a GET that brings metadata and a block at once.
     seen: Option<moka::sync::Cache<ObjectId, ()>>,
     origin: Arc<dyn Upstream>,
-    metrics: Arc<Metrics>,
 }
 
 /// Where metadata came from.
@@ -72,7 +68,6 @@ impl MetadataCache {
         ttl: Duration,
         stale_for: Duration,
         capacity: u64,
-        metrics: Arc<Metrics>,
     ) -> Self {
         let build = |ttl| {
             Cache::builder()
@@ -91,7 +86,6 @@ impl MetadataCache {
                     .build()
             }),
             origin,
-            metrics,
         }
     }
 
@@ -215,28 +209,7 @@ impl MetadataCache {
     }
 
     async fn head(&self, id: &ObjectId) -> Result<Arc<ObjectMeta>, UpstreamError> {
-        let started = std::time::Instant::now();
-        let result = self
-            .origin
-            .head(id)
-            .instrument(tracing::info_span!(
-                "upstream",
-                otel.name = "HeadObject",
-                otel.kind = "client"
-            ))
-            .await;
-        let status = match &result {
-            Ok(_) => UpstreamOutcome::Http(200),
-            Err(e) => {
-                if !e.is_not_found() {
-                    self.metrics.upstream_failed(e);
-                }
-                e.into()
-            }
-        };
-        self.metrics
-            .upstream("HeadObject", status, started.elapsed());
-        result.map(Arc::new)
+        self.origin.head(id).await.map(Arc::new)
     }
 }
 
@@ -255,7 +228,6 @@ mod tests {
             Duration::from_millis(50),
             Duration::ZERO,
             100,
-            Arc::new(Metrics::default()),
         );
         let cached =
             |r: Result<(Arc<ObjectMeta>, Source), UpstreamError>| r.unwrap().1 == Source::Cached;
@@ -291,7 +263,6 @@ mod tests {
             Duration::from_millis(400),
             Duration::ZERO,
             100,
-            Arc::new(Metrics::default()),
         );
         let id = ObjectId {
             bucket: "b".into(),
@@ -323,7 +294,6 @@ mod tests {
             Duration::from_millis(50),
             Duration::from_millis(300),
             100,
-            Arc::new(Metrics::default()),
         );
         let id = ObjectId {
             bucket: "b".into(),

@@ -1,7 +1,9 @@
 //! The upstream: where bytes come from when no cache tier holds them.
 //!
 //! [`Upstream`] is the seam between Larder's read path and the upstream S3 API: the real
-//! implementation is [`s3::S3Upstream`] (aws-sdk-s3); unit tests plug in fakes. Everything the
+//! implementation is [`s3::S3Upstream`] (aws-sdk-s3); unit tests plug in fakes. Concerns of
+//! every request are layers implementing the same trait, each in its own file and composed in
+//! [`layered`]: [`instrument`] (spans and metrics) and [`hedge`]. Everything the
 //! cache does not serve passes through [`forward::Forwarder`], re-signed. [`Clients`] holds both,
 //! signing with the same credentials.
 
@@ -9,6 +11,7 @@
 pub(crate) mod fake;
 pub mod forward;
 pub mod hedge;
+pub mod instrument;
 pub mod s3;
 
 use std::ops::Range;
@@ -16,8 +19,26 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use crate::model::{BodyStream, ByteRange, ObjectId, ObjectMeta, UpstreamError};
+use crate::telemetry::metrics::Metrics;
 use forward::{ForwardError, Forwarder};
 use s3::{S3Upstream, S3UpstreamConfig};
+
+/// The stack the read path reads through, in one place: `inner` (S3) traced and counted
+/// ([`instrument::Instrumented`], so every request is one metric sample), then, for block GETs,
+/// hedged ([`hedge::Hedged`], each attempt counted) after the `hedge_quantile` of recent
+/// latencies (`None`: never).
+pub fn layered(
+    inner: Arc<dyn Upstream>,
+    hedge_quantile: Option<f64>,
+    metrics: Arc<Metrics>,
+) -> Arc<dyn Upstream> {
+    let counted = Arc::new(instrument::Instrumented::new(inner, metrics.clone()));
+    Arc::new(hedge::Hedged::new(
+        counted,
+        hedge::HedgePolicy::new(hedge_quantile),
+        metrics,
+    ))
+}
 
 /// The upstream S3 API, as much of it as the read path needs.
 #[async_trait::async_trait]

@@ -420,7 +420,6 @@ mod tests {
             Duration::from_secs(60),
             Duration::ZERO,
             100,
-            metrics.clone(),
         ));
         let limits = WarmLimits {
             concurrency: 2,

@@ -66,7 +66,6 @@ fn serve_peers(
         Duration::from_secs(60),
         Duration::ZERO,
         100,
-        metrics.clone(),
     ));
     let state = Arc::new(PeerState {
         blocks,
