@@ -21,9 +21,10 @@ use tracing::Instrument;
 
 use crate::auth::chunked::{self, ChunkError, Decoder};
 use crate::auth::{Authenticator, Payload, Principal};
-use crate::model::range::{self, ByteRange, Resolved};
-use crate::model::UpstreamOutcome;
-use crate::model::{ObjectId, UpstreamError};
+use crate::model::{
+    range::{self, ByteRange, Resolved},
+    ObjectId, UpstreamError, UpstreamOutcome,
+};
 use crate::read::blocks::{BlockStore, CacheResult};
 use crate::read::metadata::{MetadataCache, Source};
 use crate::s3::conditional::{self, Outcome};

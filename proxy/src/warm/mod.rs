@@ -19,8 +19,10 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use crate::model::range::{self, Resolved};
-use crate::model::{ObjectId, UpstreamError};
+use crate::model::{
+    range::{self, Resolved},
+    ObjectId, UpstreamError,
+};
 use crate::read::blocks::{BlockStore, Warmed};
 use crate::read::metadata::MetadataCache;
 use crate::telemetry::metrics::Metrics;
