@@ -42,7 +42,7 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "a build without the demo feature (--no-default-features) compiles and carries no s3s"
 cargo clippy -p larder --no-default-features --locked -- -D warnings
 if cargo tree -p larder --no-default-features -e normal --prefix none --locked | grep -q '^s3s'; then
-  echo "s3s is in the production build (larder --no-default-features)" >&2
+  echo "s3s is in the build without the demo (larder --no-default-features)" >&2
   exit 1
 fi
 step "cargo test"
