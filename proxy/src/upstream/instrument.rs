@@ -3,6 +3,7 @@
 //! and a failure other than "not found" becomes the status page's last upstream error. One layer,
 //! so no caller repeats the span, the timer and the counter.
 
+use std::future::Future;
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
@@ -25,18 +26,27 @@ impl Instrumented {
         Self { inner, metrics }
     }
 
-    /// Record a request of `operation` that ended as `outcome` (or failed with `error`).
-    fn record(
+    /// Send `request` as `operation`: in its span, timed, counted with its status (`ok` gives
+    /// it from an answer), and its failure, unless "not found", kept as the last error.
+    async fn counted<T: Send>(
         &self,
         operation: &'static str,
-        outcome: UpstreamOutcome,
-        error: Option<&UpstreamError>,
-        started: Instant,
-    ) {
+        ok: impl FnOnce(&T) -> u16 + Send,
+        request: impl Future<Output = Result<T, UpstreamError>> + Send,
+    ) -> Result<T, UpstreamError> {
+        let started = Instant::now();
+        let result = request.instrument(span(operation)).await;
+        let outcome = match &result {
+            Ok(answer) => UpstreamOutcome::Http(ok(answer)),
+            Err(e) => e.outcome(),
+        };
         self.metrics.upstream(operation, outcome, started.elapsed());
-        if let Some(e) = error.filter(|e| !e.is_not_found()) {
-            self.metrics.upstream_failed(e);
+        if let Err(e) = &result {
+            if !e.is_not_found() {
+                self.metrics.upstream_failed(e);
+            }
         }
+        result
     }
 }
 
@@ -47,13 +57,8 @@ fn span(operation: &'static str) -> tracing::Span {
 #[async_trait::async_trait]
 impl Upstream for Instrumented {
     async fn head(&self, object: &ObjectId) -> Result<ObjectMeta, UpstreamError> {
-        let started = Instant::now();
-        let result = self.inner.head(object).instrument(span("HeadObject")).await;
-        match &result {
-            Ok(_) => self.record("HeadObject", UpstreamOutcome::Http(200), None, started),
-            Err(e) => self.record("HeadObject", e.outcome(), Some(e), started),
-        }
-        result
+        self.counted("HeadObject", |_| 200, self.inner.head(object))
+            .await
     }
 
     async fn get(
@@ -62,18 +67,13 @@ impl Upstream for Instrumented {
         if_match: Option<&str>,
         range: Option<Range<u64>>,
     ) -> Result<BodyStream, UpstreamError> {
-        let started = Instant::now();
         let status = if range.is_some() { 206 } else { 200 };
-        let result = self
-            .inner
-            .get(object, if_match, range)
-            .instrument(span("GetObject"))
-            .await;
-        match &result {
-            Ok(_) => self.record("GetObject", UpstreamOutcome::Http(status), None, started),
-            Err(e) => self.record("GetObject", e.outcome(), Some(e), started),
-        }
-        result
+        self.counted(
+            "GetObject",
+            |_| status,
+            self.inner.get(object, if_match, range),
+        )
+        .await
     }
 
     async fn get_with_meta(
@@ -81,18 +81,10 @@ impl Upstream for Instrumented {
         object: &ObjectId,
         range: ByteRange,
     ) -> Result<Option<(ObjectMeta, BodyStream)>, UpstreamError> {
-        let started = Instant::now();
-        let result = self
-            .inner
-            .get_with_meta(object, range)
-            .instrument(span("GetObject"))
-            .await;
-        match &result {
-            Ok(Some(_)) => self.record("GetObject", UpstreamOutcome::Http(206), None, started),
-            Ok(None) => self.record("GetObject", UpstreamOutcome::Http(416), None, started),
-            Err(e) => self.record("GetObject", e.outcome(), Some(e), started),
-        }
-        result
+        // 416: the answer could not stand for a HEAD (see `Upstream::get_with_meta`).
+        let status = |answer: &Option<_>| if answer.is_some() { 206 } else { 416 };
+        self.counted("GetObject", status, self.inner.get_with_meta(object, range))
+            .await
     }
 
     async fn list(
@@ -101,17 +93,12 @@ impl Upstream for Instrumented {
         prefix: &str,
         token: Option<String>,
     ) -> Result<(Vec<(String, u64)>, Option<String>), UpstreamError> {
-        let started = Instant::now();
-        let result = self
-            .inner
-            .list(bucket, prefix, token)
-            .instrument(span("ListObjectsV2"))
-            .await;
-        match &result {
-            Ok(_) => self.record("ListObjectsV2", UpstreamOutcome::Http(200), None, started),
-            Err(e) => self.record("ListObjectsV2", e.outcome(), Some(e), started),
-        }
-        result
+        self.counted(
+            "ListObjectsV2",
+            |_| 200,
+            self.inner.list(bucket, prefix, token),
+        )
+        .await
     }
 
     fn retries(&self) -> u64 {
