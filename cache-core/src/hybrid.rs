@@ -47,6 +47,11 @@ pub trait CacheKey: Hash + Eq + Clone + Send + Sync + 'static {
 
 /// When a value reaches the disk tier.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "kebab-case")
+)]
 pub enum WritePolicy {
     /// As soon as it is inserted. The default: a restart keeps everything recently fetched, and
     /// disk writes follow the fetch rate instead of arriving in bursts under memory pressure.

@@ -8,6 +8,11 @@ use parking_lot::Mutex;
 
 /// Which blocks are worth a disk write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "kebab-case")
+)]
 pub enum Admission {
     /// Every block offered.
     #[default]

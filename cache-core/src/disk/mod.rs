@@ -37,6 +37,11 @@ use store::{Store, StoreConfig};
 
 /// Which I/O engine drives the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "kebab-case")
+)]
 pub enum EngineKind {
     /// pread/pwrite on dedicated threads.
     #[default]
@@ -47,6 +52,11 @@ pub enum EngineKind {
 
 /// What to do with what is on the device at start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "kebab-case")
+)]
 pub enum Recovery {
     /// Start empty: bump the generation, which invalidates every region without touching it.
     None,

@@ -50,10 +50,12 @@ pub fn block_key(bucket: &str, key: &str, index: u64) -> u64 {
 }
 
 /// Which members may own a block for this replica.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Scope {
     /// Members in this replica's zone: blocks never cross zones (each zone fetches a block from
     /// S3 once), since cross-zone traffic is billed and S3 in-region is not.
+    #[default]
     Zone,
     /// Every member: each block leaves S3 once per fleet, at the price of cross-zone traffic.
     Fleet,

@@ -17,13 +17,11 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::Authenticator;
 use crate::config::Config;
-use crate::config::{
-    DiskAdmission, DiskRecovery, DiskWritePolicy, FleetScope, IoEngineKind, PrefetchMode,
-};
+use crate::config::PrefetchMode;
 use crate::fleet::auth::PeerSecret;
 use crate::fleet::client::{Info, PeerClient};
 use crate::fleet::membership::{MemberSource, Membership};
-use crate::fleet::ring::{Member, Scope, View};
+use crate::fleet::ring::{Member, View};
 use crate::fleet::{CopyLimits, Fleet};
 use crate::front::admin::{self, AdminAccess, AdminState};
 use crate::front::peer::PeerState;
@@ -35,8 +33,8 @@ use crate::read::prefetch::PrefetchConfig;
 use crate::telemetry::metrics::{FleetGauges, Metrics, MetricsError, MetricsOptions};
 use crate::upstream::Clients;
 use crate::warm::{WarmLimits, Warmer};
-use cache_core::disk::{Admission, EngineKind, PartitionConfig, Recovery};
-use cache_core::{DiskCache, DiskConfig, WritePolicy};
+use cache_core::disk::PartitionConfig;
+use cache_core::{DiskCache, DiskConfig};
 
 /// A running Larder.
 pub struct Running {
@@ -80,21 +78,11 @@ pub enum StartError {
 fn disk_config(config: &Config, path: &std::path::Path) -> DiskConfig {
     let mut d = DiskConfig::new(path, config.disk_capacity.0);
     d.region_size = config.disk_region_size.0;
-    d.engine = match config.io_engine {
-        IoEngineKind::Psync => EngineKind::Psync,
-        IoEngineKind::Uring => EngineKind::Uring,
-    };
-    d.admission = match config.disk_admission {
-        DiskAdmission::Always => Admission::Always,
-        DiskAdmission::SecondHit => Admission::SecondHit,
-    };
+    d.engine = config.io_engine;
+    d.admission = config.disk_admission;
     d.write_rate = config.disk_write_rate.0;
     d.write_buffer = config.disk_write_buffer.0;
-    d.recovery = match config.disk_recovery {
-        DiskRecovery::None => Recovery::None,
-        DiskRecovery::Quiet => Recovery::Quiet,
-        DiskRecovery::Strict => Recovery::Strict,
-    };
+    d.recovery = config.disk_recovery;
     d.partitions = config
         .disk_partitions
         .iter()
@@ -132,10 +120,7 @@ fn join_fleet(config: &Config, metrics: &Arc<Metrics>) -> Result<Joined, StartEr
         (None, Some(dns)) => MemberSource::Dns(dns.clone()),
         (None, None) => MemberSource::Static(config.fleet_peers.clone()),
     };
-    let scope = match config.fleet_scope {
-        FleetScope::Zone => Scope::Zone,
-        FleetScope::Fleet => Scope::Fleet,
-    };
+    let scope = config.fleet_scope;
     let info = Info {
         id: rand::random(),
         // An empty zone (the chart's pod label missing) is no zone.
@@ -227,10 +212,7 @@ pub async fn start(
         idle_timeout: config.upstream_idle_timeout.0,
         upstream_concurrency: config.upstream_concurrency,
         disk: disk.clone(),
-        write_policy: match config.disk_write_policy {
-            DiskWritePolicy::OnInsert => WritePolicy::OnInsert,
-            DiskWritePolicy::OnEvict => WritePolicy::OnEvict,
-        },
+        write_policy: config.disk_write_policy,
         bucket_partitions: config
             .disk_partitions
             .iter()

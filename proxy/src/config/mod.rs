@@ -1,250 +1,303 @@
 //! Configuration: defaults < TOML file (`--config`) < `LARDER_*` environment < command-line flags.
 //!
-//! Every option is documented here with its default and in `docs/configuration.md`; a test keeps
-//! the two in step.
+//! Every option is declared once, in [`options!`] below: its documentation, type and default.
+//! The [`Config`] struct, its `Default`, the option list and the command-line flags
+//! ([`flags::Flags`]) all derive from that declaration, and a test holds `docs/configuration.md`
+//! to it: every key, every flag and every default.
 
-use std::fmt;
 use std::net::SocketAddr;
-use std::str::FromStr;
-use std::time::Duration;
+use std::path::PathBuf;
 
+use cache_core::disk::{Admission, EngineKind, Recovery};
+use cache_core::WritePolicy;
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 
 use crate::auth::{AuthMode, KeyPolicy};
+use crate::fleet::ring::Scope;
 use crate::telemetry::traces::{LogFormat, TraceOptions};
 
-/// Larder's whole configuration.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Config {
+pub mod flags;
+mod units;
+
+pub use flags::Flags;
+pub use units::{ByteSize, HumanDuration};
+
+/// How an option is given on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlagKind {
+    /// `--name VALUE`, the value read as an environment variable's would be.
+    Value,
+    /// `--name A,B,C`: a comma-separated list.
+    List,
+    /// `--name` alone for `true`, or `--name false`.
+    Switch,
+    /// No flag: a list of tables, set in the TOML file only.
+    TomlOnly,
+}
+
+/// One option as declared: its TOML key (the flag and the environment variable derive from
+/// it), its documentation and its kind of flag.
+#[derive(Debug, Clone, Copy)]
+pub struct OptionSpec {
+    /// The TOML key, e.g. `block_size`.
+    pub name: &'static str,
+    /// Its documentation, one line per `///` line.
+    pub doc: &'static str,
+    /// How it is given on the command line.
+    pub flag: FlagKind,
+}
+
+/// Declares the options: each is written once, as `/// docs`, `name: Type = default`, and
+/// optionally `=> FlagKind` (default `Value`).
+macro_rules! options {
+    ($(
+        $(#[doc = $doc:literal])+
+        $name:ident : $ty:ty = $default:expr $(=> $flag:ident)? ;
+    )+) => {
+        /// Larder's whole configuration.
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        #[serde(deny_unknown_fields, default)]
+        pub struct Config {
+            $( $(#[doc = $doc])+ pub $name: $ty, )+
+        }
+
+        impl Default for Config {
+            fn default() -> Self {
+                Self { $( $name: $default, )+ }
+            }
+        }
+
+        /// Every option, in the order declared.
+        pub const OPTIONS: &[OptionSpec] = &[$(
+            OptionSpec {
+                name: stringify!($name),
+                doc: concat!($($doc, "\n"),+),
+                flag: options!(@flag $($flag)?),
+            },
+        )+];
+    };
+    (@flag) => { FlagKind::Value };
+    (@flag $flag:ident) => { FlagKind::$flag };
+}
+
+options! {
     /// Address of the S3 listener. Default: `127.0.0.1:9000`.
-    pub listen: SocketAddr,
+    listen: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 9000));
     /// Address of the admin listener (`/healthz`, `/readyz`, `/metrics`). Default: `127.0.0.1:9001`.
-    pub admin_listen: SocketAddr,
+    admin_listen: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 9001));
     /// Most client connections the S3 listener holds open at once; further clients wait in the
     /// listen backlog until one closes. Default: `4096`.
-    pub max_connections: usize,
+    max_connections: usize = 4096;
     /// Longest a client may take to send a request's headers before its connection is closed
     /// (guards against slowloris clients). Default: `10s`.
-    pub client_header_timeout: HumanDuration,
+    client_header_timeout: HumanDuration = HumanDuration::secs(10);
     /// Longest a client connection (HTTP/1 or HTTP/2) may stay open with no bytes moving either
     /// way; a connection that sends no first request within `client_header_timeout` is closed
     /// too, so idle connections cannot hold every `max_connections` slot. Default: `60s`.
-    pub client_idle_timeout: HumanDuration,
+    client_idle_timeout: HumanDuration = HumanDuration::secs(60);
     /// Most requests one HTTP/2 connection may have in flight at once. Default: `256`.
-    pub client_max_streams: u32,
+    client_max_streams: u32 = 256;
     /// File holding the bearer token that the admin listener's mutating and revealing routes
     /// (`/warm`, `/fleet`) require (`Authorization: Bearer <token>`). Without it those routes
     /// answer only on a loopback admin listener; metrics, health and the status page stay
     /// open. Default: none.
-    pub admin_token_file: Option<std::path::PathBuf>,
+    admin_token_file: Option<PathBuf> = None;
     /// How clients authenticate: `sigv4` (every request signed with AWS Signature Version 4 by a
     /// key in `auth_credentials`) or `none` (anyone who reaches the listener reads and writes
     /// through Larder's upstream credentials; logged as a warning). Default: `sigv4`.
-    pub auth: AuthMode,
+    auth: AuthMode = Default::default();
     /// File of client keys, one `access_key_id:secret_access_key` per line, `#` comments.
     /// Required with `auth = "sigv4"`. Default: none.
-    pub auth_credentials: Option<std::path::PathBuf>,
+    auth_credentials: Option<PathBuf> = None;
     /// Per-key policies: the buckets a key may use and what it may do there (`read-only`,
     /// `read-write` for object writes, `admin` for bucket administration too). TOML only, e.g.
     /// `[[auth_policies]] access_key = "analytics", buckets = ["lake", "logs-*"],
     /// access = "read-only"`. Keys without a policy may do everything. Default: none.
-    pub auth_policies: Vec<KeyPolicy>,
+    auth_policies: Vec<KeyPolicy> = Vec::new() => TomlOnly;
     /// PEM certificate chain for TLS on the S3 listener; with `tls_key`, the listener speaks
     /// HTTPS only. Both files are re-read when they change. Default: none (plain HTTP).
-    pub tls_cert: Option<std::path::PathBuf>,
+    tls_cert: Option<PathBuf> = None;
     /// PEM private key for `tls_cert`. Default: none.
-    pub tls_key: Option<std::path::PathBuf>,
+    tls_key: Option<PathBuf> = None;
     /// Base domain for virtual-hosted-style requests (`bucket.<base_domain>`). Default: none, so
     /// only path-style requests (`/bucket/key`) are understood.
-    pub base_domain: Option<String>,
+    base_domain: Option<String> = None;
     /// The upstream S3 endpoint URL. Default: none, meaning AWS S3 for the region.
-    pub upstream_endpoint: Option<String>,
+    upstream_endpoint: Option<String> = None;
     /// The upstream region. Default: `us-east-1`.
-    pub upstream_region: String,
+    upstream_region: String = "us-east-1".to_owned();
     /// Address upstream buckets path-style (needed by MinIO and most S3-compatible servers).
     /// Default: `false`.
-    pub upstream_path_style: bool,
+    upstream_path_style: bool = false => Switch;
     /// Bytes of block data the memory tier holds. Default: `512MiB`.
-    pub memory_capacity: ByteSize,
+    memory_capacity: ByteSize = ByteSize(512 << 20);
     /// Size of the blocks objects are cut into. Default: `8MiB`.
-    pub block_size: ByteSize,
+    block_size: ByteSize = ByteSize(8 << 20);
     /// How long object metadata (size, ETag, headers) is trusted before it is fetched again; an
     /// object overwritten upstream is served with its old contents for at most this long.
     /// `0s` revalidates on every request. Metadata of a named version (`versionId`) expires
     /// too: its bytes never change, but it can be deleted. Writes through Larder drop what they
     /// change at once.
     /// Default: `60s`.
-    pub metadata_ttl: HumanDuration,
+    metadata_ttl: HumanDuration = HumanDuration::secs(60);
     /// Most object-metadata entries held; as many object names are also remembered as read
     /// before, so that they revalidate with a HEAD (an object not remembered is opened with a
     /// GET of its first needed block, which brings the metadata too). Default: `100000`.
-    pub metadata_capacity: u64,
+    metadata_capacity: u64 = 100_000;
     /// Blocks a single response fetches ahead of the one it is sending. Default: `4`.
-    pub read_window: usize,
+    read_window: usize = 4;
     /// Most bytes of blocks all responses in flight hold at once: each holds the block it is
     /// sending and those opened ahead of it, which may have left the memory tier. A response
     /// whose next block would go over waits (counted). At least one block. Default: `1GiB`.
-    pub response_buffer: ByteSize,
+    response_buffer: ByteSize = ByteSize(1 << 30);
     /// Longest wait for the next piece of an upstream body before the fetch fails. Default: `30s`.
-    pub upstream_idle_timeout: HumanDuration,
+    upstream_idle_timeout: HumanDuration = HumanDuration::secs(30);
     /// Most block fetches running upstream at once, across all requests; further fetches wait
     /// their turn. Bounds the memory of fetches in flight to this many blocks. Default: `64`.
-    pub upstream_concurrency: usize,
+    upstream_concurrency: usize = 64;
     /// Cache file or raw block device of the disk tier. Default: none, so Larder caches in
     /// memory only.
-    pub disk_path: Option<std::path::PathBuf>,
+    disk_path: Option<PathBuf> = None;
     /// Bytes of the device the disk tier uses; a file is created and preallocated to this size.
     /// Default: `10GiB`.
-    pub disk_capacity: ByteSize,
+    disk_capacity: ByteSize = ByteSize(10 << 30);
     /// Region size: the disk tier's unit of append and eviction, 1MiB to 256MiB in whole MiB,
     /// and larger than a block. Default: `64MiB`.
-    pub disk_region_size: ByteSize,
+    disk_region_size: ByteSize = ByteSize(64 << 20);
     /// I/O engine of the disk tier: `psync` (pread/pwrite on threads) or `uring` (io_uring,
     /// falling back to psync where the kernel refuses it). Default: `psync`: on our VMs it read as
     /// fast as io_uring with a lower p99, while io_uring filled faster (docs/benchmarks.md).
-    pub io_engine: IoEngineKind,
+    io_engine: EngineKind = Default::default();
     /// Which fetched blocks are written to disk: `always`, or `second-hit` (only blocks fetched
     /// twice within the admission window, so one-off scans do not churn the disk). Default:
     /// `always`.
-    pub disk_admission: DiskAdmission,
+    disk_admission: Admission = Default::default();
     /// Most bytes per second written to the disk tier; blocks over it are dropped (and counted).
     /// `0` means no limit. Default: `512MiB`, a quarter of a typical NVMe device's write rate,
     /// leaving the rest for reads.
-    pub disk_write_rate: ByteSize,
+    disk_write_rate: ByteSize = ByteSize(512 << 20);
     /// Bytes of blocks accepted for a disk write and not yet written, per partition; beyond it
     /// blocks are dropped (and counted), so a slow disk never grows memory. Default: `64MiB`.
-    pub disk_write_buffer: ByteSize,
+    disk_write_buffer: ByteSize = ByteSize(64 << 20);
     /// What to do with the disk tier's contents at start: `none` (start empty), `quiet` (recover
     /// what verifies, reformat on a format change), `strict` (recover, but refuse to start on a
     /// format change or damaged region metadata). Default: `quiet`.
-    pub disk_recovery: DiskRecovery,
+    disk_recovery: Recovery = Default::default();
     /// When blocks reach the disk tier: `on-insert` (as soon as they are fetched, so a restart
     /// keeps them) or `on-evict` (when memory lets them go). Default: `on-insert`.
-    pub disk_write_policy: DiskWritePolicy,
+    disk_write_policy: WritePolicy = Default::default();
     /// Named disk partitions, each with its own capacity and the buckets cached in it; other
     /// buckets use the partition `default` (the capacity left over). TOML only, e.g.
     /// `[[disk_partitions]] name = "tables", capacity = "100GiB", buckets = ["lake"]`.
     /// Default: none (one partition).
-    pub disk_partitions: Vec<DiskPartition>,
+    disk_partitions: Vec<DiskPartition> = Vec::new() => TomlOnly;
     /// Longest wait to connect to the upstream. Default: `5s`.
-    pub upstream_connect_timeout: HumanDuration,
+    upstream_connect_timeout: HumanDuration = HumanDuration::secs(5);
     /// Longest wait for an upstream response's headers, per attempt. Default: `30s`.
-    pub upstream_first_byte_timeout: HumanDuration,
+    upstream_first_byte_timeout: HumanDuration = HumanDuration::secs(30);
     /// Attempts per upstream request (block GETs and HEADs) on 5xx, SlowDown, throttling and
     /// connection faults, with exponential backoff and jitter; 1 disables retries. Default: `3`.
-    pub upstream_max_attempts: u32,
+    upstream_max_attempts: u32 = 3;
     /// Times a block body that breaks or stalls mid-stream is resumed from the byte where it
     /// stopped (a new ranged GET pinned to the same ETag); 0 fails the read instead. Default: `3`.
-    pub upstream_max_resumes: u32,
+    upstream_max_resumes: u32 = 3;
     /// Hedge a block GET that has not answered within this quantile (0 to 1, e.g. `0.95`) of
     /// recent upstream first-byte latencies: send a second, keep the first to answer, cancel
     /// the other. `0` is off. Default: `0`.
-    pub upstream_hedge_quantile: f64,
+    upstream_hedge_quantile: f64 = 0.0;
     /// When the upstream fails (5xx, timeout, unreachable) while refreshing expired metadata,
     /// keep serving what is cached if the metadata expired at most this long ago, marked
     /// `X-Cache: stale-*`. `0s` is off. Default: `0s`.
-    pub serve_stale_on_error: HumanDuration,
+    serve_stale_on_error: HumanDuration = HumanDuration::secs(0);
     /// Read-ahead across ranged GETs: `auto` (readers that read an object in order get the
     /// next blocks fetched before they ask) or `off`. Default: `auto`.
-    pub prefetch: PrefetchMode,
+    prefetch: PrefetchMode = Default::default();
     /// Blocks fetched ahead when an in-order reader is first seen. Default: `2`.
-    pub prefetch_min_window: u64,
+    prefetch_min_window: u64 = 2;
     /// Most blocks fetched ahead of one reader; the window doubles up to it while the reader
     /// keeps reading in order. Default: `16`.
-    pub prefetch_max_window: u64,
+    prefetch_max_window: u64 = 16;
     /// Most read-ahead fetches at once across all readers (each holds a block in flight).
     /// Read-ahead also only uses upstream slots that are free, so demand fetches go first.
     /// Default: `16`.
-    pub prefetch_max_inflight: usize,
+    prefetch_max_inflight: usize = 16;
     /// Blocks a warm-up job fetches at once. Default: `4`.
-    pub warm_concurrency: usize,
+    warm_concurrency: usize = 4;
     /// Most bytes per second a warm-up job fetches. Default: `256MiB`.
-    pub warm_rate: ByteSize,
+    warm_rate: ByteSize = ByteSize(256 << 20);
     /// Log line format on stderr: `text` or `json` (one object per line). Default: `text`.
-    pub log_format: LogFormat,
+    log_format: LogFormat = Default::default();
     /// Base URL of an OpenTelemetry collector's OTLP/HTTP receiver (e.g. `http://otel:4318`);
     /// metrics are pushed to `<url>/v1/metrics` and traces to `<url>/v1/traces`. Default: none
     /// (metrics on the admin `/metrics` only, no traces).
-    pub otlp_endpoint: Option<String>,
+    otlp_endpoint: Option<String> = None;
     /// How often metrics are pushed by OTLP. Default: `10s`.
-    pub otlp_interval: HumanDuration,
+    otlp_interval: HumanDuration = HumanDuration::secs(10);
     /// Requests that take at least this long (headers to last byte) have their whole trace
     /// exported by OTLP; faster ones are dropped unless sampled. Default: `1s`.
-    pub trace_slow_threshold: HumanDuration,
+    trace_slow_threshold: HumanDuration = HumanDuration::secs(1);
     /// Share (0 to 1) of the faster requests whose traces are exported too. Default: `0`.
-    pub trace_sample_ratio: f64,
+    trace_sample_ratio: f64 = 0.0;
     /// Buckets whose name appears in a `bucket` label on the request, bytes and cost metrics;
     /// other buckets are counted as `other`. Empty leaves the label out, so an unbounded set of
     /// bucket names never reaches the metrics. Default: none.
-    pub metrics_buckets: Vec<String>,
+    metrics_buckets: Vec<String> = Vec::new() => List;
     /// Dollars per 1,000 GET-class requests (GET, HEAD and all others not listed below), for the
     /// cost metrics. Default: `0.0004` (S3 Standard, us-east-1).
-    pub price_get_per_1000: f64,
+    price_get_per_1000: f64 = 0.0004;
     /// Dollars per 1,000 PUT-class requests (PUT, COPY, POST, LIST). Default: `0.005`.
-    pub price_put_per_1000: f64,
+    price_put_per_1000: f64 = 0.005;
     /// Dollars per GB (10^9 bytes) leaving S3 for the internet. Default: `0.09`.
-    pub price_internet_per_gb: f64,
+    price_internet_per_gb: f64 = 0.09;
     /// Dollars per GB from S3 to another AWS region. Default: `0.02`.
-    pub price_cross_region_per_gb: f64,
+    price_cross_region_per_gb: f64 = 0.02;
     /// Dollars per GB crossing availability zones. Default: `0.01`.
-    pub price_cross_az_per_gb: f64,
+    price_cross_az_per_gb: f64 = 0.01;
     /// Where bytes from S3 travel to reach Larder (and would travel to reach the clients
     /// directly), choosing the per-GB price: `same-region` (free), `cross-az`, `cross-region`
     /// or `internet`. Default: `same-region`.
-    pub upstream_transfer: TransferKind,
+    upstream_transfer: TransferKind = Default::default();
     /// Fleet members as a fixed list of peer addresses (`host:port` of each replica's
     /// `fleet_listen`, this replica's own among them). Setting one of `fleet_peers`,
     /// `fleet_peers_file` or `fleet_peers_dns` makes this replica part of a fleet: each block
     /// is owned by one replica, and the others ask it instead of S3. Default: none (alone).
-    pub fleet_peers: Vec<String>,
+    fleet_peers: Vec<String> = Vec::new() => List;
     /// A file of fleet members (`host:port`, whitespace or comma separated, `#` comments),
     /// re-read every `fleet_refresh`. Default: none.
-    pub fleet_peers_file: Option<std::path::PathBuf>,
+    fleet_peers_file: Option<PathBuf> = None;
     /// A DNS name and port whose addresses are the fleet members, re-resolved every
     /// `fleet_refresh`: on Kubernetes, the headless Service of the StatefulSet
     /// (`larder-peers.ns.svc.cluster.local:9002`). Default: none.
-    pub fleet_peers_dns: Option<String>,
+    fleet_peers_dns: Option<String> = None;
     /// Address of the peer listener, where the other replicas ask for blocks. Default:
     /// `127.0.0.1:9002` (the Helm chart listens on all addresses).
-    pub fleet_listen: SocketAddr,
+    fleet_listen: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 9002));
     /// This replica's name in the member list, until a probe finds which listed name answers
     /// with its own id. Default: none (`fleet_listen`).
-    pub fleet_advertise: Option<String>,
+    fleet_advertise: Option<String> = None;
     /// File holding the secret every replica signs peer requests with (at least 16 bytes).
     /// Required in a fleet. Default: none.
-    pub fleet_secret_file: Option<std::path::PathBuf>,
+    fleet_secret_file: Option<PathBuf> = None;
     /// This replica's zone (on Kubernetes, the node's `topology.kubernetes.io/zone`).
     /// Default: none.
-    pub fleet_zone: Option<String>,
+    fleet_zone: Option<String> = None;
     /// Which replicas may own a block for this one: `zone` (those in its zone: a block leaves
     /// S3 once per zone, and no block crosses zones) or `fleet` (all: once per fleet, crossing
     /// zones). Default: `zone`.
-    pub fleet_scope: FleetScope,
+    fleet_scope: Scope = Default::default();
     /// How often the member list is read and every member probed. Default: `5s`.
-    pub fleet_refresh: HumanDuration,
+    fleet_refresh: HumanDuration = HumanDuration::secs(5);
     /// How long a peer has to start answering before this replica asks S3 itself (and counts
     /// a fallback). Default: `2s`.
-    pub fleet_peer_timeout: HumanDuration,
+    fleet_peer_timeout: HumanDuration = HumanDuration::secs(2);
     /// Bytes of blocks fetched from their owners kept in this replica's memory for its next
     /// readers (TinyLFU keeps the hot ones), apart from the memory tier. `0` keeps none.
     /// Default: `64MiB`.
-    pub fleet_copy_capacity: ByteSize,
+    fleet_copy_capacity: ByteSize = ByteSize(64 << 20);
     /// How long a block fetched from its owner is kept here. Default: `30s`.
-    pub fleet_copy_ttl: HumanDuration,
-}
-
-/// See [`Config::fleet_scope`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "kebab-case")]
-pub enum FleetScope {
-    /// Owners within this replica's zone.
-    #[default]
-    Zone,
-    /// Owners anywhere in the fleet.
-    Fleet,
+    fleet_copy_ttl: HumanDuration = HumanDuration::secs(30);
 }
 
 /// See [`Config::prefetch`].
@@ -285,206 +338,6 @@ pub struct DiskPartition {
     #[serde(default)]
     pub buckets: Vec<String>,
 }
-
-/// See [`Config::io_engine`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "kebab-case")]
-pub enum IoEngineKind {
-    /// pread/pwrite on threads.
-    #[default]
-    Psync,
-    /// io_uring.
-    Uring,
-}
-
-/// See [`Config::disk_admission`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "kebab-case")]
-pub enum DiskAdmission {
-    /// Every block.
-    #[default]
-    Always,
-    /// Blocks offered twice.
-    SecondHit,
-}
-
-/// See [`Config::disk_recovery`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "kebab-case")]
-pub enum DiskRecovery {
-    /// Start empty.
-    None,
-    /// Recover what verifies.
-    #[default]
-    Quiet,
-    /// Recover, refuse damage.
-    Strict,
-}
-
-/// See [`Config::disk_write_policy`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "kebab-case")]
-pub enum DiskWritePolicy {
-    /// Write when fetched.
-    #[default]
-    OnInsert,
-    /// Write when evicted from memory.
-    OnEvict,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            listen: SocketAddr::from(([127, 0, 0, 1], 9000)),
-            admin_listen: SocketAddr::from(([127, 0, 0, 1], 9001)),
-            max_connections: 4096,
-            client_header_timeout: HumanDuration(Duration::from_secs(10)),
-            client_idle_timeout: HumanDuration(Duration::from_secs(60)),
-            client_max_streams: 256,
-            admin_token_file: None,
-            auth: AuthMode::default(),
-            auth_credentials: None,
-            auth_policies: Vec::new(),
-            tls_cert: None,
-            tls_key: None,
-            base_domain: None,
-            upstream_endpoint: None,
-            upstream_region: "us-east-1".to_owned(),
-            upstream_path_style: false,
-            memory_capacity: ByteSize(512 << 20),
-            block_size: ByteSize(8 << 20),
-            metadata_ttl: HumanDuration(Duration::from_secs(60)),
-            metadata_capacity: 100_000,
-            read_window: 4,
-            response_buffer: ByteSize(1 << 30),
-            upstream_idle_timeout: HumanDuration(Duration::from_secs(30)),
-            upstream_concurrency: 64,
-            disk_path: None,
-            disk_capacity: ByteSize(10 << 30),
-            disk_region_size: ByteSize(64 << 20),
-            io_engine: IoEngineKind::default(),
-            disk_admission: DiskAdmission::default(),
-            disk_write_rate: ByteSize(512 << 20),
-            disk_write_buffer: ByteSize(64 << 20),
-            disk_recovery: DiskRecovery::default(),
-            disk_write_policy: DiskWritePolicy::default(),
-            disk_partitions: Vec::new(),
-            upstream_connect_timeout: HumanDuration(Duration::from_secs(5)),
-            upstream_first_byte_timeout: HumanDuration(Duration::from_secs(30)),
-            upstream_max_attempts: 3,
-            upstream_max_resumes: 3,
-            upstream_hedge_quantile: 0.0,
-            serve_stale_on_error: HumanDuration(Duration::ZERO),
-            prefetch: PrefetchMode::default(),
-            prefetch_min_window: 2,
-            prefetch_max_window: 16,
-            prefetch_max_inflight: 16,
-            warm_concurrency: 4,
-            warm_rate: ByteSize(256 << 20),
-            log_format: LogFormat::default(),
-            otlp_endpoint: None,
-            otlp_interval: HumanDuration(Duration::from_secs(10)),
-            trace_slow_threshold: HumanDuration(Duration::from_secs(1)),
-            trace_sample_ratio: 0.0,
-            metrics_buckets: Vec::new(),
-            price_get_per_1000: 0.0004,
-            price_put_per_1000: 0.005,
-            price_internet_per_gb: 0.09,
-            price_cross_region_per_gb: 0.02,
-            price_cross_az_per_gb: 0.01,
-            upstream_transfer: TransferKind::default(),
-            fleet_peers: Vec::new(),
-            fleet_peers_file: None,
-            fleet_peers_dns: None,
-            fleet_listen: SocketAddr::from(([127, 0, 0, 1], 9002)),
-            fleet_advertise: None,
-            fleet_secret_file: None,
-            fleet_zone: None,
-            fleet_scope: FleetScope::default(),
-            fleet_refresh: HumanDuration(Duration::from_secs(5)),
-            fleet_peer_timeout: HumanDuration(Duration::from_secs(2)),
-            fleet_copy_capacity: ByteSize(64 << 20),
-            fleet_copy_ttl: HumanDuration(Duration::from_secs(30)),
-        }
-    }
-}
-
-/// Names of every option, as TOML keys. `docs/configuration.md` must document each.
-pub const OPTION_NAMES: &[&str] = &[
-    "listen",
-    "admin_listen",
-    "max_connections",
-    "client_header_timeout",
-    "client_idle_timeout",
-    "client_max_streams",
-    "admin_token_file",
-    "auth",
-    "auth_credentials",
-    "auth_policies",
-    "tls_cert",
-    "tls_key",
-    "base_domain",
-    "upstream_endpoint",
-    "upstream_region",
-    "upstream_path_style",
-    "memory_capacity",
-    "block_size",
-    "metadata_ttl",
-    "metadata_capacity",
-    "read_window",
-    "response_buffer",
-    "upstream_idle_timeout",
-    "upstream_concurrency",
-    "disk_path",
-    "disk_capacity",
-    "disk_region_size",
-    "io_engine",
-    "disk_admission",
-    "disk_write_rate",
-    "disk_write_buffer",
-    "disk_recovery",
-    "disk_write_policy",
-    "disk_partitions",
-    "upstream_connect_timeout",
-    "upstream_first_byte_timeout",
-    "upstream_max_attempts",
-    "upstream_max_resumes",
-    "upstream_hedge_quantile",
-    "serve_stale_on_error",
-    "prefetch",
-    "prefetch_min_window",
-    "prefetch_max_window",
-    "prefetch_max_inflight",
-    "warm_concurrency",
-    "warm_rate",
-    "log_format",
-    "otlp_endpoint",
-    "otlp_interval",
-    "trace_slow_threshold",
-    "trace_sample_ratio",
-    "metrics_buckets",
-    "price_get_per_1000",
-    "price_put_per_1000",
-    "price_internet_per_gb",
-    "price_cross_region_per_gb",
-    "price_cross_az_per_gb",
-    "upstream_transfer",
-    "fleet_peers",
-    "fleet_peers_file",
-    "fleet_peers_dns",
-    "fleet_listen",
-    "fleet_advertise",
-    "fleet_secret_file",
-    "fleet_zone",
-    "fleet_scope",
-    "fleet_refresh",
-    "fleet_peer_timeout",
-    "fleet_copy_capacity",
-    "fleet_copy_ttl",
-];
-
-/// Options that are lists of tables, set in the TOML file only (no flag).
-pub const TOML_ONLY: &[&str] = &["disk_partitions", "auth_policies"];
 
 /// Why a configuration was refused. The message names the offending field.
 #[derive(Debug, thiserror::Error)]
@@ -623,7 +476,7 @@ impl Config {
                 "is required in a fleet: replicas sign their requests to each other with it",
             );
         }
-        if self.fleet_refresh.0 < Duration::from_millis(100) {
+        if self.fleet_refresh.0 < std::time::Duration::from_millis(100) {
             return invalid("fleet_refresh", "must be at least 100ms");
         }
         if self.fleet_peer_timeout.0.is_zero() {
@@ -736,176 +589,10 @@ impl Config {
     }
 }
 
-/// A size in bytes, written as an integer or with a unit: `512MiB`, `8 MiB`, `1GB`, `4096`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct ByteSize(pub u64);
-
-impl FromStr for ByteSize {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let s = s.trim();
-        let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-        let (digits, unit) = s.split_at(split);
-        let n: u64 = digits
-            .parse()
-            .map_err(|_| format!("`{s}` is not a size (expected e.g. 512MiB)"))?;
-        let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-            "" | "b" => 1,
-            "k" | "kb" => 1_000,
-            "kib" => 1 << 10,
-            "m" | "mb" => 1_000_000,
-            "mib" => 1 << 20,
-            "g" | "gb" => 1_000_000_000,
-            "gib" => 1 << 30,
-            "t" | "tb" => 1_000_000_000_000,
-            "tib" => 1 << 40,
-            other => return Err(format!("unknown size unit `{other}` in `{s}`")),
-        };
-        n.checked_mul(mult)
-            .map(ByteSize)
-            .ok_or_else(|| format!("size `{s}` is too large"))
-    }
-}
-
-impl fmt::Display for ByteSize {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const UNITS: [(u64, &str); 4] = [
-            (1 << 40, "TiB"),
-            (1 << 30, "GiB"),
-            (1 << 20, "MiB"),
-            (1 << 10, "KiB"),
-        ];
-        for (mult, unit) in UNITS {
-            if self.0 >= mult && self.0.is_multiple_of(mult) {
-                return write!(f, "{}{unit}", self.0 / mult);
-            }
-        }
-        write!(f, "{}", self.0)
-    }
-}
-
-impl Serialize for ByteSize {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for ByteSize {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        int_or_text(d, ByteSize)
-    }
-}
-
-/// A value written either as a bare integer (bytes, seconds) or as text with a unit.
-fn int_or_text<'de, D, T>(d: D, from_int: fn(u64) -> T) -> Result<T, D::Error>
-where
-    D: Deserializer<'de>,
-    T: FromStr<Err = String>,
-{
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Raw {
-        Int(u64),
-        Text(String),
-    }
-    match Raw::deserialize(d)? {
-        Raw::Int(n) => Ok(from_int(n)),
-        Raw::Text(s) => s.parse().map_err(serde::de::Error::custom),
-    }
-}
-
-/// A duration written with a unit: `30s`, `5m`, `250ms`, `1h`, `0s`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HumanDuration(pub Duration);
-
-impl FromStr for HumanDuration {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let s = s.trim();
-        let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-        let (digits, unit) = s.split_at(split);
-        let n: u64 = digits
-            .parse()
-            .map_err(|_| format!("`{s}` is not a duration (expected e.g. 30s)"))?;
-        let d = match unit.trim() {
-            "ms" => Duration::from_millis(n),
-            "s" | "" => Duration::from_secs(n),
-            "m" => Duration::from_secs(n.saturating_mul(60)),
-            "h" => Duration::from_secs(n.saturating_mul(3600)),
-            other => {
-                return Err(format!(
-                    "unknown duration unit `{other}` in `{s}` (use ms, s, m or h)"
-                ))
-            }
-        };
-        Ok(HumanDuration(d))
-    }
-}
-
-impl fmt::Display for HumanDuration {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let ms = self.0.as_millis();
-        if !ms.is_multiple_of(1000) {
-            write!(f, "{ms}ms")
-        } else {
-            write!(f, "{}s", ms / 1000)
-        }
-    }
-}
-
-impl Serialize for HumanDuration {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for HumanDuration {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        int_or_text(d, |secs| HumanDuration(Duration::from_secs(secs)))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proptest::prelude::*;
-
-    #[test]
-    fn sizes_and_durations_parse() {
-        assert_eq!("512MiB".parse::<ByteSize>().unwrap(), ByteSize(512 << 20));
-        assert_eq!("8 MiB".parse::<ByteSize>().unwrap(), ByteSize(8 << 20));
-        assert_eq!("1GB".parse::<ByteSize>().unwrap(), ByteSize(1_000_000_000));
-        assert_eq!("4096".parse::<ByteSize>().unwrap(), ByteSize(4096));
-        assert!("12 parsecs".parse::<ByteSize>().is_err());
-        assert!("MiB".parse::<ByteSize>().is_err());
-        assert_eq!(
-            "30s".parse::<HumanDuration>().unwrap().0,
-            Duration::from_secs(30)
-        );
-        assert_eq!(
-            "250ms".parse::<HumanDuration>().unwrap().0,
-            Duration::from_millis(250)
-        );
-        assert_eq!(
-            "5m".parse::<HumanDuration>().unwrap().0,
-            Duration::from_secs(300)
-        );
-        assert!("5 fortnights".parse::<HumanDuration>().is_err());
-    }
-
-    proptest! {
-        #[test]
-        fn byte_size_round_trips(n in 0u64..(1 << 50)) {
-            let s = ByteSize(n).to_string();
-            prop_assert_eq!(s.parse::<ByteSize>().unwrap(), ByteSize(n));
-        }
-    }
-
-    #[derive(Serialize, Default)]
-    struct Flags {
-        #[serde(skip_serializing_if = "Option::is_none")]
-        block_size: Option<String>,
-    }
+    use std::time::Duration;
 
     #[test]
     #[allow(clippy::result_large_err)] // figment::Jail's closure must return figment's own error
@@ -921,14 +608,21 @@ mod tests {
             let c = Config::load(Some(&path), Flags::default()).expect("loads");
             assert_eq!(c.block_size, ByteSize(1 << 20));
             assert_eq!(c.metadata_ttl.0, Duration::from_secs(7));
-            let c = Config::load(
-                Some(&path),
-                Flags {
-                    block_size: Some("2MiB".into()),
-                },
-            )
-            .expect("loads");
+            let flags = Flags::parse(["--block-size", "2MiB", "--upstream-path-style"]);
+            let c = Config::load(Some(&path), &flags).expect("loads");
             assert_eq!(c.block_size, ByteSize(2 << 20));
+            assert!(c.upstream_path_style);
+            let flags = Flags::parse([
+                "--fleet-peers",
+                "a:1,b:2",
+                "--fleet-secret-file",
+                "/s",
+                "--read-window",
+                "8",
+            ]);
+            let c = Config::load(Some(&path), &flags).expect("loads");
+            assert_eq!(c.fleet_peers, ["a:1", "b:2"]);
+            assert_eq!(c.read_window, 8);
 
             jail.set_env("LARDER_BLOCK_SIZE", "lots");
             let err = Config::load(Some(&path), Flags::default())
@@ -974,10 +668,10 @@ buckets = ["lake", "warehouse"]
             let path = jail.directory().join("larder.toml");
             let c = Config::load(Some(&path), Flags::default()).expect("loads");
             assert_eq!(c.disk_capacity, ByteSize(20 << 30));
-            assert_eq!(c.io_engine, IoEngineKind::Psync);
-            assert_eq!(c.disk_admission, DiskAdmission::SecondHit);
-            assert_eq!(c.disk_write_policy, DiskWritePolicy::OnEvict);
-            assert_eq!(c.disk_recovery, DiskRecovery::Strict);
+            assert_eq!(c.io_engine, EngineKind::Psync);
+            assert_eq!(c.disk_admission, Admission::SecondHit);
+            assert_eq!(c.disk_write_policy, WritePolicy::OnEvict);
+            assert_eq!(c.disk_recovery, Recovery::Strict);
             assert_eq!(c.disk_partitions[0].buckets, ["lake", "warehouse"]);
 
             jail.set_env("LARDER_IO_ENGINE", "spdk");
@@ -1038,49 +732,104 @@ access_key = "etl"
         });
     }
 
-    #[test]
-    fn every_option_is_listed_and_documented() {
-        let serialized = toml::to_string(&Config {
-            base_domain: Some("x".into()),
-            upstream_endpoint: Some("http://x".into()),
-            disk_path: Some("/x".into()),
-            auth_credentials: Some("/x".into()),
-            tls_cert: Some("/x".into()),
-            tls_key: Some("/x".into()),
-            otlp_endpoint: Some("http://x".into()),
-            fleet_peers_file: Some("/x".into()),
-            fleet_peers_dns: Some("x:1".into()),
-            fleet_advertise: Some("x:1".into()),
-            fleet_secret_file: Some("/x".into()),
-            fleet_zone: Some("x".into()),
-            admin_token_file: Some("/x".into()),
-            ..Config::default()
-        })
-        .unwrap();
-        let table: toml::Table = serialized.parse().unwrap();
-        let mut keys: Vec<_> = table.keys().map(String::as_str).collect();
-        let mut listed = OPTION_NAMES.to_vec();
-        keys.sort_unstable();
-        listed.sort_unstable();
-        assert_eq!(keys, listed, "OPTION_NAMES is out of step with Config");
+    /// The rows of docs/configuration.md's option tables: key, flag cell, env cell, default cell.
+    fn documented() -> Vec<[String; 4]> {
         let doc = std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../docs/configuration.md"
         ))
         .unwrap();
-        for name in OPTION_NAMES {
-            assert!(
-                doc.contains(&format!("`{name}`")),
-                "docs/configuration.md does not document `{name}`"
-            );
-            if TOML_ONLY.contains(name) {
+        doc.lines()
+            .filter_map(|line| {
+                let cells: Vec<&str> = line.split(" | ").collect();
+                let key = cells.first()?.strip_prefix("| `")?.strip_suffix('`')?;
+                (cells.len() >= 5)
+                    .then(|| [key, cells[1], cells[2], cells[3]].map(|c| c.trim().to_owned()))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_option_is_documented_with_its_flag_variable_and_default() {
+        let rows = documented();
+        let defaults = toml::Value::try_from(Config::default()).unwrap();
+        let documented: Vec<&str> = rows.iter().map(|r| r[0].as_str()).collect();
+        let declared: Vec<&str> = OPTIONS.iter().map(|o| o.name).collect();
+        let mut sorted = (documented.clone(), declared.clone());
+        sorted.0.sort_unstable();
+        sorted.1.sort_unstable();
+        assert_eq!(
+            sorted.0, sorted.1,
+            "docs/configuration.md and OPTIONS differ"
+        );
+        for o in OPTIONS {
+            let [_, flag, env, default] =
+                &rows[documented.iter().position(|d| *d == o.name).unwrap()];
+            if o.flag == FlagKind::TomlOnly {
+                assert!(flag.contains("TOML file only"), "{}: {flag}", o.name);
                 continue;
             }
-            let flag = format!("--{}", name.replace('_', "-"));
+            let cell = |text: String| move |c: &String| c.starts_with(&text);
             assert!(
-                doc.contains(&flag),
-                "docs/configuration.md does not document {flag}"
+                cell(format!("`--{}`", o.name.replace('_', "-")))(flag),
+                "{}: {flag}",
+                o.name
             );
+            assert!(
+                cell(format!("`LARDER_{}`", o.name.to_uppercase()))(env),
+                "{}: {env}",
+                o.name
+            );
+            // The documented default, read as the flag would read it, is the declared one.
+            match default
+                .split('`')
+                .nth(1)
+                .filter(|_| !default.starts_with("none"))
+            {
+                Some(text) => {
+                    let (k, v) = (o.name, text.to_owned());
+                    let from_doc = Figment::from(Serialized::defaults(Config::default()))
+                        .merge(Serialized::default(
+                            k,
+                            v.parse::<figment::value::Value>().unwrap(),
+                        ))
+                        .extract::<Config>()
+                        .unwrap_or_else(|e| panic!("{k}: documented default `{v}`: {e}"));
+                    let from_doc = toml::Value::try_from(from_doc).unwrap();
+                    assert_eq!(
+                        from_doc.get(k),
+                        defaults.get(k),
+                        "{k}: documented default `{v}`"
+                    );
+                }
+                None => assert!(
+                    default.starts_with("none")
+                        && defaults
+                            .get(o.name)
+                            .is_none_or(|v| v.as_array().is_some_and(|a| a.is_empty())),
+                    "{}: documented default {default}, declared {:?}",
+                    o.name,
+                    defaults.get(o.name)
+                ),
+            }
         }
+    }
+
+    #[test]
+    fn every_flag_but_the_toml_only_ones_exists() {
+        use clap::Args;
+        let cmd = Flags::augment_args(clap::Command::new("larder"));
+        let mut flags: Vec<String> = cmd
+            .get_arguments()
+            .filter_map(|a| a.get_long().map(str::to_owned))
+            .collect();
+        let mut expected: Vec<String> = OPTIONS
+            .iter()
+            .filter(|o| o.flag != FlagKind::TomlOnly)
+            .map(|o| o.name.replace('_', "-"))
+            .collect();
+        flags.sort_unstable();
+        expected.sort_unstable();
+        assert_eq!(flags, expected);
     }
 }
