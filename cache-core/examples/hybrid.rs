@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use cache_core::{CacheKey, DiskCache, DiskConfig, HybridCache, WritePolicy};
+use cache_core::{Abandoned, CacheKey, DiskCache, DiskConfig, HybridCache, WritePolicy};
 
 #[derive(Clone, Hash, PartialEq, Eq)]
 struct Page(u64);
@@ -17,8 +17,21 @@ impl CacheKey for Page {
     }
 }
 
+/// The application's own error: every caller waiting on a failed fetch gets a clone of it, so it
+/// must be `Clone`, and `From<Abandoned>` for a fetch whose task died.
+#[derive(Debug, Clone, thiserror::Error)]
+enum StoreError {
+    #[error("page {0} is not in the backing store")]
+    NoSuchPage(u64),
+    #[error(transparent)]
+    Abandoned(#[from] Abandoned),
+}
+
 /// Stands in for a slow backing store.
-async fn slow_fetch(page: u64) -> Result<Bytes, std::io::Error> {
+async fn slow_fetch(page: u64) -> Result<Bytes, StoreError> {
+    if page >= 1 << 20 {
+        return Err(StoreError::NoSuchPage(page));
+    }
     tokio::time::sleep(Duration::from_millis(20)).await;
     Ok(Bytes::from(vec![page as u8; 256 * 1024]))
 }
@@ -31,7 +44,7 @@ fn config(path: &std::path::Path) -> DiskConfig {
 
 /// Read pages 0..32 through `cache`, checking each; prints where page 0 came from.
 async fn read_pages(
-    cache: &HybridCache<Page>,
+    cache: &HybridCache<Page, StoreError>,
     label: &str,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let started = Instant::now();

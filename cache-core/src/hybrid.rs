@@ -1,9 +1,16 @@
-//! The hybrid cache: memory first, then disk, then whoever fetches. This is the API for using
-//! `cache-core` in-process; the proxy uses the same tiers and adds streaming on top.
+//! The hybrid cache: memory first, then disk, then one fetch per key however many callers want
+//! it. It is the engine the proxy serves from, and the API for embedding `cache-core`:
+//!
+//! - [`HybridCache::get_or_fetch`] for whole values: a miss runs one fetch, every caller gets its
+//!   result;
+//! - [`HybridCache::join`] for streaming: a miss returns a [`Fill`] that streams the value's
+//!   bytes to every waiter as they arrive and then stores it in the tiers (or not, as the
+//!   caller decides), while later callers for the same key get a [`FlightReader`] on the same
+//!   bytes. Errors are the caller's own type `E`.
 //!
 //! ```no_run
 //! use bytes::Bytes;
-//! use cache_core::{CacheKey, DiskCache, DiskConfig, HybridCache, WritePolicy};
+//! use cache_core::{CacheKey, DiskCache, DiskConfig, FetchError, HybridCache, WritePolicy};
 //!
 //! #[derive(Clone, Hash, PartialEq, Eq)]
 //! struct Page(u64);
@@ -15,9 +22,10 @@
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let disk = DiskCache::open(DiskConfig::new("/var/cache/app.larder", 10 << 30)).await?;
-//! let cache = HybridCache::new(256 << 20, Some(disk), WritePolicy::OnInsert);
+//! let cache: HybridCache<Page, FetchError> =
+//!     HybridCache::new(256 << 20, Some(disk), WritePolicy::OnInsert);
 //! let page = cache
-//!     .get_or_fetch(Page(7), || async { Ok::<_, std::io::Error>(Bytes::from_static(b"...")) })
+//!     .get_or_fetch(Page(7), || async { Ok(Bytes::from_static(b"...")) })
 //!     .await?;
 //! # Ok(()) }
 //! ```
@@ -30,7 +38,7 @@ use bytes::Bytes;
 
 use crate::disk::{DiskCache, Partition};
 use crate::memory::MemoryTier;
-use crate::single_flight::{Abandoned, Joined, SingleFlight};
+use crate::single_flight::{Abandoned, FlightReader, FlightWriter, Joined, SingleFlight};
 
 /// A key of the hybrid cache. `disk_key` is what the disk tier stores and compares on every
 /// read, so it must identify the value completely (two keys with equal `disk_key` are the same
@@ -73,10 +81,11 @@ pub enum Tier {
     Fetched,
 }
 
-/// Why a fetch through [`HybridCache::get_or_fetch`] failed, as every waiter sees it.
+/// A ready-made error type for [`HybridCache`], for fetches whose errors are only reported.
+/// Any `E: Clone + From<Abandoned>` will do: every waiter gets a clone of the fetch's error.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum FetchError {
-    /// The fetch returned an error (its message).
+    /// The fetch failed (its message).
     #[error("fetch failed: {0}")]
     Failed(Arc<str>),
     /// The fetching task was cancelled or panicked.
@@ -84,12 +93,87 @@ pub enum FetchError {
     Abandoned(#[from] Abandoned),
 }
 
-/// Memory tier, optional disk tier, and single-flight fetches.
-pub struct HybridCache<K: CacheKey> {
+/// Memory tier, optional disk tier, and single-flight fetches failing with `E`. Cloning it is
+/// cheap and shares everything.
+pub struct HybridCache<K: CacheKey, E = FetchError> {
     memory: MemoryTier<K>,
     disk: Option<DiskCache>,
     policy: WritePolicy,
-    flights: SingleFlight<K, FetchError>,
+    flights: SingleFlight<K, E>,
+}
+
+impl<K: CacheKey, E> Clone for HybridCache<K, E> {
+    fn clone(&self) -> Self {
+        Self {
+            memory: self.memory.clone(),
+            disk: self.disk.clone(),
+            policy: self.policy,
+            flights: self.flights.clone(),
+        }
+    }
+}
+
+/// What [`HybridCache::join`] gives a caller.
+pub enum Miss<K: CacheKey, E> {
+    /// Nobody was fetching the key: the caller fetches it and feeds `fill` (from a task of its
+    /// own, so that a caller going away does not cancel the fetch for the others); `reader`
+    /// reads the same bytes as every other waiter.
+    Fetch {
+        /// Streams the value to the waiters, then into the tiers.
+        fill: Fill<K, E>,
+        /// This caller's view of the value.
+        reader: FlightReader<E>,
+    },
+    /// A fetch was already running: this reader sees all of its bytes, from the first.
+    Joined(FlightReader<E>),
+}
+
+/// The fetching caller's handle on a miss. Every chunk pushed reaches every waiter at once; the
+/// way it ends says where the value goes. Dropped without ending, the waiters get
+/// [`Abandoned`].
+pub struct Fill<K: CacheKey, E> {
+    key: K,
+    writer: FlightWriter<K, E>,
+    cache: HybridCache<K, E>,
+}
+
+impl<K: CacheKey, E: Clone + From<Abandoned>> Fill<K, E> {
+    /// The key being fetched.
+    pub fn key(&self) -> &K {
+        &self.key
+    }
+
+    /// Hand `chunk` to every waiter.
+    pub fn push(&self, chunk: Bytes) {
+        self.writer.push(chunk);
+    }
+
+    /// The value is complete: the waiters get its end, and it is stored as
+    /// [`HybridCache::insert`] stores. Until this returns, callers joining the key find the
+    /// finished value instead of starting a second fetch.
+    pub async fn commit(mut self) -> Bytes {
+        let value = self.writer.finish();
+        self.cache.insert(self.key.clone(), value.clone()).await;
+        value
+    }
+
+    /// The value is complete: the waiters get its end, and it is stored as
+    /// [`HybridCache::insert_cold`] stores (`false` if the disk tier turned it away).
+    pub async fn commit_cold(mut self) -> bool {
+        let value = self.writer.finish();
+        self.cache.insert_cold(self.key.clone(), value).await
+    }
+
+    /// The value is complete but not to be cached here: the waiters get its end and it is
+    /// returned.
+    pub fn deliver(mut self) -> Bytes {
+        self.writer.finish()
+    }
+
+    /// The fetch failed: every waiter gets `error`, and the next caller starts a new fetch.
+    pub fn fail(self, error: E) {
+        self.writer.fail(error);
+    }
 }
 
 fn partition_of<K: CacheKey>(disk: &DiskCache, key: &K) -> Option<Partition> {
@@ -97,7 +181,7 @@ fn partition_of<K: CacheKey>(disk: &DiskCache, key: &K) -> Option<Partition> {
         .or_else(|| disk.partition("default"))
 }
 
-impl<K: CacheKey> HybridCache<K> {
+impl<K: CacheKey, E: Clone + From<Abandoned>> HybridCache<K, E> {
     /// A cache of `memory_bytes` in memory over `disk`, if any.
     pub fn new(memory_bytes: u64, disk: Option<DiskCache>, policy: WritePolicy) -> Self {
         let memory = match (&disk, policy) {
@@ -213,44 +297,60 @@ impl<K: CacheKey> HybridCache<K> {
         }
     }
 
+    /// Join the fetch of `key`, starting it if nobody is fetching: the one place where
+    /// concurrent misses become one fetch. Callers look in the tiers first ([`Self::get`],
+    /// [`Self::locate`]); a fetch that completed between that look and this join is found by
+    /// looking again after becoming the fetcher.
+    pub fn join(&self, key: K) -> Miss<K, E> {
+        match self.flights.join(key.clone()) {
+            Joined::Follower(reader) => Miss::Joined(reader),
+            Joined::Leader { writer, reader } => Miss::Fetch {
+                fill: Fill {
+                    key,
+                    writer,
+                    cache: self.clone(),
+                },
+                reader,
+            },
+        }
+    }
+
+    /// Whether a fetch of `key` is running.
+    pub fn in_flight(&self, key: &K) -> bool {
+        self.flights.contains(key)
+    }
+
+    /// Number of fetches running.
+    pub fn fetches(&self) -> usize {
+        self.flights.in_flight()
+    }
+
     /// The value of `key`, fetching it with `fetch` on a miss. Concurrent callers for the same
-    /// key share one fetch; its result is cached. The fetch runs in a task of its own, so a
-    /// caller that gives up does not cancel it for the others.
-    pub async fn get_or_fetch<F, Fut, E>(
-        &self,
-        key: K,
-        fetch: F,
-    ) -> Result<(Bytes, Tier), FetchError>
+    /// key share one fetch; its result is cached before any caller returns. The fetch runs in a
+    /// task of its own, so a caller that gives up does not cancel it for the others.
+    pub async fn get_or_fetch<F, Fut>(&self, key: K, fetch: F) -> Result<(Bytes, Tier), E>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<Bytes, E>> + Send + 'static,
-        E: std::fmt::Display + Send + 'static,
+        E: Send + Sync + 'static,
     {
         if let Some(hit) = self.get(&key).await {
             return Ok(hit);
         }
-        let mut reader = match self.flights.join(key.clone()) {
-            Joined::Follower(reader) => reader,
-            Joined::Leader { mut writer, reader } => {
+        let mut reader = match self.join(key) {
+            Miss::Joined(reader) => reader,
+            Miss::Fetch { fill, reader } => {
                 let fut = fetch();
-                let memory = self.memory.clone();
-                let disk = match self.policy {
-                    WritePolicy::OnInsert => self.partition(&key),
-                    WritePolicy::OnEvict => None,
-                };
                 tokio::spawn(async move {
                     match fut.await {
-                        Ok(v) => {
-                            // Offered to disk before the waiters wake, so a caller that closes
-                            // the cache right after its get does not race the write.
-                            if let Some(p) = disk {
-                                let _ = p.insert(&key.disk_key(), v.clone());
-                            }
-                            writer.push(v);
-                            let v = writer.finish();
-                            memory.insert(key, v).await;
+                        Ok(value) => {
+                            // Stored before the waiters wake: a caller that reads the cache (or
+                            // closes it) right after its get finds the value there.
+                            fill.cache.insert(fill.key.clone(), value.clone()).await;
+                            fill.push(value);
+                            fill.deliver();
                         }
-                        Err(e) => writer.fail(FetchError::Failed(e.to_string().into())),
+                        Err(e) => fill.fail(e),
                     }
                 });
                 reader
@@ -309,7 +409,7 @@ mod tests {
                     .get_or_fetch(K(1), move || async move {
                         fetches.fetch_add(1, Ordering::SeqCst);
                         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                        Ok::<_, std::io::Error>(Bytes::from(vec![7u8; 100_000]))
+                        Ok::<_, FetchError>(Bytes::from(vec![7u8; 100_000]))
                     })
                     .await
             }));
@@ -338,10 +438,51 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_streamed_miss_reaches_every_waiter_and_its_ending_decides_where_it_goes() {
+        let cache = HybridCache::<K>::new(1 << 20, None, WritePolicy::OnInsert);
+        let Miss::Fetch { fill, mut reader } = cache.join(K(1)) else {
+            panic!("the first caller fetches");
+        };
+        fill.push(Bytes::from_static(b"ab"));
+        let Miss::Joined(mut late) = cache.join(K(1)) else {
+            panic!("a second caller joins the running fetch");
+        };
+        assert!(cache.in_flight(&K(1)));
+        fill.push(Bytes::from_static(b"cd"));
+        assert_eq!(fill.commit().await, Bytes::from_static(b"abcd"));
+        for r in [&mut reader, &mut late] {
+            let mut got = Vec::new();
+            while let Some(chunk) = r.next_chunk().await {
+                got.extend_from_slice(&chunk.expect("chunk"));
+            }
+            assert_eq!(got, b"abcd", "every waiter sees every byte, from the first");
+        }
+        assert_eq!(cache.locate(&K(1)), Some(Tier::Memory), "committed");
+        assert!(!cache.in_flight(&K(1)));
+
+        let Miss::Fetch { fill, .. } = cache.join(K(2)) else {
+            panic!("nobody fetches K(2)");
+        };
+        fill.push(Bytes::from_static(b"x"));
+        assert_eq!(fill.deliver(), Bytes::from_static(b"x"));
+        assert_eq!(cache.locate(&K(2)), None, "delivered, not cached");
+
+        let Miss::Fetch { fill, mut reader } = cache.join(K(3)) else {
+            panic!("nobody fetches K(3)");
+        };
+        fill.fail(FetchError::Failed("boom".into()));
+        assert!(matches!(reader.next_chunk().await, Some(Err(FetchError::Failed(_)))));
+        assert!(
+            matches!(cache.join(K(3)), Miss::Fetch { .. }),
+            "a failed fetch leaves room for the next"
+        );
+    }
+
+    #[tokio::test]
     async fn on_evict_writes_what_memory_lets_go() {
         let dir = tempfile::tempdir().expect("tempdir");
         let d = disk(&dir.path().join("c")).await;
-        let cache = HybridCache::new(200_000, Some(d.clone()), WritePolicy::OnEvict);
+        let cache = HybridCache::<K>::new(200_000, Some(d.clone()), WritePolicy::OnEvict);
         for i in 0..10 {
             cache.insert(K(i), Bytes::from(vec![i as u8; 60_000])).await;
         }

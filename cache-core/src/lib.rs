@@ -23,6 +23,6 @@ mod single_flight;
 
 pub use block::{BlockLayout, BlockSlice};
 pub use disk::{DiskCache, DiskConfig};
-pub use hybrid::{CacheKey, FetchError, HybridCache, Tier, WritePolicy};
+pub use hybrid::{CacheKey, FetchError, Fill, HybridCache, Miss, Tier, WritePolicy};
 pub use memory::{EvictionHook, MemoryTier, MemoryTierStats};
 pub use single_flight::{Abandoned, FlightReader, FlightWriter, Joined, SingleFlight};

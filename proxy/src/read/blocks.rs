@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cache_core::{
-    BlockLayout, BlockSlice, DiskCache, FlightReader, FlightWriter, HybridCache, Joined,
-    MemoryTier, SingleFlight, Tier, WritePolicy,
+    BlockLayout, BlockSlice, DiskCache, Fill, FlightReader, HybridCache, MemoryTier, Miss, Tier,
+    WritePolicy,
 };
 use futures::future::{self, FutureExt};
 use futures::stream::{self, Stream, StreamExt};
@@ -86,9 +86,9 @@ enum OpenBlock {
 
 /// Blocks in memory, on disk, in flight, and the origin behind them.
 pub struct BlockStore {
-    cache: HybridCache<BlockId>,
+    /// The tiers, and the one fetch per missing block however many readers want it.
+    cache: HybridCache<BlockId, UpstreamError>,
     keys: KeySchema,
-    flights: SingleFlight<BlockId, UpstreamError>,
     origin: Arc<dyn Upstream>,
     read_window: usize,
     /// Bytes (in KiB permits) of blocks all responses hold at once: the block each is sending
@@ -234,7 +234,6 @@ impl BlockStore {
         Self {
             cache: HybridCache::new(config.memory_capacity, config.disk, config.write_policy),
             keys: KeySchema::new(config.layout, config.bucket_partitions),
-            flights: SingleFlight::new(),
             origin,
             read_window: config.read_window,
             pinned: Arc::new(Semaphore::new(pinned_kib as usize)),
@@ -317,7 +316,7 @@ impl BlockStore {
     ) {
         for index in blocks {
             let id = self.id(object, etag, index);
-            if self.cache.locate(&id).is_some() || self.flights.contains(&id) || self.has_copy(&id)
+            if self.cache.locate(&id).is_some() || self.cache.in_flight(&id) || self.has_copy(&id)
             {
                 continue;
             }
@@ -337,22 +336,13 @@ impl BlockStore {
                     store.metrics.prefetch_blocks(PrefetchBlock::SkippedBusy);
                     return;
                 };
-                if let Joined::Leader { writer, reader } = store.flights.join(id.clone()) {
-                    drop(reader);
+                if let Miss::Fetch { fill, .. } = store.cache.join(id.clone()) {
                     store.metrics.prefetch_blocks(PrefetchBlock::Issued);
                     // Marked before the fetch, so a reader that joins it in flight counts as a use.
-                    store.prefetched.insert(id.clone(), slice.block_len);
+                    store.prefetched.insert(id, slice.block_len);
+                    let fetch = (object, etag, slice);
                     store
-                        .fetch(
-                            writer,
-                            id,
-                            object,
-                            etag,
-                            slice,
-                            Some(slot),
-                            None,
-                            Purpose::Prefetch,
-                        )
+                        .fetch(fill, fetch, Some(slot), None, Purpose::Prefetch)
                         .await;
                 }
             });
@@ -390,21 +380,19 @@ impl BlockStore {
         let Some(slice) = self.keys.layout().block(index, size) else {
             return Ok(Warmed::AlreadyCached);
         };
-        match self.flights.join(id.clone()) {
-            Joined::Follower(mut reader) => {
+        match self.cache.join(id) {
+            Miss::Joined(mut reader) => {
                 // Someone is fetching it already: wait for them, so the job's progress is true.
                 while let Some(chunk) = reader.next_chunk().await {
                     chunk?;
                 }
                 Ok(Warmed::AlreadyCached)
             }
-            Joined::Leader { writer, mut reader } => {
+            Miss::Fetch { fill, mut reader } => {
                 let store = self.clone();
-                let (object, etag) = (object.clone(), etag.clone());
+                let fetch = (object.clone(), etag.clone(), slice);
                 tokio::spawn(async move {
-                    store
-                        .fetch(writer, id, object, etag, slice, None, None, Purpose::Warm)
-                        .await
+                    store.fetch(fill, fetch, None, None, Purpose::Warm).await
                 });
                 let mut bytes = 0;
                 while let Some(chunk) = reader.next_chunk().await {
@@ -475,7 +463,7 @@ impl BlockStore {
                             .fleet
                             .as_ref()
                             .is_some_and(|f| f.owner(object, slice.index).is_some());
-                        (self.flights.contains(&id), owned_elsewhere)
+                        (self.cache.in_flight(&id), owned_elsewhere)
                     });
                 }
             }
@@ -670,7 +658,7 @@ impl BlockStore {
         // the 64 KiB chunks it touches, instead of the whole block through a flight.
         if on_disk
             && (slice.to - slice.from) * SMALL_SLICE_DIVISOR <= slice.block_len
-            && !self.flights.contains(&id)
+            && !self.cache.in_flight(&id)
         {
             if let Some((part, _)) = self.cache.get_range(&id, slice.from..slice.to).await {
                 if part.len() as u64 == slice.to - slice.from {
@@ -678,17 +666,17 @@ impl BlockStore {
                 }
             }
         }
-        match self.flights.join(id.clone()) {
-            Joined::Follower(reader) => {
+        match self.cache.join(id.clone()) {
+            Miss::Joined(reader) => {
                 self.metrics.coalesced();
                 OpenBlock::Streaming(reader, Source::Upstream)
             }
-            Joined::Leader { mut writer, reader } => {
-                // A flight may have completed between the memory lookup and the join.
+            Miss::Fetch { fill, reader } => {
+                // A fetch may have completed between the memory lookup and the join.
                 let in_memory = self.cache.memory().get(&id).await;
                 if let Some(bytes) = in_memory.and_then(|b| self.checked(b, &slice)) {
-                    writer.push(bytes);
-                    writer.finish();
+                    fill.push(bytes);
+                    fill.deliver();
                     return OpenBlock::Streaming(reader, Source::Memory);
                 }
                 let tier = match (on_disk, self.remote_owner(object, slice.index, purpose)) {
@@ -708,9 +696,8 @@ impl BlockStore {
                 );
                 tokio::spawn(
                     async move {
-                        store
-                            .fetch(writer, id, object, etag, slice, None, None, purpose)
-                            .await
+                        let fetch = (object, etag, slice);
+                        store.fetch(fill, fetch, None, None, purpose).await
                     }
                     .instrument(span),
                 );
@@ -874,26 +861,15 @@ impl BlockStore {
         }
         // Joined before the metadata is handed over, so the reader finds this fetch in flight
         // instead of starting its own.
-        let writer = match self.flights.join(id.clone()) {
-            Joined::Leader { writer, reader } => {
-                drop(reader);
-                Some(writer)
-            }
-            Joined::Follower(_) => None,
+        let fill = match self.cache.join(id) {
+            Miss::Fetch { fill, .. } => Some(fill),
+            Miss::Joined(_) => None,
         };
         let _ = tx.send(Ok(Some((meta, age))));
-        if let Some(writer) = writer {
-            self.fetch(
-                writer,
-                id,
-                object,
-                etag,
-                slice,
-                Some(slot),
-                Some((body, supplier)),
-                purpose,
-            )
-            .await;
+        if let Some(fill) = fill {
+            let fetch = (object, etag, slice);
+            self.fetch(fill, fetch, Some(slot), Some((body, supplier)), purpose)
+                .await;
         }
     }
 
@@ -969,14 +945,13 @@ impl BlockStore {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Fetch block `slice` of `object` at `etag` into `fill`, from the disk tier, the block's
+    /// owner or the upstream, and end it as `purpose` says: cached here, cold, or (a peer's
+    /// block) only kept as a brief copy.
     async fn fetch(
         &self,
-        mut writer: FlightWriter<BlockId, UpstreamError>,
-        id: BlockId,
-        object: ObjectId,
-        etag: Arc<str>,
-        slice: BlockSlice,
+        fill: Fill<BlockId, UpstreamError>,
+        (object, etag, slice): (ObjectId, Arc<str>, BlockSlice),
         slot: Option<SemaphorePermit<'_>>,
         body: Option<(BodyStream, Supplier)>,
         purpose: Purpose,
@@ -986,10 +961,10 @@ impl BlockStore {
         // only fetches what the disk does not hold, and must not promote into memory. A body
         // already arriving (a cold open) was checked against the tiers before it came here.
         if purpose != Purpose::Warm && body.is_none() {
-            let found = self.cache.get(&id).await.map(|(bytes, _)| bytes);
+            let found = self.cache.get(fill.key()).await.map(|(bytes, _)| bytes);
             if let Some(bytes) = found.and_then(|b| self.checked(b, &slice)) {
-                writer.push(bytes);
-                writer.finish();
+                fill.push(bytes);
+                fill.deliver();
                 return;
             }
         }
@@ -1001,37 +976,34 @@ impl BlockStore {
             },
         };
         let result = self
-            .fetch_into(&writer, &object, &etag, slice, slot, first)
+            .fetch_into(&fill, &object, &etag, slice, slot, first)
             .await;
         match result {
             // The owner caches it; here only a brief copy for the next local reader (and none
             // for a warm-up, whose point is the owner's disk).
             Ok(Supplier::Peer) => {
-                let block = writer.finish();
+                let id = fill.key().clone();
+                let block = fill.deliver();
                 if let (Some(fleet), false) = (&self.fleet, purpose == Purpose::Warm) {
                     fleet.keep_copy(id, block).await;
                 }
-                drop(writer);
             }
             Ok(Supplier::Mixed) => {
-                writer.finish();
+                fill.deliver();
                 self.metrics.cache_write_dropped(WriteDropped::MixedSource);
-                drop(writer);
             }
             Ok(Supplier::Upstream) => {
-                let block = writer.finish();
-                self.remember(&object).await;
                 match purpose {
                     Purpose::Demand | Purpose::Prefetch | Purpose::Peer => {
-                        self.cache.insert(id, block).await
+                        fill.commit().await;
                     }
                     Purpose::Warm => {
-                        if !self.cache.insert_cold(id, block).await {
+                        if !fill.commit_cold().await {
                             self.metrics.cache_write_dropped(WriteDropped::WarmRejected);
                         }
                     }
                 }
-                drop(writer);
+                self.remember(&object).await;
             }
             Err(e) => {
                 tracing::warn!(object = %object, block = slice.index, error = %e, "block fetch failed");
@@ -1041,9 +1013,9 @@ impl BlockStore {
                 }
                 self.metrics.cache_write_dropped(WriteDropped::FetchFailed);
                 if purpose == Purpose::Prefetch {
-                    self.prefetched.invalidate(&id);
+                    self.prefetched.invalidate(fill.key());
                 }
-                writer.fail(e);
+                fill.fail(e);
             }
         }
     }
@@ -1056,7 +1028,7 @@ impl BlockStore {
     /// byte where it stopped (a fallback, not a resume). Says who supplied the bytes.
     async fn fetch_into(
         &self,
-        writer: &FlightWriter<BlockId, UpstreamError>,
+        fill: &Fill<BlockId, UpstreamError>,
         object: &ObjectId,
         etag: &str,
         slice: BlockSlice,
@@ -1130,7 +1102,7 @@ impl BlockStore {
                                     self.metrics.peer_bytes("received", chunk.len() as u64)
                                 }
                             }
-                            writer.push(chunk);
+                            fill.push(chunk);
                         }
                         // Every byte arrived: a connection that breaks after them loses nothing.
                         Some(Err(_)) | None if got == expected => {
@@ -1358,7 +1330,7 @@ mod tests {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         loop {
             tokio::time::sleep(Duration::from_millis(5)).await;
-            let settled = store.flights.in_flight() == 0
+            let settled = store.cache.fetches() == 0
                 && store.prefetch_slots.available_permits() == 8
                 && origin.gets.load(Ordering::SeqCst) as f64 == 2.0 + issued();
             if settled || tokio::time::Instant::now() >= deadline {
