@@ -471,7 +471,10 @@ mod tests {
             panic!("nobody fetches K(3)");
         };
         fill.fail(FetchError::Failed("boom".into()));
-        assert!(matches!(reader.next_chunk().await, Some(Err(FetchError::Failed(_)))));
+        assert!(matches!(
+            reader.next_chunk().await,
+            Some(Err(FetchError::Failed(_)))
+        ));
         assert!(
             matches!(cache.join(K(3)), Miss::Fetch { .. }),
             "a failed fetch leaves room for the next"

@@ -1,0 +1,94 @@
+//! Where a range's bytes would come from right now, without reading them: the `X-Cache`
+//! header's answer.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use cache_core::Tier;
+
+use crate::model::ObjectId;
+
+use super::BlockStore;
+
+/// How a response's bytes are being found, for the `X-Cache` header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheResult {
+    /// Every block was in memory.
+    HitMemory,
+    /// Every block was in memory or on disk, at least one on disk.
+    HitDisk,
+    /// Some blocks were in memory, others fetched.
+    Partial,
+    /// No block was in memory; the first missing one was already being fetched by another request.
+    Coalesced,
+    /// No block was in memory.
+    Miss,
+    /// No block was here; the first missing one is owned by another replica, which was asked.
+    Peer,
+}
+
+impl CacheResult {
+    /// The `X-Cache` header value, also used as a metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheResult::HitMemory => "hit-memory",
+            CacheResult::HitDisk => "hit-disk",
+            CacheResult::Partial => "partial",
+            CacheResult::Coalesced => "coalesced",
+            CacheResult::Miss => "miss",
+            CacheResult::Peer => "peer",
+        }
+    }
+
+    /// The `X-Cache` value when the object's metadata was served stale (the upstream failing).
+    pub fn as_stale_str(self) -> &'static str {
+        match self {
+            CacheResult::HitMemory => "stale-hit-memory",
+            CacheResult::HitDisk => "stale-hit-disk",
+            CacheResult::Partial => "stale-partial",
+            CacheResult::Coalesced => "stale-coalesced",
+            CacheResult::Miss => "stale-miss",
+            CacheResult::Peer => "stale-peer",
+        }
+    }
+}
+
+impl BlockStore {
+    /// Where the bytes `[start, end)` of `object` at `etag` would come from right now.
+    pub fn classify(
+        &self,
+        object: &ObjectId,
+        etag: &Arc<str>,
+        range: Range<u64>,
+        size: u64,
+    ) -> CacheResult {
+        let (mut in_memory, mut on_disk, mut missing) = (0usize, 0usize, 0usize);
+        let mut first_missing = None;
+        for slice in self.keys.layout().slices(range.start, range.end, size) {
+            let id = self.id(object, etag, slice.index);
+            match self.cache.locate(&id) {
+                Some(Tier::Memory) => in_memory += 1,
+                Some(_) => on_disk += 1,
+                None if self.has_copy(&id) => in_memory += 1,
+                None => {
+                    missing += 1;
+                    first_missing.get_or_insert_with(|| {
+                        let owned_elsewhere = self
+                            .fleet
+                            .as_ref()
+                            .is_some_and(|f| f.owner(object, slice.index).is_some());
+                        (self.cache.in_flight(&id), owned_elsewhere)
+                    });
+                }
+            }
+        }
+        match (in_memory + on_disk, on_disk, missing, first_missing) {
+            (_, 0, 0, _) => CacheResult::HitMemory,
+            (_, _, 0, _) => CacheResult::HitDisk,
+            (0, _, _, Some((true, _))) => CacheResult::Coalesced,
+            (0, _, _, Some((_, true))) => CacheResult::Peer,
+            (0, _, _, _) => CacheResult::Miss,
+            _ => CacheResult::Partial,
+        }
+    }
+}

@@ -1,0 +1,330 @@
+//! One block's fetch: from the disk tier, from the replica that owns it, or from the
+//! upstream pinned to its ETag; a body that breaks is resumed from the byte where it stopped,
+//! a peer that fails is replaced by the upstream. How it ends decides where the block goes.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use cache_core::{BlockSlice, Fill};
+use futures::stream::StreamExt;
+use tokio::sync::{Semaphore, SemaphorePermit};
+
+use crate::cache_key::BlockId;
+use crate::fleet::client::PeerError;
+use crate::model::{BodyStream, ObjectId, UpstreamError};
+use crate::telemetry::labels::WriteDropped;
+use tracing::Instrument;
+
+use super::{BlockStore, Purpose};
+
+/// Where a fetched block's bytes came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Supplier {
+    /// S3 (at least some of them): the block is cached here as any fetched block is.
+    Upstream,
+    /// All from the replica owning it, which caches it: only a brief copy is kept here.
+    Peer,
+    /// Begun by a peer whose body broke, finished from S3. Served to the readers waiting, but
+    /// never cached: the peer's part was never checked against S3's bytes.
+    Mixed,
+}
+
+/// How a fetch starts.
+enum FirstAttempt {
+    /// With a body already arriving.
+    Body(BodyStream, Supplier),
+    /// By asking the block's owner.
+    Owner(Arc<str>),
+    /// By asking the upstream.
+    Upstream,
+}
+
+impl BlockStore {
+    /// The fetch budget for a block asked of its owner (`remote`) or of the upstream. A fetch
+    /// that falls back from its owner to the upstream keeps the slot it has: memory stays within
+    /// both budgets together.
+    pub(super) fn slots(&self, remote: bool) -> &Semaphore {
+        if remote {
+            &self.peer_slots
+        } else {
+            &self.upstream_slots
+        }
+    }
+
+    /// Whether a copy of a peer's block is kept here (in memory, apart from the memory tier).
+    pub(super) fn has_copy(&self, id: &BlockId) -> bool {
+        self.fleet.as_ref().is_some_and(|f| f.has_copy(id))
+    }
+
+    /// The replica owning block `index` of `object`, when it is not this one and `purpose`
+    /// may ask it.
+    pub(super) fn remote_owner(
+        &self,
+        object: &ObjectId,
+        index: u64,
+        purpose: Purpose,
+    ) -> Option<Arc<str>> {
+        if !purpose.asks_owner() {
+            return None;
+        }
+        self.fleet.as_ref()?.owner(object, index)
+    }
+
+    /// A call to a peer, traced and counted; a peer that fails is counted as a fallback.
+    async fn ask_peer<T>(
+        &self,
+        kind: &'static str,
+        call: impl std::future::Future<Output = Result<T, PeerError>>,
+    ) -> Result<T, PeerError> {
+        let started = Instant::now();
+        let result = call
+            .instrument(tracing::info_span!(
+                "peer",
+                otel.name = kind,
+                otel.kind = "client"
+            ))
+            .await;
+        let outcome = match &result {
+            Ok(_) => "ok",
+            Err(PeerError::Answer(_)) => "answer",
+            Err(PeerError::Unavailable { reason, message }) => {
+                tracing::info!(kind, reason, %message, "peer unavailable; asking the upstream");
+                self.metrics.peer_fallback(reason);
+                "unavailable"
+            }
+        };
+        self.metrics
+            .peer_request("made", kind, outcome, Some(started.elapsed()));
+        result
+    }
+
+    /// Metadata and block `index` of `object` from `peer`, its owner; `None` when the peer
+    /// could not be used (the caller asks the upstream).
+    pub(super) async fn open_at_owner(
+        &self,
+        peer: &str,
+        object: &ObjectId,
+        index: u64,
+    ) -> Option<Result<Option<crate::fleet::client::Opened>, UpstreamError>> {
+        let fleet = self.fleet.as_ref()?;
+        match self
+            .ask_peer("open", fleet.client().open(peer, object, index))
+            .await
+        {
+            Ok(opened) => Some(Ok(opened)),
+            Err(PeerError::Answer(e)) => Some(Err(e)),
+            Err(PeerError::Unavailable { .. }) => None,
+        }
+    }
+
+    /// Fetch block `slice` of `object` at `etag` into `fill`, from the disk tier, the block's
+    /// owner or the upstream, and end it as `purpose` says: cached here, cold, or (a peer's
+    /// block) only kept as a brief copy.
+    pub(super) async fn fetch(
+        &self,
+        fill: Fill<BlockId, UpstreamError>,
+        (object, etag, slice): (ObjectId, Arc<str>, BlockSlice),
+        slot: Option<SemaphorePermit<'_>>,
+        body: Option<(BodyStream, Supplier)>,
+        purpose: Purpose,
+    ) {
+        // Disk first: one read, verified, then promoted to memory. A disk miss (evicted since
+        // `locate`, or failed verification) falls through to the origin. Warming skips it: it
+        // only fetches what the disk does not hold, and must not promote into memory. A body
+        // already arriving (a cold open) was checked against the tiers before it came here.
+        if purpose != Purpose::Warm && body.is_none() {
+            let found = self.cache.get(fill.key()).await.map(|(bytes, _)| bytes);
+            if let Some(bytes) = found.and_then(|b| self.checked(b, &slice)) {
+                fill.push(bytes);
+                fill.deliver();
+                return;
+            }
+        }
+        let first = match body {
+            Some((body, supplier)) => FirstAttempt::Body(body, supplier),
+            None => match self.remote_owner(&object, slice.index, purpose) {
+                Some(peer) => FirstAttempt::Owner(peer),
+                None => FirstAttempt::Upstream,
+            },
+        };
+        let result = self
+            .fetch_into(&fill, &object, &etag, slice, slot, first)
+            .await;
+        match result {
+            // The owner caches it; here only a brief copy for the next local reader (and none
+            // for a warm-up, whose point is the owner's disk).
+            Ok(Supplier::Peer) => {
+                let id = fill.key().clone();
+                let block = fill.deliver();
+                if let (Some(fleet), false) = (&self.fleet, purpose == Purpose::Warm) {
+                    fleet.keep_copy(id, block).await;
+                }
+            }
+            Ok(Supplier::Mixed) => {
+                fill.deliver();
+                self.metrics.cache_write_dropped(WriteDropped::MixedSource);
+            }
+            Ok(Supplier::Upstream) => {
+                match purpose {
+                    Purpose::Demand | Purpose::Prefetch | Purpose::Peer => {
+                        fill.commit().await;
+                    }
+                    Purpose::Warm => {
+                        if !fill.commit_cold().await {
+                            self.metrics.cache_write_dropped(WriteDropped::WarmRejected);
+                        }
+                    }
+                }
+                self.remember(&object).await;
+            }
+            Err(e) => {
+                tracing::warn!(object = %object, block = slice.index, error = %e, "block fetch failed");
+                // A changed or deleted object is the upstream answering correctly.
+                if !matches!(e, UpstreamError::Changed) && !e.is_not_found() {
+                    self.metrics.upstream_failed(&e);
+                }
+                self.metrics.cache_write_dropped(WriteDropped::FetchFailed);
+                if purpose == Purpose::Prefetch {
+                    self.prefetched.invalidate(fill.key());
+                }
+                fill.fail(e);
+            }
+        }
+    }
+
+    /// Fetch `range` of `object` at `etag` into `writer`, starting as `first` says. A body that
+    /// breaks or stalls is resumed from the byte where it stopped, with a new ranged GET pinned
+    /// to the same ETag (`If-Match`), up to `max_resumes` times: the readers see one
+    /// uninterrupted stream, and a changed object fails the resume rather than mixing versions.
+    /// A peer that fails, before its first byte or after, is replaced by the upstream from the
+    /// byte where it stopped (a fallback, not a resume). Says who supplied the bytes.
+    async fn fetch_into(
+        &self,
+        fill: &Fill<BlockId, UpstreamError>,
+        object: &ObjectId,
+        etag: &str,
+        slice: BlockSlice,
+        slot: Option<SemaphorePermit<'_>>,
+        first: FirstAttempt,
+    ) -> Result<Supplier, UpstreamError> {
+        let range = slice.block_start..slice.block_start + slice.block_len;
+        let expected = range.end - range.start;
+        // The permit is held until the body is complete: it bounds fetch buffers, not just requests.
+        let _slot = match slot {
+            Some(slot) => slot,
+            None => self
+                .slots(matches!(first, FirstAttempt::Owner(_)))
+                .acquire()
+                .await
+                .map_err(|_| UpstreamError::Abandoned)?,
+        };
+        let mut first = Some(first);
+        let mut supplied = Supplier::Peer;
+        let mut got = 0u64;
+        let mut from_peer = 0u64;
+        let mut resumes = 0;
+        loop {
+            let (attempt, supplier) = match first.take() {
+                Some(FirstAttempt::Body(body, supplier)) => (Ok(body), supplier),
+                Some(FirstAttempt::Owner(peer)) => {
+                    match self.ask_owner(&peer, object, etag, &slice).await {
+                        Ok(body) => (Ok(body), Supplier::Peer),
+                        Err(PeerError::Answer(e)) => return Err(e),
+                        Err(PeerError::Unavailable { .. }) => (
+                            self.origin
+                                .get(object, Some(etag), Some(range.clone()))
+                                .await,
+                            Supplier::Upstream,
+                        ),
+                    }
+                }
+                Some(FirstAttempt::Upstream) | None => (
+                    self.origin
+                        .get(object, Some(etag), Some(range.start + got..range.end))
+                        .await,
+                    Supplier::Upstream,
+                ),
+            };
+            if supplier == Supplier::Upstream {
+                supplied = Supplier::Upstream;
+            }
+            let failure = match attempt {
+                Ok(mut body) => loop {
+                    let next = match tokio::time::timeout(self.idle_timeout, body.next()).await {
+                        Ok(next) => next,
+                        Err(_) => {
+                            break UpstreamError::Timeout(format!(
+                                "no body bytes for {:?}",
+                                self.idle_timeout
+                            ))
+                        }
+                    };
+                    match next {
+                        Some(Ok(chunk)) => {
+                            got += chunk.len() as u64;
+                            if got > expected {
+                                return Err(UpstreamError::BodyLength { got, expected });
+                            }
+                            match supplier {
+                                Supplier::Upstream => {
+                                    self.metrics.upstream_received(chunk.len() as u64)
+                                }
+                                Supplier::Peer | Supplier::Mixed => {
+                                    from_peer += chunk.len() as u64;
+                                    self.metrics.peer_bytes("received", chunk.len() as u64)
+                                }
+                            }
+                            fill.push(chunk);
+                        }
+                        // Every byte arrived: a connection that breaks after them loses nothing.
+                        Some(Err(_)) | None if got == expected => {
+                            return Ok(match supplied {
+                                Supplier::Upstream if from_peer > 0 => Supplier::Mixed,
+                                other => other,
+                            })
+                        }
+                        Some(Err(e)) => break e,
+                        None => break UpstreamError::BodyLength { got, expected },
+                    }
+                },
+                Err(e) => e,
+            };
+            if supplier == Supplier::Peer {
+                // Whatever broke the peer's body, the upstream takes over where it stopped.
+                tracing::info!(object = %object, at = range.start + got, error = %failure, "peer body broke; the upstream takes over");
+                self.metrics.peer_fallback("broken");
+                continue;
+            }
+            // Only a body that started and broke is resumed; a request that failed outright was
+            // already retried by the client library.
+            let resumable = got > 0 && failure.is_resumable();
+            if !resumable || resumes >= self.max_resumes {
+                return Err(failure);
+            }
+            resumes += 1;
+            self.metrics.resumed();
+            tracing::info!(object = %object, at = range.start + got, error = %failure, "resuming a broken upstream body");
+        }
+    }
+
+    /// `slice`'s whole block of `object` at `etag` from `peer`, the block's owner.
+    async fn ask_owner(
+        &self,
+        peer: &str,
+        object: &ObjectId,
+        etag: &str,
+        slice: &BlockSlice,
+    ) -> Result<BodyStream, PeerError> {
+        let Some(fleet) = &self.fleet else {
+            return Err(PeerError::Unavailable {
+                reason: "error",
+                message: "not in a fleet".into(),
+            });
+        };
+        let range = slice.block_start..slice.block_start + slice.block_len;
+        let asked = fleet
+            .client()
+            .block(peer, object, etag, range, slice.object_size);
+        self.ask_peer("block", asked).await
+    }
+}

@@ -1,0 +1,509 @@
+//! Block-aligned reads: a byte range of an object is served from fixed-size blocks, each found
+//! in the memory tier or fetched from the origin once, however many readers want it.
+//!
+//! A block is cached under (bucket, key, ETag, index), and every upstream fetch carries
+//! `If-Match: <ETag>`, so a block can only ever hold bytes of the version its key names: one
+//! response never mixes two versions of an object.
+//!
+//! The store is one type, [`BlockStore`], whose methods live where their concern does:
+//! - this file: the store, and a response's read of a byte range: each block from memory, the
+//!   fleet's brief copies, disk, or a fetch joined through the cache's single-flight;
+//! - [`classify`]: where a range's bytes would come from now (`X-Cache`);
+//! - [`fetch`]: one block's fetch: from disk, its owner in the fleet, or the upstream,
+//!   resumed where it broke, and where the bytes then go;
+//! - [`cold`]: the first read of an object nothing is known of, whose GET brings its metadata;
+//! - [`ahead`]: read-ahead and warm-up, fetches nobody is waiting for yet.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use cache_core::{
+    BlockLayout, BlockSlice, DiskCache, FlightReader, HybridCache, MemoryTier, Miss, Tier,
+    WritePolicy,
+};
+use futures::future::{self, FutureExt};
+use futures::stream::{self, Stream, StreamExt};
+use tokio::sync::Semaphore;
+
+use crate::cache_key::{BlockId, KeySchema};
+use crate::fleet::Fleet;
+use crate::model::{ObjectId, UpstreamError};
+use crate::read::prefetch::{Detector, PrefetchConfig};
+use crate::telemetry::labels::{Lookup, PrefetchBytes, Rejected, Source};
+use crate::telemetry::metrics::Metrics;
+use crate::upstream::Upstream;
+use tracing::Instrument;
+
+mod ahead;
+mod classify;
+mod cold;
+mod fetch;
+#[cfg(test)]
+mod tests;
+
+pub use ahead::Warmed;
+pub use classify::CacheResult;
+
+/// A slice at most this fraction of its block (1 MiB of an 8 MiB block) is read from disk by
+/// range rather than as a whole block.
+const SMALL_SLICE_DIVISOR: u64 = 8;
+
+enum OpenBlock {
+    Ready(Bytes),
+    /// Just the slice's bytes, read from disk.
+    Part(Bytes),
+    Streaming(FlightReader<UpstreamError>, Source),
+}
+
+/// Blocks in memory, on disk, in flight, and the origin behind them.
+pub struct BlockStore {
+    /// The tiers, and the one fetch per missing block however many readers want it.
+    cache: HybridCache<BlockId, UpstreamError>,
+    keys: KeySchema,
+    origin: Arc<dyn Upstream>,
+    read_window: usize,
+    /// Bytes (in KiB permits) of blocks all responses hold at once: the block each is sending
+    /// and those opened ahead of it. Such blocks may have left the memory tier (or never been
+    /// in it), so without this bound N responses could hold N × (read_window + 1) blocks.
+    pinned: Arc<Semaphore>,
+    pinned_total: u64,
+    idle_timeout: Duration,
+    upstream_slots: Semaphore,
+    /// The same budget for fetches asked of another replica. Apart, because a replica serving a
+    /// peer needs an upstream slot: were asks holding upstream slots, two busy replicas could
+    /// each hold every slot waiting on the other, and both stall until the peer deadline.
+    peer_slots: Semaphore,
+    max_resumes: u32,
+    prefetch: PrefetchConfig,
+    sequences: Detector,
+    prefetch_slots: Semaphore,
+    /// Blocks read ahead and not yet read by anyone, with their size: read → used, evicted or
+    /// expired → wasted.
+    prefetched: moka::sync::Cache<BlockId, u64>,
+    /// The other replicas, when this one is part of a fleet.
+    fleet: Option<Arc<Fleet>>,
+    metrics: Arc<Metrics>,
+}
+
+/// Why a block is being fetched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Purpose {
+    /// A client is reading it.
+    Demand,
+    /// Read-ahead: a client is expected to read it.
+    Prefetch,
+    /// A warm-up job: it goes to the disk tier, not into the hot memory set.
+    Warm,
+    /// Another replica, which found this one owns the block: fetched from here or the
+    /// upstream, never from a third replica, so requests cannot chase each other around.
+    Peer,
+}
+
+impl Purpose {
+    /// Whether a block this replica does not own is asked of its owner.
+    fn asks_owner(self) -> bool {
+        self != Purpose::Peer
+    }
+}
+
+/// `bytes` in whole KiB, rounded up: the unit of the responses' buffer permits (a semaphore
+/// counts at most `u32::MAX` per acquire).
+fn kib(bytes: u64) -> u64 {
+    bytes.div_ceil(1024)
+}
+
+/// Most read-ahead blocks whose use is tracked (for the waste metric).
+const PREFETCH_TRACKED: u64 = 65_536;
+
+/// How a [`BlockStore`] reads and fetches.
+#[derive(Clone)]
+pub struct BlockStoreConfig {
+    /// How objects are cut into blocks.
+    pub layout: BlockLayout,
+    /// Bytes of blocks the memory tier holds.
+    pub memory_capacity: u64,
+    /// Blocks a response opens ahead of the one it sends.
+    pub read_window: usize,
+    /// Most bytes of blocks all responses hold at once; a response whose next block would go
+    /// over it waits. At least one block.
+    pub response_buffer: u64,
+    /// Longest wait for upstream body bytes.
+    pub idle_timeout: Duration,
+    /// Most block fetches upstream at once.
+    pub upstream_concurrency: usize,
+    /// The disk tier, if any.
+    pub disk: Option<DiskCache>,
+    /// When blocks are written to disk.
+    pub write_policy: WritePolicy,
+    /// Bucket → disk partition; other buckets use `default`.
+    pub bucket_partitions: std::collections::HashMap<String, String>,
+    /// Times a broken upstream body is resumed before the fetch fails.
+    pub max_resumes: u32,
+    /// Read-ahead across requests.
+    pub prefetch: PrefetchConfig,
+    /// The fleet this replica is part of, if any.
+    pub fleet: Option<Arc<Fleet>>,
+}
+
+#[cfg(test)]
+impl BlockStoreConfig {
+    /// Memory only, 4 KiB blocks, no read-ahead: what unit tests start from.
+    pub(crate) fn for_tests() -> Self {
+        Self {
+            layout: BlockLayout::new(4096),
+            memory_capacity: 1 << 20,
+            read_window: 4,
+            response_buffer: 64 << 20,
+            idle_timeout: Duration::from_secs(5),
+            upstream_concurrency: 4,
+            disk: None,
+            write_policy: WritePolicy::OnInsert,
+            bucket_partitions: Default::default(),
+            max_resumes: 3,
+            prefetch: PrefetchConfig::off(),
+            fleet: None,
+        }
+    }
+}
+
+impl BlockStore {
+    /// A store reading blocks of `origin` as `config` says.
+    pub fn new(config: BlockStoreConfig, origin: Arc<dyn Upstream>, metrics: Arc<Metrics>) -> Self {
+        let block_size = config.layout.block_size();
+        let pinned_kib = kib(config.response_buffer.max(block_size));
+        Self {
+            cache: HybridCache::new(config.memory_capacity, config.disk, config.write_policy),
+            keys: KeySchema::new(config.layout, config.bucket_partitions),
+            origin,
+            read_window: config.read_window,
+            pinned: Arc::new(Semaphore::new(pinned_kib as usize)),
+            pinned_total: pinned_kib * 1024,
+            idle_timeout: config.idle_timeout,
+            upstream_slots: Semaphore::new(config.upstream_concurrency),
+            peer_slots: Semaphore::new(config.upstream_concurrency),
+            max_resumes: config.max_resumes,
+            prefetch: config.prefetch,
+            sequences: Detector::new(config.prefetch, block_size),
+            prefetch_slots: Semaphore::new(config.prefetch.max_inflight.max(1)),
+            prefetched: {
+                let metrics = metrics.clone();
+                moka::sync::Cache::builder()
+                    .max_capacity(PREFETCH_TRACKED)
+                    .time_to_live(config.prefetch.unused_after)
+                    .eviction_listener(move |_, bytes, cause| {
+                        if cause != moka::notification::RemovalCause::Explicit
+                            && cause != moka::notification::RemovalCause::Replaced
+                        {
+                            metrics.prefetch_bytes(PrefetchBytes::Wasted, bytes);
+                        }
+                    })
+                    .build()
+            },
+            fleet: config.fleet,
+            metrics,
+        }
+    }
+
+    /// The layout blocks are cut by.
+    pub fn layout(&self) -> &BlockLayout {
+        self.keys.layout()
+    }
+
+    /// The memory tier, for metrics.
+    pub fn memory(&self) -> &MemoryTier<BlockId> {
+        self.cache.memory()
+    }
+
+    /// The disk tier, if configured.
+    pub fn disk(&self) -> Option<&DiskCache> {
+        self.cache.disk()
+    }
+
+    fn id(&self, object: &ObjectId, etag: &Arc<str>, index: u64) -> BlockId {
+        self.keys.block(object, etag, index)
+    }
+
+    /// `bytes` found in a tier for `slice`'s block, if they are as long as that block must be.
+    /// A block of another length is never served: it was cut by another geometry or arrived
+    /// truncated, and is counted and treated as a miss.
+    fn checked(&self, bytes: Bytes, slice: &BlockSlice) -> Option<Bytes> {
+        if bytes.len() as u64 == slice.block_len {
+            Some(bytes)
+        } else {
+            tracing::warn!(
+                block = slice.index,
+                expected = slice.block_len,
+                found = bytes.len(),
+                "a cached block has the wrong length; fetching it again"
+            );
+            self.metrics.block_rejected(Rejected::Length);
+            None
+        }
+    }
+
+    /// The bytes `[start, end)` of `object` (of `size` bytes) at `etag`, as a stream. Up to
+    /// `read_window` blocks ahead of the one being sent are opened (and fetched if missing).
+    /// Dropping the stream stops opening blocks; fetches already started run to completion and
+    /// fill the cache.
+    pub fn read(
+        self: &Arc<Self>,
+        object: ObjectId,
+        etag: Arc<str>,
+        range: Range<u64>,
+        size: u64,
+    ) -> impl Stream<Item = Result<Bytes, UpstreamError>> + Send + 'static {
+        self.read_as(object, etag, range, size, Purpose::Demand)
+    }
+
+    /// [`BlockStore::read`] for another replica that found this one owns the blocks: what is
+    /// missing here comes from the upstream, never from a third replica.
+    pub fn read_for_peer(
+        self: &Arc<Self>,
+        object: ObjectId,
+        etag: Arc<str>,
+        range: Range<u64>,
+        size: u64,
+    ) -> impl Stream<Item = Result<Bytes, UpstreamError>> + Send + 'static {
+        self.read_as(object, etag, range, size, Purpose::Peer)
+    }
+
+    fn read_as(
+        self: &Arc<Self>,
+        object: ObjectId,
+        etag: Arc<str>,
+        range: Range<u64>,
+        size: u64,
+        purpose: Purpose,
+    ) -> impl Stream<Item = Result<Bytes, UpstreamError>> + Send + 'static {
+        let store = self.clone();
+        let slices: Vec<BlockSlice> = self
+            .keys
+            .layout()
+            .slices(range.start, range.end, size)
+            .collect();
+        // Bytes read for a peer are counted where they reach a client, by the peer.
+        let bucket = (purpose != Purpose::Peer).then(|| object.bucket.clone());
+        stream::iter(slices)
+            .map(move |slice| {
+                let (store, object, etag) = (store.clone(), object.clone(), etag.clone());
+                let mut open = Box::pin(async move {
+                    // Room for the whole block first, in order: `buffered` polls the window's
+                    // opens in order and the semaphore is fair, so a response's next block is
+                    // always ahead of its later ones.
+                    let permit = store.pin(slice.block_len).await?;
+                    let opened = store.open(&object, &etag, slice, purpose).await;
+                    Ok::<_, UpstreamError>((slice, opened, permit))
+                });
+                // A block at hand (the usual hit) is opened right here. One that has to wait
+                // goes on in a task of its own: `flat_map` polls this stream only between
+                // blocks, so a paused open would otherwise wait for the block before it to be
+                // sent, and the window would fetch one block at a time.
+                match (&mut open).now_or_never() {
+                    Some(opened) => future::Either::Left(future::ready(Ok(opened))),
+                    None => future::Either::Right(tokio::spawn(open)),
+                }
+            })
+            .buffered(self.read_window)
+            .flat_map({
+                let store = self.clone();
+                move |opened| match opened {
+                    Err(_) | Ok(Err(_)) => {
+                        stream::once(future::ready(Err(UpstreamError::Abandoned))).boxed()
+                    }
+                    // The room is given back when the block's slice has been sent.
+                    Ok(Ok((slice, open, permit))) => store
+                        .send(bucket.as_deref(), slice, open)
+                        .inspect(move |_| {
+                            let _held = &permit;
+                        })
+                        .boxed(),
+                }
+            })
+    }
+
+    /// Room for a block of `len` bytes in the responses' buffer, waiting (and counting the
+    /// wait) if it is full.
+    async fn pin(&self, len: u64) -> Result<tokio::sync::OwnedSemaphorePermit, UpstreamError> {
+        let permits = u32::try_from(kib(len)).unwrap_or(u32::MAX);
+        if let Ok(permit) = self.pinned.clone().try_acquire_many_owned(permits) {
+            return Ok(permit);
+        }
+        self.metrics.response_buffer_wait();
+        self.pinned
+            .clone()
+            .acquire_many_owned(permits)
+            .await
+            .map_err(|_| UpstreamError::Abandoned)
+    }
+
+    /// Bytes of blocks responses hold now, and the most they may.
+    pub fn response_buffer(&self) -> (u64, u64) {
+        let total = self.pinned_total;
+        let free = self.pinned.available_permits() as u64 * 1024;
+        (total.saturating_sub(free), total)
+    }
+
+    /// The stream of one opened block's slice, counted as served from its tier to a client of
+    /// `bucket` (`None`: not a client, not counted).
+    fn send(
+        &self,
+        bucket: Option<&str>,
+        slice: BlockSlice,
+        open: OpenBlock,
+    ) -> stream::BoxStream<'static, Result<Bytes, UpstreamError>> {
+        match open {
+            OpenBlock::Ready(bytes) => {
+                let part = bytes.slice(slice.from as usize..slice.to as usize);
+                self.whole_part(Source::Memory, bucket, part)
+            }
+            OpenBlock::Part(part) => self.whole_part(Source::Disk, bucket, part),
+            OpenBlock::Streaming(reader, tier) => {
+                let (metrics, bucket) = (self.metrics.clone(), bucket.map(str::to_owned));
+                slice_of(reader, slice.from, slice.to)
+                    .inspect(move |r| {
+                        if let (Ok(b), Some(bucket)) = (r, &bucket) {
+                            metrics.served(tier, Some(bucket), b.len() as u64);
+                        }
+                    })
+                    .boxed()
+            }
+        }
+    }
+
+    /// A part already in hand, as a one-item stream, counted as served from `tier` (if to a
+    /// client of `bucket`).
+    fn whole_part(
+        &self,
+        tier: Source,
+        bucket: Option<&str>,
+        part: Bytes,
+    ) -> stream::BoxStream<'static, Result<Bytes, UpstreamError>> {
+        if let Some(bucket) = bucket {
+            self.metrics.served(tier, Some(bucket), part.len() as u64);
+        }
+        stream::once(futures::future::ready(Ok(part))).boxed()
+    }
+
+    async fn open(
+        self: &Arc<Self>,
+        object: &ObjectId,
+        etag: &Arc<str>,
+        slice: BlockSlice,
+        purpose: Purpose,
+    ) -> OpenBlock {
+        let id = self.id(object, etag, slice.index);
+        if self.prefetch.enabled() {
+            if let Some(bytes) = self.prefetched.remove(&id) {
+                self.metrics.prefetch_bytes(PrefetchBytes::Used, bytes);
+            }
+        }
+        let in_memory = self.cache.memory().get(&id).await;
+        if let Some(bytes) = in_memory.and_then(|b| self.checked(b, &slice)) {
+            self.metrics.lookup(Lookup::Memory, true);
+            return OpenBlock::Ready(bytes);
+        }
+        self.metrics.lookup(Lookup::Memory, false);
+        if let Some(fleet) = &self.fleet {
+            let copy = fleet.copy(&id).await;
+            if let Some(bytes) = copy.and_then(|b| self.checked(b, &slice)) {
+                self.metrics.lookup(Lookup::PeerCopy, true);
+                return OpenBlock::Ready(bytes);
+            }
+            if fleet.keeps_copies() {
+                self.metrics.lookup(Lookup::PeerCopy, false);
+            }
+        }
+        let on_disk = self.cache.locate(&id) == Some(Tier::Disk);
+        if self.cache.disk().is_some() {
+            self.metrics.lookup(Lookup::Disk, on_disk);
+        }
+        // A small slice of a block on disk (a Parquet footer, a column chunk index) reads only
+        // the 64 KiB chunks it touches, instead of the whole block through a flight.
+        if on_disk
+            && (slice.to - slice.from) * SMALL_SLICE_DIVISOR <= slice.block_len
+            && !self.cache.in_flight(&id)
+        {
+            if let Some((part, _)) = self.cache.get_range(&id, slice.from..slice.to).await {
+                if part.len() as u64 == slice.to - slice.from {
+                    return OpenBlock::Part(part);
+                }
+            }
+        }
+        match self.cache.join(id.clone()) {
+            Miss::Joined(reader) => {
+                self.metrics.coalesced();
+                OpenBlock::Streaming(reader, Source::Upstream)
+            }
+            Miss::Fetch { fill, reader } => {
+                // A fetch may have completed between the memory lookup and the join.
+                let in_memory = self.cache.memory().get(&id).await;
+                if let Some(bytes) = in_memory.and_then(|b| self.checked(b, &slice)) {
+                    fill.push(bytes);
+                    fill.deliver();
+                    return OpenBlock::Streaming(reader, Source::Memory);
+                }
+                let tier = match (on_disk, self.remote_owner(object, slice.index, purpose)) {
+                    (true, _) => Source::Disk,
+                    (false, Some(_)) => Source::Peer,
+                    (false, None) => Source::Upstream,
+                };
+                // The read runs in a task of its own: a client that goes away does not cancel
+                // it for the readers that joined, and the block still lands in the cache.
+                let store = self.clone();
+                let object = object.clone();
+                let etag = etag.clone();
+                let span = tracing::info_span!(
+                    "block fetch",
+                    larder.block = slice.index,
+                    larder.source = tier.as_str()
+                );
+                tokio::spawn(
+                    async move {
+                        let fetch = (object, etag, slice);
+                        store.fetch(fill, fetch, None, None, purpose).await
+                    }
+                    .instrument(span),
+                );
+                OpenBlock::Streaming(reader, tier)
+            }
+        }
+    }
+}
+
+/// The bytes `[from, to)` of a block arriving through `reader`. Stops reading (and drops the
+/// reader) once `to` is reached.
+fn slice_of(
+    reader: FlightReader<UpstreamError>,
+    from: u64,
+    to: u64,
+) -> impl Stream<Item = Result<Bytes, UpstreamError>> + Send {
+    stream::unfold(Some((reader, 0u64)), move |state| async move {
+        let (mut reader, mut pos) = state?;
+        while pos < to {
+            let chunk = match reader.next_chunk().await {
+                Some(Ok(chunk)) => chunk,
+                Some(Err(e)) => return Some((Err(e), None)),
+                None => {
+                    return Some((
+                        Err(UpstreamError::BodyLength {
+                            got: pos,
+                            expected: to,
+                        }),
+                        None,
+                    ))
+                }
+            };
+            let (start, end) = (pos, pos + chunk.len() as u64);
+            pos = end;
+            if end <= from {
+                continue;
+            }
+            let lo = from.saturating_sub(start) as usize;
+            let hi = (to.min(end) - start) as usize;
+            return Some((Ok(chunk.slice(lo..hi)), Some((reader, pos))));
+        }
+        None
+    })
+}

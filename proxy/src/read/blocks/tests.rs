@@ -1,0 +1,449 @@
+use super::*;
+use crate::upstream::fake::FakeUpstream;
+use std::sync::atomic::Ordering;
+
+fn data(size: usize, seed: u8) -> Bytes {
+    (0..size)
+        .map(|i| (i % 251) as u8 ^ seed)
+        .collect::<Vec<_>>()
+        .into()
+}
+
+fn setup(
+    size: usize,
+    delay: Duration,
+    upstream_concurrency: usize,
+) -> (Arc<BlockStore>, Arc<FakeUpstream>, ObjectId, Arc<str>) {
+    setup_with(size, delay, upstream_concurrency, |_| {})
+}
+
+fn setup_with(
+    size: usize,
+    delay: Duration,
+    upstream_concurrency: usize,
+    tweak: impl FnOnce(&mut BlockStoreConfig),
+) -> (Arc<BlockStore>, Arc<FakeUpstream>, ObjectId, Arc<str>) {
+    let origin = Arc::new(FakeUpstream::with_delay(delay));
+    origin.put("k", data(size, 0), "\"e1\"");
+    let mut config = BlockStoreConfig {
+        upstream_concurrency,
+        ..BlockStoreConfig::for_tests()
+    };
+    tweak(&mut config);
+    let store = Arc::new(BlockStore::new(
+        config,
+        origin.clone(),
+        Arc::new(Metrics::default()),
+    ));
+    let id = ObjectId {
+        bucket: "b".into(),
+        key: "k".into(),
+        version_id: None,
+    };
+    (store, origin, id, "\"e1\"".into())
+}
+
+async fn collect(
+    s: impl Stream<Item = Result<Bytes, UpstreamError>>,
+) -> Result<Vec<u8>, UpstreamError> {
+    let mut out = Vec::new();
+    futures::pin_mut!(s);
+    while let Some(c) = s.next().await {
+        out.extend_from_slice(&c?);
+    }
+    Ok(out)
+}
+
+#[tokio::test]
+async fn a_broken_body_is_resumed_where_it_broke() {
+    let (store, origin, id, etag) = setup(10_000, Duration::ZERO, 4);
+    origin.break_at.store(2500, Ordering::SeqCst);
+    origin.breaks_left.store(2, Ordering::SeqCst);
+    // One block of 4096 bytes: breaks at 2500, resumes, breaks again 2500 bytes later (past
+    // the block's end, so not at all), and the bytes are exact.
+    let got = collect(store.read(id.clone(), etag.clone(), 0..4096, 10_000))
+        .await
+        .unwrap();
+    assert_eq!(got, &data(10_000, 0)[..4096]);
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        store
+            .metrics
+            .snapshot()
+            .sum("larder_upstream_resumes_total", &[]),
+        1.0
+    );
+    // Resumes are bounded: a body that keeps breaking fails the read.
+    origin.break_at.store(100, Ordering::SeqCst);
+    origin.breaks_left.store(100, Ordering::SeqCst);
+    let err = collect(store.read(id, etag, 4096..8192, 10_000)).await;
+    assert!(matches!(err, Err(UpstreamError::Transport(_))), "{err:?}");
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 2 + 4, "1 + 3 resumes");
+}
+
+#[tokio::test]
+async fn in_order_ranged_reads_are_read_ahead_and_waste_is_counted() {
+    let unused_after = Duration::from_millis(300);
+    let (store, origin, id, etag) = setup_with(64 * 4096, Duration::ZERO, 8, |c| {
+        c.prefetch = PrefetchConfig {
+            enabled: true,
+            min_window: 2,
+            max_window: 4,
+            max_inflight: 8,
+            unused_after,
+        }
+    });
+    let size = 64 * 4096;
+    let mut hits = 0;
+    for i in 0..8u64 {
+        let range = i * 4096..(i + 1) * 4096;
+        // Give the read-ahead of the reads before a generous while to land: waited for, not
+        // slept on, so a loaded machine neither fails this nor lets a broken read-ahead pass
+        // (it would never land, and the block below would be a miss).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while i >= 2
+            && store.classify(&id, &etag, range.clone(), size) != CacheResult::HitMemory
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        if store.classify(&id, &etag, range.clone(), size) == CacheResult::HitMemory {
+            hits += 1;
+        }
+        store.read_ahead(&id, &etag, range.clone(), size);
+        let got = collect(store.read(id.clone(), etag.clone(), range.clone(), size))
+            .await
+            .unwrap();
+        assert_eq!(
+            got,
+            &data(size as usize, 0)[range.start as usize..range.end as usize]
+        );
+    }
+    // Reads 0 and 1 establish the sequence; from read 2 on, each block was already there.
+    assert_eq!(hits, 6);
+    // Let the last read-ahead land (every fetch it issued finished), then count.
+    let issued = || {
+        store
+            .metrics
+            .snapshot()
+            .sum("larder_prefetch_blocks_total", &[("outcome", "issued")])
+    };
+    // Yield first (a sleep runs every task already spawned, on this single-threaded
+    // runtime), then check: the last read's read-ahead tasks may not have started yet.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let settled = store.cache.fetches() == 0
+            && store.prefetch_slots.available_permits() == 8
+            && origin.gets.load(Ordering::SeqCst) as f64 == 2.0 + issued();
+        if settled || tokio::time::Instant::now() >= deadline {
+            break;
+        }
+    }
+    let s = store.metrics.snapshot();
+    let issued = issued();
+    assert!(issued >= 7.0, "{issued}");
+    // Every block was fetched once: read-ahead replaced demand fetches, it did not add any
+    // but the ones ahead of the last read.
+    assert_eq!(origin.gets.load(Ordering::SeqCst) as f64, 2.0 + issued);
+    assert_eq!(
+        s.sum("larder_prefetch_bytes_total", &[("outcome", "used")]),
+        6.0 * 4096.0
+    );
+    // The blocks read ahead of the last read were never read: once unread for
+    // `unused_after`, exactly they are counted as wasted.
+    assert_eq!(
+        s.sum("larder_prefetch_bytes_total", &[("outcome", "wasted")]),
+        0.0
+    );
+    let unread = (issued - 6.0) * 4096.0;
+    assert!(unread > 0.0);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let wasted = loop {
+        store.prefetched.run_pending_tasks();
+        let wasted = store
+            .metrics
+            .snapshot()
+            .sum("larder_prefetch_bytes_total", &[("outcome", "wasted")]);
+        if wasted >= unread || tokio::time::Instant::now() >= deadline {
+            break wasted;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(wasted, unread);
+}
+
+#[tokio::test]
+async fn responses_together_hold_no_more_than_the_response_buffer() {
+    let size = 10 * 4096;
+    let (store, _origin, id, etag) = setup_with(size, Duration::ZERO, 8, |c| {
+        c.response_buffer = 2 * 4096;
+    });
+    let size = size as u64;
+    // A reader that takes one chunk and stops reading: its window fills the buffer.
+    let mut stalled = Box::pin(store.read(id.clone(), etag.clone(), 0..size, size));
+    let mut got = stalled.next().await.unwrap().unwrap().to_vec();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while store.response_buffer().0 < 2 * 4096 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("the stalled reader's window holds the buffer");
+    assert_eq!(store.response_buffer(), (2 * 4096, 2 * 4096));
+    // A second reader waits for room rather than holding more...
+    let other = tokio::spawn(collect(store.read(id.clone(), etag.clone(), 0..size, size)));
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while store
+            .metrics
+            .snapshot()
+            .sum("larder_response_buffer_waits_total", &[])
+            < 1.0
+        {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("the second reader waited");
+    assert!(!other.is_finished());
+    assert!(store.response_buffer().0 <= 2 * 4096);
+    // ...and both finish, exact, once the first reads on.
+    while let Some(chunk) = stalled.next().await {
+        got.extend_from_slice(&chunk.unwrap());
+    }
+    assert!(got == data(size as usize, 0), "the first reader's bytes");
+    let other = other.await.unwrap().unwrap();
+    assert!(other == data(size as usize, 0), "the second reader's bytes");
+    assert_eq!(store.response_buffer().0, 0, "all room given back");
+}
+
+#[tokio::test]
+async fn warming_fetches_only_what_is_missing() {
+    let (store, origin, id, etag) = setup(3 * 4096, Duration::ZERO, 4);
+    assert_eq!(
+        store.warm(&id, &etag, 0, 3 * 4096).await.unwrap(),
+        Warmed::Fetched(4096)
+    );
+    assert_eq!(
+        store.warm(&id, &etag, 0, 3 * 4096).await.unwrap(),
+        Warmed::AlreadyCached
+    );
+    assert_eq!(
+        store.warm(&id, &etag, 2, 3 * 4096).await.unwrap(),
+        Warmed::Fetched(4096)
+    );
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 2);
+    // Without a disk tier the warmed blocks are in memory: a read needs no upstream.
+    let got = collect(store.read(id, etag, 0..4096, 3 * 4096))
+        .await
+        .unwrap();
+    assert_eq!(got, &data(3 * 4096, 0)[..4096]);
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn ranges_are_exact_and_blocks_fetched_once() {
+    let (store, origin, id, etag) = setup(10_000, Duration::ZERO, 2);
+    let want = data(10_000, 0);
+    let size = 10_000;
+    for (a, b) in [
+        (0, 10_000),
+        (4095, 4097),
+        (0, 1),
+        (9_999, 10_000),
+        (5000, 9000),
+        (100, 4096),
+    ] {
+        let got = collect(store.read(id.clone(), etag.clone(), a..b, size))
+            .await
+            .unwrap();
+        assert_eq!(got, want[a as usize..b as usize], "range {a}..{b}");
+    }
+    assert_eq!(
+        origin.gets.load(Ordering::SeqCst),
+        3,
+        "three blocks, one GET each"
+    );
+    assert_eq!(
+        store.classify(&id, &etag, 0..10_000, size),
+        CacheResult::HitMemory
+    );
+}
+
+#[tokio::test]
+async fn concurrent_cold_readers_share_fetches() {
+    let (store, origin, id, etag) = setup(20_000, Duration::from_millis(1), 2);
+    let readers: Vec<_> = (0..32)
+        .map(|_| {
+            tokio::spawn(collect(store.read(
+                id.clone(),
+                etag.clone(),
+                0..20_000,
+                20_000,
+            )))
+        })
+        .collect();
+    for r in readers {
+        assert_eq!(r.await.unwrap().unwrap(), data(20_000, 0));
+    }
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 5);
+}
+
+#[tokio::test]
+async fn a_changed_object_fails_instead_of_mixing_versions() {
+    let (store, _origin, id, _) = setup(10_000, Duration::ZERO, 2);
+    let stale: Arc<str> = "\"old\"".into();
+    let err = collect(store.read(id.clone(), stale.clone(), 0..10_000, 10_000))
+        .await
+        .unwrap_err();
+    assert_eq!(err, UpstreamError::Changed);
+    assert_eq!(
+        store.classify(&id, &stale, 0..10_000, 10_000),
+        CacheResult::Miss
+    );
+}
+
+#[tokio::test]
+async fn a_reader_that_leaves_early_still_fills_the_cache() {
+    let (store, origin, id, etag) = setup(4096, Duration::from_millis(1), 2);
+    {
+        let s = store.read(id.clone(), etag.clone(), 0..4096, 4096);
+        futures::pin_mut!(s);
+        s.next().await.unwrap().unwrap();
+    }
+    for _ in 0..200 {
+        if store.classify(&id, &etag, 0..4096, 4096) == CacheResult::HitMemory {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        store.classify(&id, &etag, 0..4096, 4096),
+        CacheResult::HitMemory
+    );
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn one_reader_fetches_its_window_of_blocks_at_once() {
+    // 16 blocks of 4 chunks each, 5 ms per chunk: one at a time would take 320 ms.
+    let (store, origin, id, etag) = setup(16 * 4096, Duration::from_millis(5), 8);
+    let body = collect(store.read(id, etag, 0..16 * 4096, 16 * 4096)).await;
+    assert_eq!(body.unwrap(), data(16 * 4096, 0).to_vec());
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 16);
+    // The window is 4 blocks: the block being sent and the ones opened ahead of it.
+    assert!(origin.most_open_bodies.load(Ordering::SeqCst) >= 3);
+}
+
+#[tokio::test]
+async fn upstream_fetches_never_exceed_the_cap() {
+    let (store, origin, id, etag) = setup(16 * 4096, Duration::from_millis(1), 2);
+    let readers: Vec<_> = (0..4u64)
+        .map(|i| {
+            tokio::spawn(collect(store.read(
+                id.clone(),
+                etag.clone(),
+                i * 4096..16 * 4096,
+                16 * 4096,
+            )))
+        })
+        .collect();
+    for r in readers {
+        r.await.unwrap().unwrap();
+    }
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 16);
+    assert_eq!(origin.most_open_bodies.load(Ordering::SeqCst), 2);
+}
+
+mod disk_tests {
+    use super::*;
+    use crate::upstream::fake::FakeUpstream;
+    use cache_core::disk::DiskConfig;
+
+    async fn store_over(
+        path: &std::path::Path,
+        origin: Arc<FakeUpstream>,
+    ) -> (Arc<BlockStore>, DiskCache) {
+        let mut cfg = DiskConfig::new(path, 9 << 20);
+        cfg.region_size = 1 << 20;
+        let disk = DiskCache::open(cfg).await.expect("disk");
+        let config = BlockStoreConfig {
+            layout: BlockLayout::new(64 * 1024),
+            disk: Some(disk.clone()),
+            ..BlockStoreConfig::for_tests()
+        };
+        let store = BlockStore::new(config, origin, Arc::new(Metrics::default()));
+        (Arc::new(store), disk)
+    }
+
+    #[tokio::test]
+    async fn a_restarted_store_serves_from_disk_without_the_origin() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("cache");
+        let origin = Arc::new(FakeUpstream::with_delay(Duration::ZERO));
+        let body: Bytes = (0..300_000u32)
+            .map(|i| (i % 241) as u8)
+            .collect::<Vec<_>>()
+            .into();
+        origin.put("k", body.clone(), "\"e1\"");
+        let id = ObjectId {
+            bucket: "b".into(),
+            key: "k".into(),
+            version_id: None,
+        };
+        let etag: Arc<str> = "\"e1\"".into();
+        let (store, disk) = store_over(&path, origin.clone()).await;
+        let got: Vec<Bytes> = store
+            .read(id.clone(), etag.clone(), 0..300_000, 300_000)
+            .map(|r| r.expect("read"))
+            .collect()
+            .await;
+        assert_eq!(got.concat(), body.to_vec());
+        let fetched = origin.gets.load(std::sync::atomic::Ordering::SeqCst);
+        disk.close().await;
+        drop((store, disk));
+
+        let (store, _disk) = store_over(&path, origin.clone()).await;
+        assert_eq!(
+            store.classify(&id, &etag, 1000..250_000, 300_000),
+            CacheResult::HitDisk
+        );
+        let got: Vec<Bytes> = store
+            .read(id.clone(), etag.clone(), 1000..250_000, 300_000)
+            .map(|r| r.expect("read"))
+            .collect()
+            .await;
+        assert_eq!(got.concat(), body[1000..250_000].to_vec());
+        assert_eq!(
+            origin.gets.load(std::sync::atomic::Ordering::SeqCst),
+            fetched,
+            "no upstream GET after restart"
+        );
+        // Promoted: now every touched block is in memory.
+        assert_eq!(
+            store.classify(&id, &etag, 1000..250_000, 300_000),
+            CacheResult::HitMemory
+        );
+
+        // A small range of a block only on disk reads just that range's chunk from disk.
+        let before = store.disk().expect("disk").stats();
+        let got: Vec<Bytes> = store
+            .read(id.clone(), etag.clone(), 270_000..270_100, 300_000)
+            .map(|r| r.expect("read"))
+            .collect()
+            .await;
+        assert_eq!(got.concat(), body[270_000..270_100].to_vec());
+        let after = store.disk().expect("disk").stats();
+        assert_eq!(after.hits - before.hits, 1);
+        assert_eq!(after.hit_bytes - before.hit_bytes, 100);
+        assert_eq!(
+            store.classify(&id, &etag, 270_000..270_100, 300_000),
+            CacheResult::HitDisk,
+            "a small range is not promoted"
+        );
+        assert_eq!(
+            origin.gets.load(std::sync::atomic::Ordering::SeqCst),
+            fetched
+        );
+    }
+}
