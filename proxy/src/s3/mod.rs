@@ -7,6 +7,7 @@ pub mod copy_source;
 pub mod error;
 pub mod form;
 pub mod headers;
+pub mod operation;
 pub mod request;
 
 pub use error::S3Error;

@@ -1,0 +1,222 @@
+//! The S3 front: every request is authenticated and authorised; GetObject and HeadObject go
+//! through the block cache; everything else passes through to the upstream, re-signed.
+//!
+//! A cached GET goes: [`handle`] → [`crate::auth`] → address and query
+//! ([`crate::s3::request`]) → metadata ([`MetadataCache`]) → conditionals and range
+//! ([`crate::s3`]) → bytes ([`BlockStore::read`]). Anything else goes to [`Forwarder::send`],
+//! and a write that succeeds forgets what was cached of its object.
+//!
+//! This file takes a request in, names its operation ([`crate::s3::operation`]), authenticates
+//! it and dispatches it; [`object`] answers cached reads, [`pass_through`] everything else, and
+//! [`timed`] records each response's duration when its body ends.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::Response;
+use http::request::Parts;
+use http::{HeaderValue, Method};
+use tracing::Instrument;
+
+use crate::auth::Authenticator;
+use crate::read::blocks::BlockStore;
+use crate::read::metadata::MetadataCache;
+use crate::s3::copy_source::CopySource;
+use crate::s3::operation;
+use crate::s3::request::{self, ObjectQuery, Target};
+use crate::s3::S3Error;
+use crate::telemetry::metrics::Metrics;
+use crate::upstream::forward::Forwarder;
+use crate::upstream::Upstream;
+
+mod object;
+mod pass_through;
+#[cfg(test)]
+mod tests;
+mod timed;
+
+use object::{cacheable, declares_kms};
+use timed::{ResponseDone, TimedBody};
+
+/// A request's answer and its `X-Cache` value, or its S3 error.
+type Handled = Result<(Response, &'static str), S3Error>;
+
+/// What the S3 front needs.
+pub struct AppState {
+    /// Base domain for virtual-hosted-style requests.
+    pub base_domain: Option<String>,
+    /// Who may send requests.
+    pub auth: Authenticator,
+    /// Object metadata.
+    pub metadata: Arc<MetadataCache>,
+    /// Block data.
+    pub blocks: Arc<BlockStore>,
+    /// The upstream, for the rare request the caches cannot answer (explaining a 404).
+    pub origin: Arc<dyn Upstream>,
+    /// The upstream, for every request that is not a cacheable read.
+    pub forwarder: Forwarder,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+}
+
+/// The S3 router.
+pub fn router(state: Arc<AppState>) -> axum::Router {
+    axum::Router::new().fallback(handle).with_state(state)
+}
+
+/// Every S3 request lands here.
+pub async fn handle(State(app): State<Arc<AppState>>, req: Request) -> Response {
+    let started = Instant::now();
+    let request_id = request_id();
+    let (req, body) = req.into_parts();
+    let method = req.method.clone();
+    let resource = req.uri.path().to_owned();
+    let parsed = app.parse(&req);
+    let span = tracing::info_span!(
+        "request",
+        otel.name = parsed.2,
+        otel.kind = "server",
+        http.request.method = %method,
+        s3.bucket = tracing::field::Empty,
+        http.response.status_code = tracing::field::Empty,
+        larder.cache = tracing::field::Empty,
+        larder.request_id = %request_id,
+    );
+    let (operation, bucket, result) = app
+        .dispatch(req, body, parsed)
+        .instrument(span.clone())
+        .await;
+    let (mut response, cache) = match result {
+        Ok((response, cache)) => (response, cache),
+        Err(e) => {
+            if e.status().is_server_error() {
+                span.in_scope(|| {
+                    tracing::warn!(%method, %resource, code = e.code(), error = %e, "request failed")
+                });
+            }
+            (e.into_response(&method, &resource, &request_id), "error")
+        }
+    };
+    let headers = response.headers_mut();
+    if !headers.contains_key("x-amz-request-id") {
+        if let Ok(v) = HeaderValue::from_str(&request_id) {
+            headers.insert("x-amz-request-id", v);
+        }
+    }
+    headers.insert("x-cache", HeaderValue::from_static(cache));
+    let status = response.status().as_u16();
+    span.record("http.response.status_code", i64::from(status));
+    span.record("larder.cache", cache);
+    if let Some(b) = &bucket {
+        span.record("s3.bucket", b.as_str());
+    }
+    app.metrics.request(
+        operation,
+        bucket.as_deref(),
+        status,
+        cache,
+        started.elapsed(),
+    );
+    let done = ResponseDone {
+        metrics: app.metrics.clone(),
+        operation,
+        started,
+    };
+    response.map(|body| Body::new(TimedBody::new(body, span, done)))
+}
+
+impl AppState {
+    /// What a request addresses and which operation it is. Computed before authentication only
+    /// to name the request's span; nothing is answered from it until the client is known.
+    fn parse(&self, req: &Parts) -> (Result<Target, S3Error>, ObjectQuery, &'static str) {
+        let target = request::host(req)
+            .and_then(|host| request::target(host, req.uri.path(), self.base_domain.as_deref()));
+        let query = ObjectQuery::parse(req.uri.query());
+        let operation = match &target {
+            Ok(t) => operation::name(&req.method, t, &query, &req.headers),
+            Err(_) => "Unknown",
+        };
+        (target, query, operation)
+    }
+
+    /// The operation's name (for metrics), its bucket and the answer.
+    async fn dispatch(
+        &self,
+        req: Parts,
+        body: Body,
+        (target, query, operation): (Result<Target, S3Error>, ObjectQuery, &'static str),
+    ) -> (&'static str, Option<String>, Handled) {
+        // A browser-form upload carries its signature in the form: verified there.
+        if let Ok(t @ Target::Bucket(bucket)) = &target {
+            if crate::front::form_upload::is_form_upload(&req, t) {
+                let bucket = bucket.clone();
+                let uploader = crate::front::form_upload::Uploader {
+                    auth: &self.auth,
+                    metadata: &self.metadata,
+                    forwarder: &self.forwarder,
+                };
+                let result =
+                    crate::front::form_upload::upload(uploader, req, body, bucket.clone()).await;
+                return ("PostObject", Some(bucket), result.map(|r| (r, "pass")));
+            }
+        }
+        // Authenticate before looking at anything else, so an unknown client learns nothing.
+        let principal = match self.auth.authenticate(&req, self.base_domain.as_deref()) {
+            Ok(p) => p,
+            Err(e) => return ("Unauthenticated", None, Err(e)),
+        };
+        let target = match target {
+            Ok(t) => t,
+            Err(e) => return (operation, None, Err(e)),
+        };
+        let bucket = match &target {
+            Target::Service => None,
+            Target::Bucket(b) | Target::Object { bucket: b, .. } => Some(b.clone()),
+        };
+        // The copy source is authorised and forwarded as one parse, never as the client's text.
+        let copy_source = match req.headers.get("x-amz-copy-source") {
+            Some(v) => match CopySource::parse(v.as_bytes()) {
+                Ok(source) => Some(source),
+                Err(e) => return (operation, bucket, Err(e)),
+            },
+            None => None,
+        };
+        if let Err(e) = principal.authorize(
+            &req.method,
+            &target,
+            &query.other,
+            &req.headers,
+            copy_source.as_ref(),
+        ) {
+            return (operation, bucket, Err(e));
+        }
+        let result = match (&req.method, &target) {
+            (&Method::GET | &Method::HEAD, Target::Object { .. })
+                if declares_kms(&req.headers) =>
+            {
+                Err(S3Error::InvalidArgument(
+                    "Server Side Encryption with AWS KMS managed key requires no x-amz-server-side-encryption headers on a read"
+                        .into(),
+                ))
+            }
+            (&Method::GET | &Method::HEAD, Target::Object { bucket, key })
+                if cacheable(key, &query, &req.headers) =>
+            {
+                let head = req.method == Method::HEAD;
+                self.object(&req, bucket.clone(), key.clone(), &query, head)
+                    .await
+            }
+            _ => {
+                self.pass_through(req, body, target, principal, copy_source, operation)
+                    .await
+            }
+        };
+        (operation, bucket, result)
+    }
+}
+
+fn request_id() -> String {
+    format!("{:016X}", rand::random::<u64>())
+}

@@ -1,0 +1,260 @@
+//! GetObject and HeadObject from the caches: metadata, conditionals and range, then the bytes
+//! from the block store; a 404 or other failure explained as S3 would have answered.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::response::Response;
+use futures::StreamExt;
+use http::request::Parts;
+use http::{header, HeaderMap, HeaderValue, StatusCode};
+use parking_lot::Mutex;
+
+use crate::model::{
+    range::{self, ByteRange, Resolved},
+    ObjectId, UpstreamError,
+};
+use crate::read::blocks::CacheResult;
+use crate::read::metadata::Source;
+use crate::s3::conditional::{self, Outcome};
+use crate::s3::headers::object_headers;
+use crate::s3::request::ObjectQuery;
+use crate::s3::S3Error;
+
+use super::{AppState, Handled};
+
+impl AppState {
+    pub(super) async fn object(
+        &self,
+        req: &Parts,
+        bucket: String,
+        key: String,
+        query: &ObjectQuery,
+        head: bool,
+    ) -> Handled {
+        let id = ObjectId {
+            bucket: bucket.into(),
+            key: key.into(),
+            version_id: query.version_id.as_deref().map(Arc::from),
+        };
+        // One retry: if the object changed upstream after its metadata was cached, the first block
+        // fetch says so (If-Match) before anything was sent, and we start over with fresh metadata.
+        let mut retried = false;
+        loop {
+            match self.object_once(&req.headers, &id, query, head).await {
+                Err(Retry) if !retried => {
+                    retried = true;
+                    self.metadata.invalidate(&id).await;
+                }
+                Err(Retry) => {
+                    return Err(S3Error::ServiceUnavailable(
+                        "the object kept changing while it was read".into(),
+                    ))
+                }
+                Ok(handled) => return handled,
+            }
+        }
+    }
+
+    async fn object_once(
+        &self,
+        headers: &HeaderMap,
+        id: &ObjectId,
+        query: &ObjectQuery,
+        head: bool,
+    ) -> Result<Handled, Retry> {
+        // Parsed once; `None` is no header or one S3 ignores (the whole object).
+        let range = headers
+            .get(header::RANGE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(ByteRange::parse);
+        // A GET of an object nothing is known of fetches its metadata together with the first
+        // block it needs (or, for a suffix range, with those last bytes): one upstream round
+        // trip before the first byte instead of two.
+        let cold = match (head, range) {
+            (true, _) => None,
+            (false, None) => Some(Cold::Block(0)),
+            (false, Some(ByteRange::FromTo { first, .. })) => {
+                Some(Cold::Block(first / self.blocks.layout().block_size()))
+            }
+            (false, Some(ByteRange::Suffix(n))) => (n > 0).then_some(Cold::Tail(n)),
+        }
+        .filter(|_| self.metadata.is_unknown(id) && !self.blocks.known_on_disk(id));
+        let opened = AtomicBool::new(false);
+        let tail = Mutex::new(None);
+        let fetched = match cold {
+            Some(Cold::Block(index)) => {
+                let open = async {
+                    opened.store(true, Ordering::Relaxed);
+                    self.blocks.open_cold(id.clone(), index).await
+                };
+                self.metadata.get_or_open(id, open).await
+            }
+            Some(Cold::Tail(len)) => {
+                let open = async {
+                    opened.store(true, Ordering::Relaxed);
+                    Ok(self.blocks.open_tail(id, len).await?.map(|(meta, body)| {
+                        *tail.lock() = Some(body);
+                        (meta, std::time::Duration::ZERO)
+                    }))
+                };
+                self.metadata.get_or_open(id, open).await
+            }
+            None => self.metadata.get(id).await.map_err(|e| (e, true)),
+        };
+        let (meta, source) = match fetched {
+            Ok(m) => m,
+            Err((e, from_head)) => return Ok(Err(self.explain(e, id, head, from_head).await)),
+        };
+        // For answers without a body, X-Cache says where the metadata came from.
+        let meta_cache = match source {
+            Source::Cached => "hit-memory",
+            Source::Fetched => "miss",
+            Source::Stale => "stale",
+        };
+        let mut out = object_headers(&meta, &query.overrides);
+        match conditional::evaluate(headers, &meta) {
+            Outcome::Proceed => {}
+            Outcome::NotModified => {
+                let mut response = Response::new(Body::empty());
+                *response.status_mut() = StatusCode::NOT_MODIFIED;
+                for name in [header::ETAG, header::LAST_MODIFIED] {
+                    if let Some(v) = out.remove(&name) {
+                        response.headers_mut().insert(name, v);
+                    }
+                }
+                return Ok(Ok((response, meta_cache)));
+            }
+            Outcome::PreconditionFailed => return Ok(Err(S3Error::PreconditionFailed)),
+        }
+        let (status, start, end) = match range::resolve_parsed(range, meta.size) {
+            Resolved::Whole => (StatusCode::OK, 0, meta.size),
+            Resolved::Partial { start, end } => {
+                let v = format!("bytes {}-{}/{}", start, end - 1, meta.size);
+                // Digits, a dash and a slash: always a valid header value.
+                if let Ok(v) = HeaderValue::from_str(&v) {
+                    out.insert(header::CONTENT_RANGE, v);
+                }
+                (StatusCode::PARTIAL_CONTENT, start, end)
+            }
+            Resolved::Unsatisfiable => return Ok(Err(S3Error::InvalidRange { size: meta.size })),
+        };
+        out.insert(header::CONTENT_LENGTH, HeaderValue::from(end - start));
+        let respond = |body: Body, cache: &'static str| {
+            let mut response = Response::new(body);
+            *response.status_mut() = status;
+            *response.headers_mut() = out.clone();
+            Ok(Ok((response, cache)))
+        };
+        if head || start == end {
+            return respond(Body::empty(), meta_cache);
+        }
+        let etag: Arc<str> = meta.etag.as_str().into();
+        // This request's own suffix GET: its bytes go to the client as they arrive, and the
+        // blocks under them are fetched behind it for the next reader.
+        if let Some(body) = tail.lock().take() {
+            self.blocks.fetch_behind(id, &etag, start..end, meta.size);
+            return respond(Body::from_stream(body), CacheResult::Miss.as_str());
+        }
+        let cache = match self.blocks.classify(id, &etag, start..end, meta.size) {
+            // This request's own GET is the flight it finds.
+            CacheResult::Coalesced if opened.load(Ordering::Relaxed) => CacheResult::Miss,
+            other => other,
+        };
+        self.blocks.read_ahead(id, &etag, start..end, meta.size);
+        let mut body = Box::pin(self.blocks.read(id.clone(), etag, start..end, meta.size));
+        // Wait for the first bytes before answering, so an upstream failure (or a changed object)
+        // becomes a proper S3 error instead of a broken body.
+        let first = match body.next().await {
+            Some(Ok(first)) => first,
+            Some(Err(UpstreamError::Changed)) => return Err(Retry),
+            Some(Err(e)) => return Ok(Err(self.explain(e, id, head, false).await)),
+            None => return Ok(Err(S3Error::InternalError)),
+        };
+        let stream =
+            futures::stream::once(async move { Ok::<_, UpstreamError>(first) }).chain(body);
+        let cache = if source == Source::Stale {
+            cache.as_stale_str()
+        } else {
+            cache.as_str()
+        };
+        respond(Body::from_stream(stream), cache)
+    }
+
+    /// Turn an origin failure into what S3 would have answered. `from_head` says the failure came
+    /// from the metadata HEAD.
+    async fn explain(
+        &self,
+        error: UpstreamError,
+        id: &ObjectId,
+        head: bool,
+        from_head: bool,
+    ) -> S3Error {
+        // A HEAD error has no body, so no code: a 404 does not say whether the key or the bucket
+        // is missing, a 403 not whether the key is unknown or the signature wrong. A client's HEAD
+        // gets the bare status, as from S3; for a GET, a one-byte GET asks the upstream for the
+        // code S3 would have sent.
+        if let (
+            UpstreamError::Service {
+                status: 400..=499, ..
+            },
+            true,
+            false,
+        ) = (&error, from_head, head)
+        {
+            if let Err(refined @ UpstreamError::Service { .. }) =
+                self.origin.get(id, None, Some(0..1)).await
+            {
+                return refined.into();
+            }
+        }
+        let message = error.to_string();
+        let answer = S3Error::from(error);
+        if answer == S3Error::InternalError {
+            tracing::error!(object = %id, error = %message, "cannot read from the upstream");
+        }
+        answer
+    }
+}
+
+/// Whether a GET or HEAD of an object can be answered from the cache: no sub-resource
+/// (`?tagging`, `?acl`, `?attributes`...), no `partNumber` (parts are addressed by the upload's
+/// layout, which the cache does not know), and no SSE-C (the key must reach S3, and the bytes must
+/// never be stored).
+///
+/// Nor when the request carries a header that S3 checks against the bucket or the caller
+/// (`x-amz-expected-bucket-owner`, `x-amz-request-payer`): a cached answer would skip the
+/// check, so S3 must see the request.
+///
+/// Nor a key made only of white space: the upstream client library refuses to build a request
+/// for it, so it goes through the pass-through, which addresses any key.
+pub(super) fn cacheable(key: &str, query: &ObjectQuery, headers: &HeaderMap) -> bool {
+    !key.trim().is_empty()
+        && query.other.is_empty()
+        && query.part_number.is_none()
+        && ![
+            "x-amz-server-side-encryption-customer-algorithm",
+            "x-amz-expected-bucket-owner",
+            "x-amz-request-payer",
+        ]
+        .iter()
+        .any(|h| headers.contains_key(*h))
+}
+
+/// A read that declares SSE-KMS: S3 refuses it (400), as the encryption is chosen on write.
+pub(super) fn declares_kms(headers: &HeaderMap) -> bool {
+    headers.contains_key("x-amz-server-side-encryption")
+        || headers.contains_key("x-amz-server-side-encryption-aws-kms-key-id")
+}
+
+/// How a GET of an object nothing is known of fetches its metadata.
+enum Cold {
+    /// With the block of this index.
+    Block(u64),
+    /// With the last this many bytes (a suffix range).
+    Tail(u64),
+}
+
+/// The object changed upstream between reading its metadata and its first block.
+struct Retry;

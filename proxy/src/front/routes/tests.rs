@@ -1,0 +1,144 @@
+use super::*;
+use crate::read::blocks::BlockStoreConfig;
+use crate::upstream::fake::FakeUpstream;
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use http::{header, HeaderMap, StatusCode};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+fn app(origin: Arc<FakeUpstream>) -> Arc<AppState> {
+    let metrics = Arc::new(Metrics::default());
+    let config = BlockStoreConfig {
+        read_window: 2,
+        upstream_concurrency: 8,
+        ..BlockStoreConfig::for_tests()
+    };
+    Arc::new(AppState {
+        base_domain: None,
+        auth: Authenticator::None,
+        // Nothing listens there: these tests never pass a request through.
+        forwarder: Forwarder::new(
+            Some("http://127.0.0.1:9"),
+            "us-east-1",
+            true,
+            None,
+            Duration::from_secs(1),
+        )
+        .unwrap(),
+        metadata: Arc::new(MetadataCache::new(
+            origin.clone(),
+            Duration::from_secs(3600),
+            Duration::ZERO,
+            100,
+        )),
+        blocks: Arc::new(BlockStore::new(config, origin.clone(), metrics.clone())),
+        origin,
+        metrics,
+    })
+}
+
+async fn get(app: &Arc<AppState>, range: &str) -> (StatusCode, HeaderMap, Bytes) {
+    let req = Request::builder()
+        .uri("/bucket/k")
+        .header(header::RANGE, range)
+        .body(Body::empty())
+        .unwrap();
+    let response = handle(State(app.clone()), req).await;
+    let (parts, body) = response.into_parts();
+    (
+        parts.status,
+        parts.headers,
+        body.collect().await.unwrap().to_bytes(),
+    )
+}
+
+#[tokio::test]
+async fn an_object_changed_under_cached_metadata_is_served_whole_from_the_new_version() {
+    let v1: Bytes = vec![1u8; 3 * 4096].into();
+    let v2: Bytes = vec![2u8; 3 * 4096].into();
+    let origin = Arc::new(FakeUpstream::default());
+    origin.put("k", v1.clone(), "\"v1\"");
+    let app = app(origin.clone());
+    let (status, headers, body) = get(&app, "bytes=0-9").await;
+    assert_eq!(
+        (status, &body[..]),
+        (StatusCode::PARTIAL_CONTENT, &v1[..10])
+    );
+    assert_eq!(headers[header::ETAG], "\"v1\"");
+
+    // Overwritten upstream while v1's metadata is still trusted; block 2 was never fetched.
+    origin.put("k", v2.clone(), "\"v2\"");
+    let (status, headers, body) = get(&app, "bytes=8192-8201").await;
+    assert_eq!(
+        (status, &body[..]),
+        (StatusCode::PARTIAL_CONTENT, &v2[8192..8202])
+    );
+    assert_eq!(
+        headers[header::ETAG],
+        "\"v2\"",
+        "headers and bytes come from the same version"
+    );
+    // Both times nothing was known, so metadata came with a block GET: 1 for v1's block 0,
+    // 1 refused (If-Match v1), 1 for v2's block 2.
+    assert_eq!(origin.heads.load(Ordering::SeqCst), 0);
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn a_cold_get_brings_metadata_and_its_block_in_one_request() {
+    let data: Bytes = (0..3 * 4096)
+        .map(|i| (i % 251) as u8)
+        .collect::<Vec<u8>>()
+        .into();
+    let origin = Arc::new(FakeUpstream::default());
+    origin.put("k", data.clone(), "\"v1\"");
+    let app = app(origin.clone());
+    let (status, headers, body) = get(&app, "bytes=5000-5009").await;
+    assert_eq!(
+        (status, &body[..]),
+        (StatusCode::PARTIAL_CONTENT, &data[5000..5010])
+    );
+    assert_eq!(headers[header::CONTENT_RANGE], "bytes 5000-5009/12288");
+    assert_eq!(headers["x-cache"], "miss");
+    assert_eq!(origin.heads.load(Ordering::SeqCst), 0);
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 1, "one GET, of block 1");
+    let (_, headers, body) = get(&app, "bytes=4096-8191").await;
+    assert_eq!(&body[..], &data[4096..8192]);
+    // The block may still be arriving for the first reader's fetch: joined, not fetched again.
+    assert!(["hit-memory", "coalesced"].contains(&headers["x-cache"].to_str().unwrap()));
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 1);
+
+    // A suffix range asks for just those bytes, and gets the metadata with them. An empty
+    // object refuses a ranged GET: HEAD then.
+    origin.put("s", data.clone(), "\"s1\"");
+    origin.put("e", Bytes::new(), "\"e1\"");
+    for (key, range, want) in [
+        ("s", Some("bytes=-10"), &data[12278..]),
+        ("e", None, &[][..]),
+    ] {
+        let mut req = Request::builder().uri(format!("/bucket/{key}"));
+        if let Some(range) = range {
+            req = req.header(header::RANGE, range);
+        }
+        let req = req.body(Body::empty()).unwrap();
+        let response = handle(State(app.clone()), req).await;
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], want, "{key}");
+    }
+    assert_eq!(origin.heads.load(Ordering::SeqCst), 1, "the empty object's");
+    // "s": one GET of its last 10 bytes; "e": one refused ranged GET.
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 1 + 1 + 1);
+}
+
+#[tokio::test]
+async fn errors_are_s3_xml_with_a_request_id() {
+    let app = app(Arc::new(FakeUpstream::default()));
+    let (status, headers, body) = get(&app, "bytes=0-1").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(!headers["x-amz-request-id"].is_empty());
+    assert_eq!(headers["x-cache"], "error");
+    assert!(std::str::from_utf8(&body)
+        .unwrap()
+        .contains("<Code>NoSuchKey</Code>"));
+}
