@@ -1,6 +1,6 @@
 //! Configuration: defaults < TOML file (`--config`) < `LARDER_*` environment < command-line flags.
 //!
-//! Every option is declared once, in [`options!`] below: its documentation, type and default.
+//! Every option is declared once, in `options!` below: its documentation, type and default.
 //! The [`Config`] struct, its `Default`, the option list and the command-line flags
 //! ([`flags::Flags`]) all derive from that declaration, and a test holds `docs/configuration.md`
 //! to it: every key, every flag and every default.

@@ -7,8 +7,8 @@
 //! and a write that succeeds forgets what was cached of its object.
 //!
 //! This file takes a request in, names its operation ([`crate::s3::operation`]), authenticates
-//! it and dispatches it; [`object`] answers cached reads, [`pass_through`] everything else, and
-//! [`timed`] records each response's duration when its body ends.
+//! it and dispatches it; `object` answers cached reads, `pass_through` everything else, and
+//! `timed` records each response's duration when its body ends.
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -82,7 +82,7 @@ impl BlockStore {
     /// then fills that block, saving the HEAD round trip; in a fleet, from the replica owning
     /// that block, which does the same (once for everyone asking). With the metadata comes how
     /// long ago the upstream said it. `Ok(None)` when the answer cannot stand for a HEAD (see
-    /// [`Upstream::get_with_meta`]). The fetch runs in a task of its own, like any block fetch,
+    /// [`crate::upstream::Upstream::get_with_meta`]). The fetch runs in a task of its own, like any block fetch,
     /// so the block lands even if the caller goes away.
     pub async fn open_cold(
         self: &Arc<Self>,

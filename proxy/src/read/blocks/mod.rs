@@ -8,11 +8,11 @@
 //! The store is one type, [`BlockStore`], whose methods live where their concern does:
 //! - this file: the store, and a response's read of a byte range: each block from memory, the
 //!   fleet's brief copies, disk, or a fetch joined through the cache's single-flight;
-//! - [`classify`]: where a range's bytes would come from now (`X-Cache`);
-//! - [`fetch`]: one block's fetch: from disk, its owner in the fleet, or the upstream,
+//! - `classify`: where a range's bytes would come from now (`X-Cache`);
+//! - `fetch`: one block's fetch: from disk, its owner in the fleet, or the upstream,
 //!   resumed where it broke, and where the bytes then go;
-//! - [`cold`]: the first read of an object nothing is known of, whose GET brings its metadata;
-//! - [`ahead`]: read-ahead and warm-up, fetches nobody is waiting for yet.
+//! - `cold`: the first read of an object nothing is known of, whose GET brings its metadata;
+//! - `ahead`: read-ahead and warm-up, fetches nobody is waiting for yet.
 
 use std::ops::Range;
 use std::sync::Arc;
