@@ -2,8 +2,8 @@ use super::*;
 use crate::read::blocks::BlockStoreConfig;
 use crate::upstream::fake::FakeUpstream;
 use bytes::Bytes;
-use http_body_util::BodyExt;
 use http::{header, HeaderMap, StatusCode};
+use http_body_util::BodyExt;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 

@@ -7,13 +7,17 @@
 //! saving is one query: `sum(larder_cost_direct_dollars_total) -
 //! sum(larder_cost_upstream_dollars_total)`.
 
-use std::sync::Arc;
+//!
+//! This file sets up the instruments and records events; [`cost`] prices requests, `observe`
+//! exports the gauges read at each collection (memory, disk, fleet, buffers), and [`snapshot`]
+//! reads gathered metrics back (for the status page and tests).
+
 use std::time::{Duration, Instant, SystemTime};
 
-use super::labels::{Lookup, PrefetchBlock, PrefetchBytes, Rejected, Source, WriteDropped};
 use crate::model::UpstreamOutcome;
-use cache_core::disk::{DiskStats, DropReason};
-use cache_core::{DiskCache, MemoryTier};
+use crate::telemetry::labels::{
+    Lookup, PrefetchBlock, PrefetchBytes, Rejected, Source, WriteDropped,
+};
 use opentelemetry::metrics::{Counter, Histogram, Meter, MeterProvider as _};
 use opentelemetry::KeyValue;
 use opentelemetry_otlp::WithExportConfig;
@@ -22,86 +26,13 @@ use opentelemetry_sdk::Resource;
 use parking_lot::Mutex;
 use prometheus::proto::MetricFamily;
 
-/// The S3 billing classes a request falls in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RequestClass {
-    /// GET, HEAD, SELECT and every request not named below.
-    Get,
-    /// PUT, COPY, POST and LIST.
-    Put,
-    /// DELETE and CANCEL (AbortMultipartUpload) are free, as are requests Larder refuses.
-    Free,
-}
+pub mod cost;
+mod observe;
+pub mod snapshot;
 
-/// What the fleet's gauges show, read at each collection.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct FleetGauges {
-    /// Replicas this one sees, itself included.
-    pub members: u64,
-    /// Replicas that may own blocks for this one.
-    pub owners: u64,
-    /// Share of keys whose owner changed at the last membership change.
-    pub moved: f64,
-}
-
-impl RequestClass {
-    /// The class of an operation, as the S3 front names it (`GetObject`, `ListObjectsV2`...).
-    pub fn of(operation: &str) -> Self {
-        const PUT: [&str; 7] = [
-            "List",
-            "Put",
-            "Post",
-            "Copy",
-            "Create",
-            "Complete",
-            "UploadPart",
-        ];
-        if PUT.iter().any(|p| operation.starts_with(p)) {
-            RequestClass::Put
-        } else if operation.starts_with("Delete")
-            || matches!(
-                operation,
-                "AbortMultipartUpload" | "Unauthenticated" | "Unknown"
-            )
-        {
-            RequestClass::Free
-        } else {
-            RequestClass::Get
-        }
-    }
-}
-
-/// What S3 charges, for the cost metrics.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Prices {
-    /// Dollars per GET-class request.
-    pub get_request: f64,
-    /// Dollars per PUT-class request.
-    pub put_request: f64,
-    /// Dollars per byte moved between S3 and its reader.
-    pub transfer_byte: f64,
-}
-
-impl Prices {
-    fn request(&self, class: RequestClass) -> f64 {
-        match class {
-            RequestClass::Get => self.get_request,
-            RequestClass::Put => self.put_request,
-            RequestClass::Free => 0.0,
-        }
-    }
-}
-
-impl Default for Prices {
-    /// S3 Standard in us-east-1, transfer within the region (free); see docs/observability.md.
-    fn default() -> Self {
-        Self {
-            get_request: 0.0004 / 1000.0,
-            put_request: 0.005 / 1000.0,
-            transfer_byte: 0.0,
-        }
-    }
-}
+pub use cost::{Prices, RequestClass};
+pub use observe::FleetGauges;
+pub use snapshot::Snapshot;
 
 /// How metrics are exported beyond `/metrics`.
 #[derive(Debug, Clone, Default)]
@@ -536,31 +467,6 @@ impl Metrics {
         self.fleet_changes.add(1, &[]);
     }
 
-    /// Export the fleet's gauges (members, candidates, keys moved at the last change), each read
-    /// from `read` at each collection.
-    pub fn observe_fleet(&self, read: impl Fn() -> FleetGauges + Send + Sync + 'static) {
-        let read = Arc::new(read);
-        let members = read.clone();
-        self.meter
-            .u64_observable_gauge("larder.fleet.members")
-            .with_description("Replicas this one sees, itself included")
-            .with_callback(move |o| o.observe(members().members, &[]))
-            .build();
-        let owners = read.clone();
-        self.meter
-            .u64_observable_gauge("larder.fleet.owners")
-            .with_description("Replicas that may own blocks for this one (its zone, or all)")
-            .with_callback(move |o| o.observe(owners().owners, &[]))
-            .build();
-        self.meter
-            .f64_observable_gauge("larder.fleet.keys.moved.ratio")
-            .with_description(
-                "Share of block keys whose owner changed at the last membership change",
-            )
-            .with_callback(move |o| o.observe(read().moved, &[]))
-            .build();
-    }
-
     /// A block looked up in `tier`.
     pub fn lookup(&self, tier: Lookup, hit: bool) {
         let result = if hit { "hit" } else { "miss" };
@@ -576,23 +482,6 @@ impl Metrics {
     /// A response waited for room in the responses' buffer (`response_buffer`).
     pub fn response_buffer_wait(&self) {
         self.response_buffer_waits.add(1, &[]);
-    }
-
-    /// Export how much of the responses' buffer is in use.
-    /// `read` says (bytes in use, most allowed).
-    pub fn observe_response_buffer(&self, read: impl Fn() -> (u64, u64) + Send + Sync + 'static) {
-        let read = Arc::new(read);
-        let limit = read.clone();
-        self.meter
-            .u64_observable_gauge("larder.response.buffer.bytes")
-            .with_description("Bytes of blocks held by responses in flight")
-            .with_callback(move |o| o.observe(read().0, &[]))
-            .build();
-        self.meter
-            .u64_observable_gauge("larder.response.buffer.limit.bytes")
-            .with_description("Most bytes of blocks responses may hold (response_buffer)")
-            .with_callback(move |o| o.observe(limit().1, &[]))
-            .build();
     }
 
     /// A block found in a tier was refused and fetched again.
@@ -615,187 +504,6 @@ impl Metrics {
     /// How long this process has been recording.
     pub fn uptime(&self) -> Duration {
         self.started.elapsed()
-    }
-
-    /// Export the memory tier's gauges, read at each collection.
-    pub fn observe_memory<K>(&self, tier: MemoryTier<K>)
-    where
-        K: std::hash::Hash + Eq + Send + Sync + Clone + 'static,
-    {
-        type Read<K> = fn(&MemoryTier<K>) -> u64;
-        let gauges: [(&'static str, &'static str, Read<K>); 3] = [
-            (
-                "larder.memory.capacity.bytes",
-                "Memory tier capacity",
-                |t| t.stats().capacity_bytes,
-            ),
-            ("larder.memory.used.bytes", "Memory tier bytes held", |t| {
-                t.stats().used_bytes
-            }),
-            ("larder.memory.entries", "Memory tier entries held", |t| {
-                t.stats().entries
-            }),
-        ];
-        for (name, help, read) in gauges {
-            let tier = tier.clone();
-            self.meter
-                .u64_observable_gauge(name)
-                .with_description(help)
-                .with_callback(move |o| o.observe(read(&tier), &[]))
-                .build();
-        }
-        self.meter
-            .u64_observable_counter("larder.memory.evictions")
-            .with_description("Memory tier evictions for size")
-            .with_callback(move |o| o.observe(tier.stats().evictions, &[]))
-            .build();
-    }
-
-    /// Export the upstream client's retry count, read from `retries` at each collection.
-    pub fn observe_retries(&self, retries: impl Fn() -> u64 + Send + Sync + 'static) {
-        self.meter
-            .u64_observable_counter("larder.upstream.retries")
-            .with_description(
-                "Upstream requests sent again by the S3 client after a failed attempt",
-            )
-            .with_callback(move |o| o.observe(retries(), &[]))
-            .build();
-    }
-
-    /// Export the disk tier's counters and gauges, read at each collection.
-    pub fn observe_disk(&self, disk: DiskCache) {
-        // One read of the disk counters serves every instrument of a collection.
-        let stats = Arc::new(CachedStats {
-            disk: disk.clone(),
-            last: Mutex::new(None),
-        });
-        type Read = fn(&DiskStats) -> u64;
-        let counters: [(&'static str, &'static str, Read); 12] = [
-            (
-                "larder.disk.hits",
-                "Disk tier reads served (including entries still in flight)",
-                |s| s.hits,
-            ),
-            (
-                "larder.disk.misses",
-                "Disk tier reads that found nothing (including the faults below)",
-                |s| s.misses,
-            ),
-            (
-                "larder.disk.hit.bytes",
-                "Value bytes served by the disk tier",
-                |s| s.hit_bytes,
-            ),
-            (
-                "larder.disk.corrupt.reads",
-                "Disk reads that failed a checksum; served as misses",
-                |s| s.corrupt,
-            ),
-            (
-                "larder.disk.raced.reads",
-                "Disk reads that lost a race with region reclaim; served as misses",
-                |s| s.raced,
-            ),
-            (
-                "larder.disk.hash.collisions",
-                "Disk reads that found another key with the same hash",
-                |s| s.collisions,
-            ),
-            (
-                "larder.disk.io.errors",
-                "Disk reads the device failed",
-                |s| s.io_errors,
-            ),
-            (
-                "larder.disk.writes",
-                "Entries written to the disk tier (admissions)",
-                |s| s.writes,
-            ),
-            (
-                "larder.disk.written.bytes",
-                "Bytes written to the disk tier, headers and padding included",
-                |s| s.written_bytes,
-            ),
-            (
-                "larder.disk.reclaimed.regions",
-                "Disk regions reclaimed",
-                |s| s.reclaimed_regions,
-            ),
-            (
-                "larder.disk.evicted.entries",
-                "Disk entries evicted by reclaim",
-                |s| s.evicted_entries,
-            ),
-            (
-                "larder.disk.reinserted.entries",
-                "Hit disk entries copied forward by reclaim",
-                |s| s.reinserted,
-            ),
-        ];
-        for (name, help, read) in counters {
-            let stats = stats.clone();
-            self.meter
-                .u64_observable_counter(name)
-                .with_description(help)
-                .with_callback(move |o| o.observe(read(&stats.get()), &[]))
-                .build();
-        }
-        let gauges: [(&'static str, &'static str, Read); 6] = [
-            ("larder.disk.capacity.bytes", "Bytes of disk regions", |s| {
-                s.capacity_bytes
-            }),
-            (
-                "larder.disk.live.bytes",
-                "Bytes of indexed disk entries",
-                |s| s.live_bytes,
-            ),
-            ("larder.disk.entries", "Entries in the disk index", |s| {
-                s.entries
-            }),
-            (
-                "larder.disk.inflight.entries",
-                "Entries accepted for a disk write and not yet written",
-                |s| s.inflight_entries,
-            ),
-            (
-                "larder.disk.index.bytes",
-                "Heap bytes of the disk index",
-                |s| s.index_bytes,
-            ),
-            ("larder.disk.free.regions", "Disk regions free", |s| {
-                s.free_regions
-            }),
-        ];
-        for (name, help, read) in gauges {
-            let stats = stats.clone();
-            self.meter
-                .u64_observable_gauge(name)
-                .with_description(help)
-                .with_callback(move |o| o.observe(read(&stats.get()), &[]))
-                .build();
-        }
-        let recovered = disk.recovery().entries;
-        let recovery_ms = disk.recovery().duration.as_millis() as u64;
-        self.meter
-            .u64_observable_counter("larder.disk.recovered.entries")
-            .with_description("Entries recovered from the disk tier at start")
-            .with_callback(move |o| o.observe(recovered, &[]))
-            .build();
-        self.meter
-            .u64_observable_gauge("larder.disk.recovery.milliseconds")
-            .with_description("Time the disk tier took to open at start")
-            .with_callback(move |o| o.observe(recovery_ms, &[]))
-            .build();
-        self.meter
-            .u64_observable_counter("larder.disk.writes.dropped")
-            .with_description("Blocks offered to the disk tier and not written, by reason")
-            .with_callback(move |o| {
-                let s = stats.get();
-                for reason in DropReason::ALL {
-                    o.observe(s.dropped(reason), &[kv("reason", reason.as_str())]);
-                }
-            })
-            .build();
     }
 
     /// Every metric, as Prometheus families.
@@ -822,110 +530,6 @@ impl Metrics {
         if let Err(e) = self.provider.force_flush() {
             tracing::debug!(error = %e, "metrics flush");
         }
-    }
-}
-
-/// The disk counters, read at most once per 100 ms (a collection reads ~20 instruments).
-struct CachedStats {
-    disk: DiskCache,
-    last: Mutex<Option<(Instant, DiskStats)>>,
-}
-
-impl CachedStats {
-    fn get(&self) -> DiskStats {
-        let mut last = self.last.lock();
-        match &*last {
-            Some((at, s)) if at.elapsed() < Duration::from_millis(100) => s.clone(),
-            _ => {
-                let s = self.disk.stats();
-                *last = Some((Instant::now(), s.clone()));
-                s
-            }
-        }
-    }
-}
-
-/// Metrics as gathered at one moment.
-pub struct Snapshot(Vec<MetricFamily>);
-
-impl Snapshot {
-    /// The sum of every series of `name` (a Prometheus name, e.g. `larder_requests_total`)
-    /// whose labels include all of `labels`. Histograms sum their counts.
-    pub fn sum(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        let Some(family) = self.0.iter().find(|f| f.name() == name) else {
-            return 0.0;
-        };
-        family
-            .get_metric()
-            .iter()
-            .filter(|m| {
-                labels.iter().all(|(k, v)| {
-                    m.get_label()
-                        .iter()
-                        .any(|l| l.name() == *k && l.value() == *v)
-                })
-            })
-            .map(|m| value_of(family, m))
-            .sum()
-    }
-
-    /// The sums of every series of `name`, by the value of their label `key`.
-    pub fn sum_by(&self, name: &str, key: &str) -> std::collections::BTreeMap<String, f64> {
-        let mut out = std::collections::BTreeMap::new();
-        let Some(family) = self.0.iter().find(|f| f.name() == name) else {
-            return out;
-        };
-        for m in family.get_metric() {
-            let Some(label) = m.get_label().iter().find(|l| l.name() == key) else {
-                continue;
-            };
-            *out.entry(label.value().to_owned()).or_insert(0.0) += value_of(family, m);
-        }
-        out
-    }
-
-    /// The `q` quantile (0..1) of histogram `name`, estimated from its buckets as Prometheus'
-    /// `histogram_quantile` does; `None` without observations.
-    pub fn quantile(&self, name: &str, q: f64) -> Option<f64> {
-        let family = self.0.iter().find(|f| f.name() == name)?;
-        let mut bounds: Vec<(f64, u64)> = Vec::new();
-        for m in family.get_metric() {
-            for (i, b) in m.get_histogram().get_bucket().iter().enumerate() {
-                match bounds.get_mut(i) {
-                    Some(slot) => slot.1 += b.cumulative_count(),
-                    None => bounds.push((b.upper_bound(), b.cumulative_count())),
-                }
-            }
-        }
-        let total = bounds.last().map(|b| b.1)?;
-        if total == 0 {
-            return None;
-        }
-        let rank = q * total as f64;
-        let mut lower = (0.0, 0u64);
-        for (bound, count) in bounds {
-            if count as f64 >= rank {
-                let in_bucket = (count - lower.1) as f64;
-                let frac = if in_bucket > 0.0 {
-                    (rank - lower.1 as f64) / in_bucket
-                } else {
-                    0.0
-                };
-                return Some(lower.0 + (bound - lower.0) * frac);
-            }
-            lower = (bound, count);
-        }
-        Some(lower.0)
-    }
-}
-
-fn value_of(family: &MetricFamily, m: &prometheus::proto::Metric) -> f64 {
-    use prometheus::proto::MetricType as T;
-    match family.get_field_type() {
-        T::COUNTER => m.get_counter().get_value(),
-        T::GAUGE => m.get_gauge().get_value(),
-        T::HISTOGRAM => m.get_histogram().get_sample_count() as f64,
-        _ => 0.0,
     }
 }
 
@@ -1029,7 +633,7 @@ mod tests {
     #[test]
     fn exposition_names_and_quantiles() {
         let m = Metrics::default();
-        m.observe_memory(MemoryTier::<u32>::new(1 << 20));
+        m.observe_memory(cache_core::MemoryTier::<u32>::new(1 << 20));
         for ms in [1u64, 2, 3, 4, 100] {
             m.request("GetObject", None, 200, "miss", Duration::from_millis(ms));
         }

@@ -1,0 +1,268 @@
+//! Gauges read at each collection rather than recorded as things happen: the memory and disk
+//! tiers' occupancy and counters, the responses' buffer, the fleet's membership, the upstream
+//! client's retries.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cache_core::disk::{DiskStats, DropReason};
+use cache_core::{DiskCache, MemoryTier};
+use parking_lot::Mutex;
+
+use super::{kv, Metrics};
+
+/// What the fleet's gauges show, read at each collection.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FleetGauges {
+    /// Replicas this one sees, itself included.
+    pub members: u64,
+    /// Replicas that may own blocks for this one.
+    pub owners: u64,
+    /// Share of keys whose owner changed at the last membership change.
+    pub moved: f64,
+}
+
+impl Metrics {
+    /// Export the fleet's gauges (members, candidates, keys moved at the last change), each read
+    /// from `read` at each collection.
+    pub fn observe_fleet(&self, read: impl Fn() -> FleetGauges + Send + Sync + 'static) {
+        let read = Arc::new(read);
+        let members = read.clone();
+        self.meter
+            .u64_observable_gauge("larder.fleet.members")
+            .with_description("Replicas this one sees, itself included")
+            .with_callback(move |o| o.observe(members().members, &[]))
+            .build();
+        let owners = read.clone();
+        self.meter
+            .u64_observable_gauge("larder.fleet.owners")
+            .with_description("Replicas that may own blocks for this one (its zone, or all)")
+            .with_callback(move |o| o.observe(owners().owners, &[]))
+            .build();
+        self.meter
+            .f64_observable_gauge("larder.fleet.keys.moved.ratio")
+            .with_description(
+                "Share of block keys whose owner changed at the last membership change",
+            )
+            .with_callback(move |o| o.observe(read().moved, &[]))
+            .build();
+    }
+
+    /// Export how much of the responses' buffer is in use.
+    /// `read` says (bytes in use, most allowed).
+    pub fn observe_response_buffer(&self, read: impl Fn() -> (u64, u64) + Send + Sync + 'static) {
+        let read = Arc::new(read);
+        let limit = read.clone();
+        self.meter
+            .u64_observable_gauge("larder.response.buffer.bytes")
+            .with_description("Bytes of blocks held by responses in flight")
+            .with_callback(move |o| o.observe(read().0, &[]))
+            .build();
+        self.meter
+            .u64_observable_gauge("larder.response.buffer.limit.bytes")
+            .with_description("Most bytes of blocks responses may hold (response_buffer)")
+            .with_callback(move |o| o.observe(limit().1, &[]))
+            .build();
+    }
+
+    /// Export the memory tier's gauges, read at each collection.
+    pub fn observe_memory<K>(&self, tier: MemoryTier<K>)
+    where
+        K: std::hash::Hash + Eq + Send + Sync + Clone + 'static,
+    {
+        type Read<K> = fn(&MemoryTier<K>) -> u64;
+        let gauges: [(&'static str, &'static str, Read<K>); 3] = [
+            (
+                "larder.memory.capacity.bytes",
+                "Memory tier capacity",
+                |t| t.stats().capacity_bytes,
+            ),
+            ("larder.memory.used.bytes", "Memory tier bytes held", |t| {
+                t.stats().used_bytes
+            }),
+            ("larder.memory.entries", "Memory tier entries held", |t| {
+                t.stats().entries
+            }),
+        ];
+        for (name, help, read) in gauges {
+            let tier = tier.clone();
+            self.meter
+                .u64_observable_gauge(name)
+                .with_description(help)
+                .with_callback(move |o| o.observe(read(&tier), &[]))
+                .build();
+        }
+        self.meter
+            .u64_observable_counter("larder.memory.evictions")
+            .with_description("Memory tier evictions for size")
+            .with_callback(move |o| o.observe(tier.stats().evictions, &[]))
+            .build();
+    }
+
+    /// Export the upstream client's retry count, read from `retries` at each collection.
+    pub fn observe_retries(&self, retries: impl Fn() -> u64 + Send + Sync + 'static) {
+        self.meter
+            .u64_observable_counter("larder.upstream.retries")
+            .with_description(
+                "Upstream requests sent again by the S3 client after a failed attempt",
+            )
+            .with_callback(move |o| o.observe(retries(), &[]))
+            .build();
+    }
+
+    /// Export the disk tier's counters and gauges, read at each collection.
+    pub fn observe_disk(&self, disk: DiskCache) {
+        // One read of the disk counters serves every instrument of a collection.
+        let stats = Arc::new(CachedStats {
+            disk: disk.clone(),
+            last: Mutex::new(None),
+        });
+        type Read = fn(&DiskStats) -> u64;
+        let counters: [(&'static str, &'static str, Read); 12] = [
+            (
+                "larder.disk.hits",
+                "Disk tier reads served (including entries still in flight)",
+                |s| s.hits,
+            ),
+            (
+                "larder.disk.misses",
+                "Disk tier reads that found nothing (including the faults below)",
+                |s| s.misses,
+            ),
+            (
+                "larder.disk.hit.bytes",
+                "Value bytes served by the disk tier",
+                |s| s.hit_bytes,
+            ),
+            (
+                "larder.disk.corrupt.reads",
+                "Disk reads that failed a checksum; served as misses",
+                |s| s.corrupt,
+            ),
+            (
+                "larder.disk.raced.reads",
+                "Disk reads that lost a race with region reclaim; served as misses",
+                |s| s.raced,
+            ),
+            (
+                "larder.disk.hash.collisions",
+                "Disk reads that found another key with the same hash",
+                |s| s.collisions,
+            ),
+            (
+                "larder.disk.io.errors",
+                "Disk reads the device failed",
+                |s| s.io_errors,
+            ),
+            (
+                "larder.disk.writes",
+                "Entries written to the disk tier (admissions)",
+                |s| s.writes,
+            ),
+            (
+                "larder.disk.written.bytes",
+                "Bytes written to the disk tier, headers and padding included",
+                |s| s.written_bytes,
+            ),
+            (
+                "larder.disk.reclaimed.regions",
+                "Disk regions reclaimed",
+                |s| s.reclaimed_regions,
+            ),
+            (
+                "larder.disk.evicted.entries",
+                "Disk entries evicted by reclaim",
+                |s| s.evicted_entries,
+            ),
+            (
+                "larder.disk.reinserted.entries",
+                "Hit disk entries copied forward by reclaim",
+                |s| s.reinserted,
+            ),
+        ];
+        for (name, help, read) in counters {
+            let stats = stats.clone();
+            self.meter
+                .u64_observable_counter(name)
+                .with_description(help)
+                .with_callback(move |o| o.observe(read(&stats.get()), &[]))
+                .build();
+        }
+        let gauges: [(&'static str, &'static str, Read); 6] = [
+            ("larder.disk.capacity.bytes", "Bytes of disk regions", |s| {
+                s.capacity_bytes
+            }),
+            (
+                "larder.disk.live.bytes",
+                "Bytes of indexed disk entries",
+                |s| s.live_bytes,
+            ),
+            ("larder.disk.entries", "Entries in the disk index", |s| {
+                s.entries
+            }),
+            (
+                "larder.disk.inflight.entries",
+                "Entries accepted for a disk write and not yet written",
+                |s| s.inflight_entries,
+            ),
+            (
+                "larder.disk.index.bytes",
+                "Heap bytes of the disk index",
+                |s| s.index_bytes,
+            ),
+            ("larder.disk.free.regions", "Disk regions free", |s| {
+                s.free_regions
+            }),
+        ];
+        for (name, help, read) in gauges {
+            let stats = stats.clone();
+            self.meter
+                .u64_observable_gauge(name)
+                .with_description(help)
+                .with_callback(move |o| o.observe(read(&stats.get()), &[]))
+                .build();
+        }
+        let recovered = disk.recovery().entries;
+        let recovery_ms = disk.recovery().duration.as_millis() as u64;
+        self.meter
+            .u64_observable_counter("larder.disk.recovered.entries")
+            .with_description("Entries recovered from the disk tier at start")
+            .with_callback(move |o| o.observe(recovered, &[]))
+            .build();
+        self.meter
+            .u64_observable_gauge("larder.disk.recovery.milliseconds")
+            .with_description("Time the disk tier took to open at start")
+            .with_callback(move |o| o.observe(recovery_ms, &[]))
+            .build();
+        self.meter
+            .u64_observable_counter("larder.disk.writes.dropped")
+            .with_description("Blocks offered to the disk tier and not written, by reason")
+            .with_callback(move |o| {
+                let s = stats.get();
+                for reason in DropReason::ALL {
+                    o.observe(s.dropped(reason), &[kv("reason", reason.as_str())]);
+                }
+            })
+            .build();
+    }
+}
+
+/// The disk counters, read at most once per 100 ms (a collection reads ~20 instruments).
+struct CachedStats {
+    disk: DiskCache,
+    last: Mutex<Option<(Instant, DiskStats)>>,
+}
+
+impl CachedStats {
+    fn get(&self) -> DiskStats {
+        let mut last = self.last.lock();
+        match &*last {
+            Some((at, s)) if at.elapsed() < Duration::from_millis(100) => s.clone(),
+            _ => {
+                let s = self.disk.stats();
+                *last = Some((Instant::now(), s.clone()));
+                s
+            }
+        }
+    }
+}
