@@ -7,8 +7,10 @@
 //! they look the entry up and check it again after the read, and reclaim clears the epoch only
 //! after removing the region's index records, so bytes from a reused region are never served.
 
+//!
+//! The read path (lookups, verification, the epoch check) is in `read`, eviction in `reclaim`.
+
 use std::collections::{HashMap, VecDeque};
-use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -16,13 +18,16 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::sync::{Notify, OnceCell, OwnedSemaphorePermit, Semaphore};
 
-use super::admission::{Admission, Doorkeeper, RateLimit};
-use super::format::{
-    self, EntryHeader, EntryLayout, RegionHeader, SummaryRecord, CHUNK, MAX_KEY_LEN, PAGE,
+use crate::disk::admission::{Admission, Doorkeeper, RateLimit};
+use crate::disk::format::{
+    self, EntryHeader, EntryLayout, RegionHeader, SummaryRecord, MAX_KEY_LEN, PAGE,
 };
-use super::index::{Addr, Index};
-use super::io::{AlignedBuf, IoEngine, Priority};
-use super::stats::{Counters, DropReason};
+use crate::disk::index::{Addr, Index};
+use crate::disk::io::{AlignedBuf, IoEngine};
+use crate::disk::stats::{Counters, DropReason};
+
+mod read;
+mod reclaim;
 
 /// Hash of a key, stable across builds and restarts (it is persisted in region summaries).
 pub(crate) fn hash_key(key: &[u8]) -> u64 {
@@ -430,189 +435,6 @@ impl Store {
         self.io.write(offset, buf).await
     }
 
-    /// The whole value of `key`, from the in-flight table or the device.
-    pub(crate) async fn get(&self, key: &[u8]) -> Option<Bytes> {
-        self.get_with(key, None).await
-    }
-
-    /// Bytes `range` of the value of `key` (clamped to its length), reading and verifying only
-    /// the 64 KiB chunks the range touches.
-    pub(crate) async fn get_range(&self, key: &[u8], range: Range<u64>) -> Option<Bytes> {
-        self.get_with(key, Some(range)).await
-    }
-
-    async fn get_with(&self, key: &[u8], range: Option<Range<u64>>) -> Option<Bytes> {
-        let hash = hash_key(key);
-        // A read that loses a race with reclaim looks once more: reclaim may have just copied
-        // the entry forward (it is then in flight or at its new address).
-        for attempt in 0..2 {
-            if let Some(value) = self.inflight_value(hash, key) {
-                self.counters.hit(value.len() as u64, true);
-                return Some(clamp(value, range));
-            }
-            let Some((addr, epoch)) = self.index.lookup(hash, |a| {
-                self.regions[a.region as usize]
-                    .epoch
-                    .load(Ordering::Acquire)
-            }) else {
-                self.counters.miss();
-                return None;
-            };
-            let got = match &range {
-                None => self.read_whole(addr, epoch, key, Priority::Demand).await,
-                Some(range) => self.read_range(addr, epoch, key, range.clone()).await,
-            };
-            match got {
-                Ok(bytes) => {
-                    self.counters.hit(bytes.len() as u64, false);
-                    return Some(bytes);
-                }
-                Err(Fault::Raced) if attempt == 0 => self.counters.raced(),
-                Err(fault) => {
-                    self.fault(hash, addr, fault);
-                    return None;
-                }
-            }
-        }
-        None
-    }
-
-    fn inflight_value(&self, hash: u64, key: &[u8]) -> Option<Bytes> {
-        let inflight = self.inflight.lock();
-        let p = inflight.get(&hash)?;
-        (p.key.as_ref() == key).then(|| p.value.clone())
-    }
-
-    fn fault(&self, hash: u64, addr: Addr, fault: Fault) {
-        self.counters.miss();
-        match fault {
-            Fault::Corrupt => {
-                self.counters.corrupt();
-                // Drop the record so the next read refetches instead of failing again.
-                if self.index.remove_if(hash, addr).is_some() {
-                    self.dead(addr);
-                }
-            }
-            Fault::Raced => self.counters.raced(),
-            Fault::Collision => self.counters.collision(),
-            Fault::Io => self.counters.io_error(),
-        }
-    }
-
-    fn check_epoch(&self, addr: Addr, epoch: u64) -> Result<(), Fault> {
-        if epoch != 0
-            && self.regions[addr.region as usize]
-                .epoch
-                .load(Ordering::Acquire)
-                == epoch
-        {
-            Ok(())
-        } else {
-            Err(Fault::Raced)
-        }
-    }
-
-    async fn read_entry(
-        &self,
-        addr: Addr,
-        epoch: u64,
-        key: Option<&[u8]>,
-        priority: Priority,
-    ) -> Result<ReadEntry, Fault> {
-        let len = addr.pages as usize * PAGE;
-        let buf = self
-            .io
-            .read(self.entry_offset(addr), len, priority)
-            .await
-            .map_err(|_| Fault::Io)?;
-        self.check_epoch(addr, epoch)?;
-        let header = EntryHeader::decode(buf.as_slice()).map_err(|_| Fault::Corrupt)?;
-        if header.epoch != epoch || header.layout.total_len() != len {
-            return Err(Fault::Corrupt);
-        }
-        if key.is_some_and(|k| header.key(buf.as_slice()) != k) {
-            return Err(Fault::Collision);
-        }
-        let data = &buf.as_slice()[header.layout.header_len..][..header.layout.value_len];
-        if !header.verify(buf.as_slice(), 0, data) {
-            return Err(Fault::Corrupt);
-        }
-        Ok(ReadEntry { header, buf })
-    }
-
-    async fn read_whole(
-        &self,
-        addr: Addr,
-        epoch: u64,
-        key: &[u8],
-        priority: Priority,
-    ) -> Result<Bytes, Fault> {
-        let e = self.read_entry(addr, epoch, Some(key), priority).await?;
-        let at = e.header.layout.header_len;
-        Ok(e.buf.freeze(at, at + e.header.layout.value_len))
-    }
-
-    async fn read_range(
-        &self,
-        addr: Addr,
-        epoch: u64,
-        key: &[u8],
-        range: Range<u64>,
-    ) -> Result<Bytes, Fault> {
-        let base = self.entry_offset(addr);
-        let first = self
-            .io
-            .read(base, PAGE, Priority::Demand)
-            .await
-            .map_err(|_| Fault::Io)?;
-        let header_len = EntryHeader::peek_len(first.as_slice()).map_err(|_| Fault::Corrupt)?;
-        let hbuf = if header_len > PAGE {
-            self.io
-                .read(base, header_len, Priority::Demand)
-                .await
-                .map_err(|_| Fault::Io)?
-        } else {
-            first
-        };
-        let header = EntryHeader::decode(hbuf.as_slice()).map_err(|_| Fault::Corrupt)?;
-        if header.epoch != epoch || header.layout.total_len() != addr.pages as usize * PAGE {
-            return Err(Fault::Corrupt);
-        }
-        if header.key(hbuf.as_slice()) != key {
-            return Err(Fault::Collision);
-        }
-        let value_len = header.layout.value_len as u64;
-        let (start, end) = (range.start.min(value_len), range.end.min(value_len));
-        if start >= end {
-            self.check_epoch(addr, epoch)?;
-            return Ok(Bytes::new());
-        }
-        let chunk = CHUNK as u64;
-        let first_chunk = start / chunk;
-        let data_from = first_chunk * chunk;
-        let data_to = (end.div_ceil(chunk) * chunk).min(value_len);
-        let read_len = format::round_up(data_to - data_from, PAGE as u64) as usize;
-        let data = self
-            .io
-            .read(
-                header_len as u64 + base + data_from,
-                read_len,
-                Priority::Demand,
-            )
-            .await
-            .map_err(|_| Fault::Io)?;
-        self.check_epoch(addr, epoch)?;
-        let span = (data_to - data_from) as usize;
-        if !header.verify(
-            hbuf.as_slice(),
-            first_chunk as usize,
-            &data.as_slice()[..span],
-        ) {
-            return Err(Fault::Corrupt);
-        }
-        Ok(data.freeze((start - data_from) as usize, (end - data_from) as usize))
-    }
-
     /// Drop `key` from the in-flight table and the index. Keys name immutable values, so a
     /// removal is not persisted: after a restart the entry may be found again, with its bytes.
     pub(crate) fn remove(&self, key: &[u8]) {
@@ -638,112 +460,6 @@ impl Store {
         self.regions[addr.region as usize]
             .live
             .fetch_sub(addr.pages as u64 * PAGE as u64, Ordering::Relaxed);
-    }
-
-    /// Reclaim regions until `reserve` are free; runs until the store closes.
-    pub(crate) async fn reclaimer(self: Arc<Self>) {
-        loop {
-            let wanted = self.reclaim_wanted.notified();
-            tokio::pin!(wanted);
-            wanted.as_mut().enable();
-            while self.alloc.lock().free.len() < reserve(self.cfg.regions) {
-                let Some(victim) = self.pick_victim() else {
-                    break;
-                };
-                self.reclaim(victim).await;
-            }
-            if self.closed.load(Ordering::Relaxed) {
-                return;
-            }
-            wanted.await;
-        }
-    }
-
-    /// Among the oldest few sealed regions, the one with the fewest live bytes: FIFO order keeps
-    /// eviction fair; the small window lets a region emptied by overwrites go first.
-    fn pick_victim(&self) -> Option<u32> {
-        const WINDOW: usize = 4;
-        let mut a = self.alloc.lock();
-        let (pos, _) = a
-            .fifo
-            .iter()
-            .take(WINDOW)
-            .enumerate()
-            .min_by_key(|(_, r)| self.regions[**r as usize].live.load(Ordering::Relaxed))?;
-        a.fifo.remove(pos)
-    }
-
-    /// Free `region`: re-insert entries that were hit (up to half a region's worth, so reclaim
-    /// always frees space), drop the rest from the index, clear the epoch, hand it back.
-    pub(crate) async fn reclaim(self: &Arc<Self>, region: u32) {
-        let epoch = self.regions[region as usize].epoch.load(Ordering::Acquire);
-        let records = self.read_summary(region, epoch).await;
-        let mut reinsert_budget = self.cfg.region_size / 2;
-        let mut evicted = 0u64;
-        match &records {
-            Some(records) => {
-                for rec in records {
-                    let addr = Addr {
-                        region,
-                        page: rec.page,
-                        pages: rec.pages,
-                    };
-                    let bytes = rec.pages as u64 * PAGE as u64;
-                    if bytes <= reinsert_budget && self.index.was_hit(rec.hash, addr) {
-                        reinsert_budget -= bytes;
-                        self.reinsert(addr, epoch).await;
-                    }
-                    if self.index.remove_if(rec.hash, addr).is_some() {
-                        evicted += 1;
-                    }
-                }
-            }
-            // No readable summary: sweep the index instead (slow, rare).
-            None => evicted = self.index.remove_region(region) as u64,
-        }
-        self.regions[region as usize]
-            .epoch
-            .store(0, Ordering::Release);
-        self.regions[region as usize]
-            .live
-            .store(0, Ordering::Relaxed);
-        self.counters.reclaimed(evicted);
-        self.alloc.lock().free.push_back(region);
-        self.region_freed.notify_waiters();
-    }
-
-    async fn reinsert(self: &Arc<Self>, addr: Addr, epoch: u64) {
-        let Ok(e) = self
-            .read_entry(addr, epoch, None, Priority::Background)
-            .await
-        else {
-            return;
-        };
-        let key = e.header.key(e.buf.as_slice()).to_vec();
-        let at = e.header.layout.header_len;
-        let value_len = e.header.layout.value_len;
-        let value = e.buf.freeze(at, at + value_len);
-        if self.insert(&key, value, true).is_ok() {
-            self.counters.reinserted();
-        }
-    }
-
-    /// The summary of `region` as sealed in `epoch`; `None` if what is on disk is anything else
-    /// (never sealed, or a header of an earlier use whose rewrite failed).
-    async fn read_summary(&self, region: u32, epoch: u64) -> Option<Vec<SummaryRecord>> {
-        let base = self.region_offset(region);
-        let page = self.io.read(base, PAGE, Priority::Background).await.ok()?;
-        let h = RegionHeader::decode(page.as_slice()).ok()?;
-        if h.summary_offset == 0 || h.generation != self.cfg.generation || h.epoch != epoch {
-            return None;
-        }
-        let len = format::summary_len(h.summary_entries as usize) as usize;
-        let buf = self
-            .io
-            .read(base + h.summary_offset as u64, len, Priority::Background)
-            .await
-            .ok()?;
-        format::decode_summary(buf.as_slice(), h.summary_entries, h.summary_crc).ok()
     }
 
     /// Wait until every accepted write has finished. Does not hold back new writes (taking the
@@ -791,28 +507,4 @@ impl Store {
     pub(crate) fn inflight_len(&self) -> usize {
         self.inflight.lock().len()
     }
-}
-
-fn clamp(value: Bytes, range: Option<Range<u64>>) -> Bytes {
-    match range {
-        None => value,
-        Some(r) => {
-            let len = value.len() as u64;
-            let (s, e) = (r.start.min(len), r.end.min(len));
-            value.slice(s as usize..e.max(s) as usize)
-        }
-    }
-}
-
-/// Why a lookup found an index record but served nothing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Fault {
-    /// Checksums or headers do not verify.
-    Corrupt,
-    /// The region was reclaimed while the read ran.
-    Raced,
-    /// Another key with the same 64-bit hash.
-    Collision,
-    /// The device returned an error.
-    Io,
 }
