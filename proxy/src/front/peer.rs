@@ -282,6 +282,3 @@ async fn stream_after_first(
         .filter(|chunk| futures::future::ready(!matches!(chunk, Ok(b) if b.is_empty())));
     Response::new(Body::from_stream(body))
 }
-
-#[cfg(test)]
-mod tests;

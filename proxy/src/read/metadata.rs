@@ -216,12 +216,12 @@ impl MetadataCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::upstream::fake::FakeUpstream;
+    use crate::upstream::memory::MemoryUpstream;
     use std::sync::atomic::Ordering;
 
     #[tokio::test]
     async fn a_named_version_expires_with_the_ttl_like_the_latest() {
-        let origin = Arc::new(FakeUpstream::default());
+        let origin = Arc::new(MemoryUpstream::default());
         origin.put("k", bytes::Bytes::from_static(b"data"), "\"e\"");
         let cache = MetadataCache::new(
             origin.clone(),
@@ -256,7 +256,7 @@ mod tests {
 
     #[tokio::test]
     async fn metadata_learnt_with_an_age_is_trusted_only_for_the_rest_of_the_ttl() {
-        let origin = Arc::new(FakeUpstream::default());
+        let origin = Arc::new(MemoryUpstream::default());
         origin.put("k", bytes::Bytes::from_static(b"data"), "\"e\"");
         let cache = MetadataCache::new(
             origin.clone(),
@@ -287,7 +287,7 @@ mod tests {
 
     #[tokio::test]
     async fn stale_metadata_is_served_only_in_an_outage_and_only_for_so_long() {
-        let origin = Arc::new(FakeUpstream::default());
+        let origin = Arc::new(MemoryUpstream::default());
         origin.put("k", bytes::Bytes::from_static(b"data"), "\"e\"");
         let cache = MetadataCache::new(
             origin.clone(),

@@ -109,7 +109,7 @@ impl Upstream for Instrumented {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::upstream::fake::FakeUpstream;
+    use crate::upstream::memory::MemoryUpstream;
 
     fn object(key: &str) -> ObjectId {
         ObjectId {
@@ -121,7 +121,7 @@ mod tests {
 
     #[tokio::test]
     async fn every_request_is_one_sample_with_its_outcome() {
-        let fake = Arc::new(FakeUpstream::default());
+        let fake = Arc::new(MemoryUpstream::default());
         fake.put("k", bytes::Bytes::from_static(b"0123456789"), "\"e\"");
         let metrics = Arc::new(Metrics::default());
         let upstream = Instrumented::new(fake.clone(), metrics.clone());

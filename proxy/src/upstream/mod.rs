@@ -7,11 +7,10 @@
 //! cache does not serve passes through [`forward::Forwarder`], re-signed. [`Clients`] holds both,
 //! signing with the same credentials.
 
-#[cfg(test)]
-pub(crate) mod fake;
 pub mod forward;
 pub mod hedge;
 pub mod instrument;
+pub mod memory;
 pub mod s3;
 
 use std::ops::Range;

@@ -403,11 +403,11 @@ impl Warmer {
 mod tests {
     use super::*;
     use crate::read::blocks::BlockStoreConfig;
-    use crate::upstream::fake::FakeUpstream;
+    use crate::upstream::memory::MemoryUpstream;
     use bytes::Bytes;
 
-    fn warmer() -> (Arc<Warmer>, Arc<FakeUpstream>) {
-        let origin = Arc::new(FakeUpstream::default());
+    fn warmer() -> (Arc<Warmer>, Arc<MemoryUpstream>) {
+        let origin = Arc::new(MemoryUpstream::default());
         for (key, size) in [("p/a", 10_000), ("p/b", 5000), ("p/c", 1), ("q/d", 9000)] {
             origin.put(key, Bytes::from(vec![7u8; size]), "\"e\"");
         }

@@ -33,8 +33,6 @@ use crate::upstream::Upstream;
 
 mod object;
 mod pass_through;
-#[cfg(test)]
-mod tests;
 mod timed;
 
 use object::{cacheable, declares_kms};

@@ -147,10 +147,9 @@ pub struct BlockStoreConfig {
     pub fleet: Option<Arc<Fleet>>,
 }
 
-#[cfg(test)]
 impl BlockStoreConfig {
-    /// Memory only, 4 KiB blocks, no read-ahead: what unit tests start from.
-    pub(crate) fn for_tests() -> Self {
+    /// Memory only, 4 KiB blocks, no read-ahead: what tests start from.
+    pub fn for_tests() -> Self {
         Self {
             layout: BlockLayout::new(4096),
             memory_capacity: 1 << 20,

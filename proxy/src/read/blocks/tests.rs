@@ -1,5 +1,5 @@
 use super::*;
-use crate::upstream::fake::FakeUpstream;
+use crate::upstream::memory::MemoryUpstream;
 use std::sync::atomic::Ordering;
 
 fn data(size: usize, seed: u8) -> Bytes {
@@ -13,7 +13,7 @@ fn setup(
     size: usize,
     delay: Duration,
     upstream_concurrency: usize,
-) -> (Arc<BlockStore>, Arc<FakeUpstream>, ObjectId, Arc<str>) {
+) -> (Arc<BlockStore>, Arc<MemoryUpstream>, ObjectId, Arc<str>) {
     setup_with(size, delay, upstream_concurrency, |_| {})
 }
 
@@ -22,8 +22,8 @@ fn setup_with(
     delay: Duration,
     upstream_concurrency: usize,
     tweak: impl FnOnce(&mut BlockStoreConfig),
-) -> (Arc<BlockStore>, Arc<FakeUpstream>, ObjectId, Arc<str>) {
-    let origin = Arc::new(FakeUpstream::with_delay(delay));
+) -> (Arc<BlockStore>, Arc<MemoryUpstream>, ObjectId, Arc<str>) {
+    let origin = Arc::new(MemoryUpstream::with_delay(delay));
     origin.put("k", data(size, 0), "\"e1\"");
     let mut config = BlockStoreConfig {
         upstream_concurrency,
@@ -357,12 +357,12 @@ async fn upstream_fetches_never_exceed_the_cap() {
 
 mod disk_tests {
     use super::*;
-    use crate::upstream::fake::FakeUpstream;
+    use crate::upstream::memory::MemoryUpstream;
     use cache_core::disk::DiskConfig;
 
     async fn store_over(
         path: &std::path::Path,
-        origin: Arc<FakeUpstream>,
+        origin: Arc<MemoryUpstream>,
     ) -> (Arc<BlockStore>, DiskCache) {
         let mut cfg = DiskConfig::new(path, 9 << 20);
         cfg.region_size = 1 << 20;
@@ -380,7 +380,7 @@ mod disk_tests {
     async fn a_restarted_store_serves_from_disk_without_the_origin() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("cache");
-        let origin = Arc::new(FakeUpstream::with_delay(Duration::ZERO));
+        let origin = Arc::new(MemoryUpstream::with_delay(Duration::ZERO));
         let body: Bytes = (0..300_000u32)
             .map(|i| (i % 241) as u8)
             .collect::<Vec<_>>()

@@ -10,16 +10,16 @@ use futures::{Stream, StreamExt};
 
 use bytes::Bytes;
 
-use super::{self as server, PeerState};
-use crate::fleet::auth::PeerSecret;
-use crate::fleet::client::{self, Info, PeerClient};
-use crate::fleet::ring::{self, Member, Scope, View};
-use crate::fleet::{CopyLimits, Fleet};
-use crate::model::{ObjectId, UpstreamError};
-use crate::read::blocks::{BlockStore, BlockStoreConfig};
-use crate::read::metadata::MetadataCache;
-use crate::telemetry::metrics::Metrics;
-use crate::upstream::fake::FakeUpstream;
+use larder::fleet::auth::PeerSecret;
+use larder::fleet::client::{self, Info, PeerClient};
+use larder::fleet::ring::{self, Member, Scope, View};
+use larder::fleet::{CopyLimits, Fleet};
+use larder::front::peer::{self as server, PeerState};
+use larder::model::{ObjectId, UpstreamError};
+use larder::read::blocks::{BlockStore, BlockStoreConfig};
+use larder::read::metadata::MetadataCache;
+use larder::telemetry::metrics::Metrics;
+use larder::upstream::memory::MemoryUpstream;
 
 const BLOCK: u64 = 4096;
 const SIZE: usize = 10 * BLOCK as usize + 123;
@@ -56,7 +56,7 @@ async fn collect(s: impl Stream<Item = Result<Bytes, UpstreamError>>) -> Vec<u8>
 fn serve_peers(
     listener: tokio::net::TcpListener,
     blocks: Arc<BlockStore>,
-    origin: Arc<FakeUpstream>,
+    origin: Arc<MemoryUpstream>,
     metrics: Arc<Metrics>,
     id: u64,
 ) {
@@ -82,7 +82,7 @@ fn serve_peers(
 
 /// A replica that owns blocks and serves them on a loopback peer listener; its address and
 /// metrics.
-async fn owner_replica(origin: Arc<FakeUpstream>) -> (SocketAddr, Arc<Metrics>) {
+async fn owner_replica(origin: Arc<MemoryUpstream>) -> (SocketAddr, Arc<Metrics>) {
     let metrics = Arc::new(Metrics::default());
     let blocks = Arc::new(BlockStore::new(
         BlockStoreConfig::for_tests(),
@@ -98,7 +98,7 @@ async fn owner_replica(origin: Arc<FakeUpstream>) -> (SocketAddr, Arc<Metrics>) 
 /// A replica called `me` in a fleet of two with `other`, giving it `deadline` to answer,
 /// fetching at most `upstream_concurrency` blocks at once and keeping no copies.
 fn replica_of_two(
-    origin: Arc<FakeUpstream>,
+    origin: Arc<MemoryUpstream>,
     me: &str,
     other: &str,
     deadline: Duration,
@@ -137,7 +137,7 @@ fn owned_by_second(a: &str, b: &str) -> usize {
 /// peer owns some of the object's blocks and it owns the others (ownership depends on the
 /// peer's port, which the system picks).
 fn asking_replica(
-    origin: Arc<FakeUpstream>,
+    origin: Arc<MemoryUpstream>,
     peer: &str,
 ) -> (Arc<BlockStore>, Arc<Fleet>, Arc<Metrics>) {
     let blocks = SIZE / BLOCK as usize + 1;
@@ -156,7 +156,7 @@ fn owned_by_peer(fleet: &Fleet) -> Vec<u64> {
 
 #[tokio::test]
 async fn blocks_owned_elsewhere_come_from_their_owner_once() {
-    let origin = Arc::new(FakeUpstream::default());
+    let origin = Arc::new(MemoryUpstream::default());
     origin.put("k", data(), "\"e1\"");
     let (peer, owner_metrics) = owner_replica(origin.clone()).await;
     let (store, fleet, metrics) = asking_replica(origin.clone(), &peer.to_string());
@@ -194,7 +194,7 @@ async fn blocks_owned_elsewhere_come_from_their_owner_once() {
 
 #[tokio::test]
 async fn a_cold_object_opens_at_its_owner_with_one_upstream_get() {
-    let origin = Arc::new(FakeUpstream::default());
+    let origin = Arc::new(MemoryUpstream::default());
     origin.put("k", data(), "\"e1\"");
     let (peer, _) = owner_replica(origin.clone()).await;
     let (store, fleet, _) = asking_replica(origin.clone(), &peer.to_string());
@@ -217,7 +217,7 @@ async fn a_cold_object_opens_at_its_owner_with_one_upstream_get() {
 
 #[tokio::test]
 async fn an_owner_that_is_gone_costs_a_fallback_not_a_failure() {
-    let origin = Arc::new(FakeUpstream::default());
+    let origin = Arc::new(MemoryUpstream::default());
     origin.put("k", data(), "\"e1\"");
     // Nothing listens there.
     let dead = std::net::TcpListener::bind("127.0.0.1:0")
@@ -239,7 +239,7 @@ async fn an_owner_that_is_gone_costs_a_fallback_not_a_failure() {
 
 #[tokio::test]
 async fn an_owner_relays_the_upstreams_answer_instead_of_a_fallback() {
-    let origin = Arc::new(FakeUpstream::default());
+    let origin = Arc::new(MemoryUpstream::default());
     origin.put("k", data(), "\"e2\"");
     let (peer, _) = owner_replica(origin.clone()).await;
     let (store, fleet, metrics) = asking_replica(origin.clone(), &peer.to_string());
@@ -259,7 +259,7 @@ async fn an_owner_relays_the_upstreams_answer_instead_of_a_fallback() {
 
 #[tokio::test]
 async fn unsigned_or_mis_cut_requests_are_refused() {
-    let origin = Arc::new(FakeUpstream::default());
+    let origin = Arc::new(MemoryUpstream::default());
     origin.put("k", data(), "\"e1\"");
     let peer = owner_replica(origin.clone()).await.0.to_string();
     let other_secret = PeerClient::new(
@@ -305,7 +305,7 @@ async fn unsigned_or_mis_cut_requests_are_refused() {
 
 /// A replica in a fleet of two with one upstream slot, serving its peer on `listener`.
 fn busy_replica(
-    origin: Arc<FakeUpstream>,
+    origin: Arc<MemoryUpstream>,
     listener: tokio::net::TcpListener,
     other: SocketAddr,
 ) -> (Arc<BlockStore>, Arc<Fleet>, Arc<Metrics>) {
@@ -329,7 +329,7 @@ fn busy_replica(
 
 #[tokio::test]
 async fn two_busy_replicas_asking_each_other_do_not_stall() {
-    let origin = Arc::new(FakeUpstream::with_delay(Duration::from_millis(50)));
+    let origin = Arc::new(MemoryUpstream::with_delay(Duration::from_millis(50)));
     origin.put("k", data(), "\"e1\"");
     // Two ports whose owners split the object's blocks, so each replica owns one the other
     // reads (ownership depends on the ports, which the system picks).
@@ -399,7 +399,7 @@ async fn impostor() -> String {
         block_size: BLOCK,
     })
     .unwrap();
-    let not_found = serde_json::to_vec(&super::wire::WireError::Service {
+    let not_found = serde_json::to_vec(&larder::fleet::wire::WireError::Service {
         status: 404,
         code: "NoSuchKey".into(),
         message: "forged".into(),

@@ -1,5 +1,8 @@
-//! An in-memory origin for unit tests: one object per key, replaceable, served in small chunks,
-//! counting requests and the most GET bodies open at once.
+//! An upstream held in memory, for tests of any size: the unit tests, the in-process
+//! integration tests under `tests/`, and the conformance suite that holds it and the real S3
+//! client to the same behaviour. One namespace of keys (the bucket is not looked at), each
+//! object replaceable, bodies served in 1,000-byte chunks; it counts requests and the most GET
+//! bodies open at once, and can be told to fail (an outage, bodies that break part-way).
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -14,23 +17,24 @@ use parking_lot::Mutex;
 use super::Upstream;
 use crate::model::{BodyStream, ByteRange, ObjectId, ObjectMeta, UpstreamError};
 
+/// The in-memory upstream. Its counters and fault switches are public for tests to read and set.
 #[derive(Default)]
-pub(crate) struct FakeUpstream {
+pub struct MemoryUpstream {
     objects: Mutex<HashMap<String, (Bytes, String)>>,
-    pub(crate) heads: AtomicUsize,
-    pub(crate) gets: AtomicUsize,
+    pub heads: AtomicUsize,
+    pub gets: AtomicUsize,
     open_bodies: Arc<AtomicUsize>,
-    pub(crate) most_open_bodies: Arc<AtomicUsize>,
-    pub(crate) chunk_delay: Duration,
+    pub most_open_bodies: Arc<AtomicUsize>,
+    pub chunk_delay: Duration,
     /// While set, every request fails with 503.
-    pub(crate) outage: AtomicBool,
+    pub outage: AtomicBool,
     /// The next this many bodies break (a transport error) after `break_at` bytes.
-    pub(crate) breaks_left: AtomicUsize,
-    pub(crate) break_at: AtomicUsize,
+    pub breaks_left: AtomicUsize,
+    pub break_at: AtomicUsize,
 }
 
-impl FakeUpstream {
-    pub(crate) fn with_delay(chunk_delay: Duration) -> Self {
+impl MemoryUpstream {
+    pub fn with_delay(chunk_delay: Duration) -> Self {
         Self {
             chunk_delay,
             ..Self::default()
@@ -38,14 +42,14 @@ impl FakeUpstream {
     }
 
     /// Store (or replace) `key` with `data` under `etag`.
-    pub(crate) fn put(&self, key: &str, data: Bytes, etag: &str) {
+    pub fn put(&self, key: &str, data: Bytes, etag: &str) {
         self.objects
             .lock()
             .insert(key.to_owned(), (data, etag.to_owned()));
     }
 
     /// Delete `key`.
-    pub(crate) fn delete(&self, key: &str) {
+    pub fn delete(&self, key: &str) {
         self.objects.lock().remove(key);
     }
 
@@ -79,7 +83,7 @@ impl Drop for OpenBody {
 }
 
 #[async_trait::async_trait]
-impl Upstream for FakeUpstream {
+impl Upstream for MemoryUpstream {
     async fn head(&self, object: &ObjectId) -> Result<ObjectMeta, UpstreamError> {
         self.heads.fetch_add(1, Ordering::SeqCst);
         let (data, etag) = self.lookup(object)?;

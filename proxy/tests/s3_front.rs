@@ -1,13 +1,24 @@
-use super::*;
-use crate::read::blocks::BlockStoreConfig;
-use crate::upstream::fake::FakeUpstream;
+//! The S3 front in process, over the in-memory upstream: what a cached GET answers and what it
+//! costs the upstream, without a network or MinIO.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
 use bytes::Bytes;
 use http::{header, HeaderMap, StatusCode};
 use http_body_util::BodyExt;
+use larder::auth::Authenticator;
+use larder::front::routes::{handle, AppState};
+use larder::read::blocks::{BlockStore, BlockStoreConfig};
+use larder::read::metadata::MetadataCache;
+use larder::telemetry::metrics::Metrics;
+use larder::upstream::forward::Forwarder;
+use larder::upstream::memory::MemoryUpstream;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-fn app(origin: Arc<FakeUpstream>) -> Arc<AppState> {
+fn app(origin: Arc<MemoryUpstream>) -> Arc<AppState> {
     let metrics = Arc::new(Metrics::default());
     let config = BlockStoreConfig {
         read_window: 2,
@@ -57,7 +68,7 @@ async fn get(app: &Arc<AppState>, range: &str) -> (StatusCode, HeaderMap, Bytes)
 async fn an_object_changed_under_cached_metadata_is_served_whole_from_the_new_version() {
     let v1: Bytes = vec![1u8; 3 * 4096].into();
     let v2: Bytes = vec![2u8; 3 * 4096].into();
-    let origin = Arc::new(FakeUpstream::default());
+    let origin = Arc::new(MemoryUpstream::default());
     origin.put("k", v1.clone(), "\"v1\"");
     let app = app(origin.clone());
     let (status, headers, body) = get(&app, "bytes=0-9").await;
@@ -91,7 +102,7 @@ async fn a_cold_get_brings_metadata_and_its_block_in_one_request() {
         .map(|i| (i % 251) as u8)
         .collect::<Vec<u8>>()
         .into();
-    let origin = Arc::new(FakeUpstream::default());
+    let origin = Arc::new(MemoryUpstream::default());
     origin.put("k", data.clone(), "\"v1\"");
     let app = app(origin.clone());
     let (status, headers, body) = get(&app, "bytes=5000-5009").await;
@@ -133,7 +144,7 @@ async fn a_cold_get_brings_metadata_and_its_block_in_one_request() {
 
 #[tokio::test]
 async fn errors_are_s3_xml_with_a_request_id() {
-    let app = app(Arc::new(FakeUpstream::default()));
+    let app = app(Arc::new(MemoryUpstream::default()));
     let (status, headers, body) = get(&app, "bytes=0-1").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert!(!headers["x-amz-request-id"].is_empty());
