@@ -1,5 +1,7 @@
 //! Two block stores over one origin, the second serving the first over a real peer listener
 //! on loopback: what the fleet promises, one replica's view at a time.
+// Helpers of a test file: an unwrap that fails is the test failing, with its message.
+#![allow(clippy::unwrap_used)]
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;

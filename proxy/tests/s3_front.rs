@@ -1,5 +1,7 @@
 //! The S3 front in process, over the in-memory upstream: what a cached GET answers and what it
 //! costs the upstream, without a network or MinIO.
+// Helpers of a test file: an unwrap that fails is the test failing, with its message.
+#![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
 

@@ -1,6 +1,8 @@
 //! The whole server in process (both listeners, every layer between them), over the in-memory
 //! upstream: a cold herd, then hits, through real HTTP on loopback. Fast and without MinIO; the
 //! Python suite in `e2e/` runs the same paths against MinIO with real clients.
+// Helpers of a test file: an unwrap that fails is the test failing, with its message.
+#![allow(clippy::unwrap_used)]
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

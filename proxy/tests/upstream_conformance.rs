@@ -3,6 +3,8 @@
 //! S3 server when `LARDER_CONFORMANCE_ENDPOINT` names one (e2e/tests/test_conformance.py runs
 //! it against MinIO, with `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY`). Tests that run on the
 //! in-memory upstream can then stand for the real one in what the suite covers.
+// Helpers of a test file: an unwrap that fails is the test failing, with its message.
+#![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
 
