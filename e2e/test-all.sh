@@ -53,6 +53,10 @@ step "cargo build --release (binaries under test), and the fuzz targets beside i
 await "$setup_fuzz" "$logs/setup-fuzz.log"
 (cd proxy && cargo +nightly fuzz build) >"$logs/fuzz-build.log" 2>&1 &
 fuzz_build=$!
+# The container image's binary first (the server without the demo, as the Dockerfile builds it),
+# kept as larder-server; then the default build, the binary under test everywhere else.
+cargo build --release --locked -p larder --no-default-features
+cp target/release/larder target/release/larder-server
 cargo build --release --locked -p larder -p larder-e2e-sdk-client -p larder-latency-proxy
 await "$fuzz_build" "$logs/fuzz-build.log" >/dev/null
 step "fuzz (short run; LARDER_FUZZ_SECONDS sets the time per target)"

@@ -1,9 +1,9 @@
 """The container image, as far as this machine allows. Docker runs here, but no base image can be
 pulled, so the Dockerfile's build and distroless stages cannot run. What is checked instead: the
-Dockerfile builds the binary with the command the test suite builds it with, and a `FROM scratch`
-image holding that very binary (with the libraries it links, CA certificates and a passwd entry
+Dockerfile builds the server without the demo (`--no-default-features`) with the command the test
+suite builds it with, and a `FROM scratch` image holding that very binary (with the libraries it links, CA certificates and a passwd entry
 for the unprivileged user) and the Dockerfile's own USER, EXPOSE, ENTRYPOINT and CMD starts,
-passes `--check-config`, and serves S3 reads against MinIO on loopback."""
+passes `--check-config`, has no `demo` command, and serves S3 reads against MinIO on loopback."""
 
 import os
 import re
@@ -30,8 +30,9 @@ def runtime_instructions() -> list[str]:
 
 def test_the_dockerfile_builds_as_ci_does():
     build = re.search(r"RUN (cargo build [^&]+)&&", DOCKERFILE).group(1).strip()
-    assert build == "cargo build --release --locked -p larder"
-    assert build in (ROOT / "e2e" / "test-all.sh").read_text()
+    assert build == "cargo build --release --locked -p larder --no-default-features"
+    suite = (ROOT / "e2e" / "test-all.sh").read_text()
+    assert f"{build}\ncp target/release/larder target/release/larder-server" in suite
     assert "USER 65532:65532" in DOCKERFILE and ":nonroot" in DOCKERFILE
 
 
@@ -41,7 +42,7 @@ def image(tmp_path_factory):
     assert docker("info", check=False).returncode == 0, "the docker daemon is not running (e2e/setup.sh starts it)"
     ctx = tmp_path_factory.mktemp("image")
     root = ctx / "rootfs"
-    larder = binary("larder")
+    larder = binary("larder-server")
     (root / "usr/local/bin").mkdir(parents=True)
     shutil.copy2(larder, root / "usr/local/bin/larder")
     libs = re.findall(r"(/\S+\.so[.\d]*)", subprocess.run(["ldd", larder], capture_output=True, text=True).stdout)
@@ -64,6 +65,8 @@ def test_the_image_serves_s3_reads(image, minio, direct, bucket, workdir):
     inspect = docker("image", "inspect", image, "--format", "{{.Config.User}} {{json .Config.Entrypoint}} {{json .Config.Cmd}}").stdout
     assert inspect.startswith("65532:65532 ") and "serve" in inspect
     assert "larder" in docker("run", "--rm", "--network", "none", image, "--version").stdout
+    demo = docker("run", "--rm", "--network", "none", image, "demo", check=False)
+    assert demo.returncode != 0 and "unrecognized subcommand" in demo.stderr, "the production image carries no demo"
 
     keys = workdir / "image-keys"
     keys.write_text(f"{CLIENT_KEY}:{CLIENT_SECRET}\n")

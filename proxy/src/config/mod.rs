@@ -200,8 +200,9 @@ options! {
     /// Attempts per upstream request (block GETs and HEADs) on 5xx, SlowDown, throttling and
     /// connection faults, with exponential backoff and jitter; 1 disables retries. Default: `3`.
     upstream_max_attempts: u32 = 3;
-    /// Times a block body that breaks or stalls mid-stream is resumed from the byte where it
-    /// stopped (a new ranged GET pinned to the same ETag); 0 fails the read instead. Default: `3`.
+    /// Times an upstream body (a block's, or a cold suffix read's) that breaks or stalls
+    /// mid-stream is resumed from the byte where it stopped (a new ranged GET pinned to the same
+    /// ETag); 0 fails the read instead. Default: `3`.
     upstream_max_resumes: u32 = 3;
     /// Hedge a block GET that has not answered within this quantile (0 to 1, e.g. `0.95`) of
     /// recent upstream first-byte latencies: send a second, keep the first to answer, cancel

@@ -3,7 +3,9 @@
 //! [`Upstream`] is the seam between Larder's read path and the upstream S3 API: the real
 //! implementation is [`s3::S3Upstream`] (aws-sdk-s3); unit tests plug in fakes. Concerns of
 //! every request are layers implementing the same trait, each in its own file and composed in
-//! [`layered`]: [`instrument`] (spans and metrics) and [`hedge`]. Everything the
+//! [`layered`]: [`instrument`] (spans and metrics), [`hedge`] and [`resume`]. The in-memory
+//! upstream ([`memory`]) stands in for S3 in tests; `tests/upstream_conformance.rs` holds both
+//! to one behaviour. Everything the
 //! cache does not serve passes through [`forward::Forwarder`], re-signed. [`Clients`] holds both,
 //! signing with the same credentials.
 
@@ -11,6 +13,7 @@ pub mod forward;
 pub mod hedge;
 pub mod instrument;
 pub mod memory;
+pub mod resume;
 pub mod s3;
 
 use std::ops::Range;
@@ -23,20 +26,24 @@ use forward::{ForwardError, Forwarder};
 use s3::{S3Upstream, S3UpstreamConfig};
 
 /// The stack the read path reads through, in one place: `inner` (S3) traced and counted
-/// ([`instrument::Instrumented`], so every request is one metric sample), then, for block GETs,
+/// ([`instrument::Instrumented`], so every request is one metric sample); then, for block GETs,
 /// hedged ([`hedge::Hedged`], each attempt counted) after the `hedge_quantile` of recent
-/// latencies (`None`: never).
+/// latencies (`None`: never); then bodies pinned to a version resumed where they break
+/// ([`resume::Resuming`]: each resume a request through the layers below, counted and hedged
+/// like any other).
 pub fn layered(
     inner: Arc<dyn Upstream>,
     hedge_quantile: Option<f64>,
+    resume: resume::ResumePolicy,
     metrics: Arc<Metrics>,
 ) -> Arc<dyn Upstream> {
     let counted = Arc::new(instrument::Instrumented::new(inner, metrics.clone()));
-    Arc::new(hedge::Hedged::new(
+    let hedged = Arc::new(hedge::Hedged::new(
         counted,
         hedge::HedgePolicy::new(hedge_quantile),
-        metrics,
-    ))
+        metrics.clone(),
+    ));
+    Arc::new(resume::Resuming::new(hedged, resume, metrics))
 }
 
 /// The upstream S3 API, as much of it as the read path needs.

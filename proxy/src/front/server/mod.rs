@@ -25,6 +25,7 @@ use crate::read::blocks::{BlockStore, BlockStoreConfig};
 use crate::read::metadata::MetadataCache;
 use crate::read::prefetch::PrefetchConfig;
 use crate::telemetry::metrics::{FleetGauges, Metrics, MetricsError, MetricsOptions};
+use crate::upstream::resume::ResumePolicy;
 use crate::upstream::Clients;
 use crate::warm::{WarmLimits, Warmer};
 use cache_core::disk::PartitionConfig;
@@ -199,6 +200,10 @@ pub async fn start(
     let origin = crate::upstream::layered(
         origin,
         (config.upstream_hedge_quantile > 0.0).then_some(config.upstream_hedge_quantile),
+        ResumePolicy {
+            max_resumes: config.upstream_max_resumes,
+            idle_timeout: config.upstream_idle_timeout.0,
+        },
         metrics.clone(),
     );
     let block_config = BlockStoreConfig {
@@ -215,7 +220,6 @@ pub async fn start(
             .iter()
             .flat_map(|p| p.buckets.iter().map(|b| (b.clone(), p.name.clone())))
             .collect(),
-        max_resumes: config.upstream_max_resumes,
         prefetch: PrefetchConfig {
             enabled: config.prefetch == PrefetchMode::Auto,
             min_window: config.prefetch_min_window,

@@ -192,12 +192,11 @@ impl BlockStore {
         }
     }
 
-    /// Fetch `range` of `object` at `etag` into `writer`, starting as `first` says. A body that
-    /// breaks or stalls is resumed from the byte where it stopped, with a new ranged GET pinned
-    /// to the same ETag (`If-Match`), up to `max_resumes` times: the readers see one
-    /// uninterrupted stream, and a changed object fails the resume rather than mixing versions.
-    /// A peer that fails, before its first byte or after, is replaced by the upstream from the
-    /// byte where it stopped (a fallback, not a resume). Says who supplied the bytes.
+    /// Fetch `range` of `object` at `etag` into `fill`, starting as `first` says. The upstream's
+    /// bodies arrive already resumed where they broke or stalled (the upstream's
+    /// [`crate::upstream::resume`] layer), so their failures stand. A peer that fails, before its
+    /// first byte or after, or stalls for `idle_timeout`, is replaced by the upstream from the
+    /// byte where it stopped. Says who supplied the bytes.
     async fn fetch_into(
         &self,
         fill: &Fill<BlockId, UpstreamError>,
@@ -222,7 +221,6 @@ impl BlockStore {
         let mut supplied = Supplier::Peer;
         let mut got = 0u64;
         let mut from_peer = 0u64;
-        let mut resumes = 0;
         loop {
             let (attempt, supplier) = match first.take() {
                 Some(FirstAttempt::Body(body, supplier)) => (Ok(body), supplier),
@@ -250,14 +248,20 @@ impl BlockStore {
             }
             let failure = match attempt {
                 Ok(mut body) => loop {
-                    let next = match tokio::time::timeout(self.idle_timeout, body.next()).await {
-                        Ok(next) => next,
-                        Err(_) => {
-                            break UpstreamError::Timeout(format!(
-                                "no body bytes for {:?}",
-                                self.idle_timeout
-                            ))
+                    // The upstream's bodies are timed by its resume layer, which continues a
+                    // stalled one; a second clock here could stop it first.
+                    let next = if supplier == Supplier::Peer {
+                        match tokio::time::timeout(self.idle_timeout, body.next()).await {
+                            Ok(next) => next,
+                            Err(_) => {
+                                break UpstreamError::Timeout(format!(
+                                    "no body bytes for {:?}",
+                                    self.idle_timeout
+                                ))
+                            }
                         }
+                    } else {
+                        body.next().await
                     };
                     match next {
                         Some(Ok(chunk)) => {
@@ -295,15 +299,7 @@ impl BlockStore {
                 self.metrics.peer_fallback("broken");
                 continue;
             }
-            // Only a body that started and broke is resumed; a request that failed outright was
-            // already retried by the client library.
-            let resumable = got > 0 && failure.is_resumable();
-            if !resumable || resumes >= self.max_resumes {
-                return Err(failure);
-            }
-            resumes += 1;
-            self.metrics.resumed();
-            tracing::info!(object = %object, at = range.start + got, error = %failure, "resuming a broken upstream body");
+            return Err(failure);
         }
     }
 

@@ -75,7 +75,6 @@ pub struct BlockStore {
     /// peer needs an upstream slot: were asks holding upstream slots, two busy replicas could
     /// each hold every slot waiting on the other, and both stall until the peer deadline.
     peer_slots: Semaphore,
-    max_resumes: u32,
     prefetch: PrefetchConfig,
     sequences: Detector,
     prefetch_slots: Semaphore,
@@ -129,7 +128,8 @@ pub struct BlockStoreConfig {
     /// Most bytes of blocks all responses hold at once; a response whose next block would go
     /// over it waits. At least one block.
     pub response_buffer: u64,
-    /// Longest wait for upstream body bytes.
+    /// Longest wait for the next bytes of a peer's body (the upstream's are timed by its
+    /// resume layer).
     pub idle_timeout: Duration,
     /// Most block fetches upstream at once.
     pub upstream_concurrency: usize,
@@ -139,8 +139,6 @@ pub struct BlockStoreConfig {
     pub write_policy: WritePolicy,
     /// Bucket → disk partition; other buckets use `default`.
     pub bucket_partitions: std::collections::HashMap<String, String>,
-    /// Times a broken upstream body is resumed before the fetch fails.
-    pub max_resumes: u32,
     /// Read-ahead across requests.
     pub prefetch: PrefetchConfig,
     /// The fleet this replica is part of, if any.
@@ -160,7 +158,6 @@ impl BlockStoreConfig {
             disk: None,
             write_policy: WritePolicy::OnInsert,
             bucket_partitions: Default::default(),
-            max_resumes: 3,
             prefetch: PrefetchConfig::off(),
             fleet: None,
         }
@@ -182,7 +179,6 @@ impl BlockStore {
             idle_timeout: config.idle_timeout,
             upstream_slots: Semaphore::new(config.upstream_concurrency),
             peer_slots: Semaphore::new(config.upstream_concurrency),
-            max_resumes: config.max_resumes,
             prefetch: config.prefetch,
             sequences: Detector::new(config.prefetch, block_size),
             prefetch_slots: Semaphore::new(config.prefetch.max_inflight.max(1)),

@@ -55,33 +55,6 @@ async fn collect(
 }
 
 #[tokio::test]
-async fn a_broken_body_is_resumed_where_it_broke() {
-    let (store, origin, id, etag) = setup(10_000, Duration::ZERO, 4);
-    origin.break_at.store(2500, Ordering::SeqCst);
-    origin.breaks_left.store(2, Ordering::SeqCst);
-    // One block of 4096 bytes: breaks at 2500, resumes, breaks again 2500 bytes later (past
-    // the block's end, so not at all), and the bytes are exact.
-    let got = collect(store.read(id.clone(), etag.clone(), 0..4096, 10_000))
-        .await
-        .unwrap();
-    assert_eq!(got, &data(10_000, 0)[..4096]);
-    assert_eq!(origin.gets.load(Ordering::SeqCst), 2);
-    assert_eq!(
-        store
-            .metrics
-            .snapshot()
-            .sum("larder_upstream_resumes_total", &[]),
-        1.0
-    );
-    // Resumes are bounded: a body that keeps breaking fails the read.
-    origin.break_at.store(100, Ordering::SeqCst);
-    origin.breaks_left.store(100, Ordering::SeqCst);
-    let err = collect(store.read(id, etag, 4096..8192, 10_000)).await;
-    assert!(matches!(err, Err(UpstreamError::Transport(_))), "{err:?}");
-    assert_eq!(origin.gets.load(Ordering::SeqCst), 2 + 4, "1 + 3 resumes");
-}
-
-#[tokio::test]
 async fn in_order_ranged_reads_are_read_ahead_and_waste_is_counted() {
     let unused_after = Duration::from_millis(300);
     let (store, origin, id, etag) = setup_with(64 * 4096, Duration::ZERO, 8, |c| {
