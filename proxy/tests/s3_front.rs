@@ -3,6 +3,8 @@
 // Helpers of a test file: an unwrap that fails is the test failing, with its message.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -15,7 +17,6 @@ use larder::front::routes::{handle, AppState};
 use larder::read::blocks::{BlockStore, BlockStoreConfig};
 use larder::read::metadata::MetadataCache;
 use larder::telemetry::metrics::Metrics;
-use larder::upstream::forward::Forwarder;
 use larder::upstream::memory::MemoryUpstream;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -30,15 +31,7 @@ fn app(origin: Arc<MemoryUpstream>) -> Arc<AppState> {
     Arc::new(AppState {
         base_domain: None,
         auth: Authenticator::None,
-        // Nothing listens there: these tests never pass a request through.
-        forwarder: Forwarder::new(
-            Some("http://127.0.0.1:9"),
-            "us-east-1",
-            true,
-            None,
-            Duration::from_secs(1),
-        )
-        .unwrap(),
+        forwarder: common::forwarder_to_nowhere(),
         metadata: Arc::new(MetadataCache::new(
             origin.clone(),
             Duration::from_secs(3600),

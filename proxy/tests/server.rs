@@ -4,6 +4,8 @@
 // Helpers of a test file: an unwrap that fails is the test failing, with its message.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +17,6 @@ use hyper_util::rt::TokioExecutor;
 use larder::auth::{AuthMode, Authenticator};
 use larder::config::{ByteSize, Config};
 use larder::front::server::{start, Running};
-use larder::upstream::forward::Forwarder;
 use larder::upstream::memory::MemoryUpstream;
 use larder::upstream::Clients;
 
@@ -32,15 +33,7 @@ async fn server(origin: Arc<MemoryUpstream>) -> Running {
     };
     let clients = Clients {
         origin,
-        // Nothing listens there: these tests send only cacheable reads.
-        forwarder: Forwarder::new(
-            Some("http://127.0.0.1:9"),
-            "us-east-1",
-            true,
-            None,
-            Duration::from_secs(1),
-        )
-        .unwrap(),
+        forwarder: common::forwarder_to_nowhere(),
     };
     start(&config, clients, Authenticator::None)
         .await
