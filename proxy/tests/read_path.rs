@@ -1,0 +1,342 @@
+//! The block store over the in-memory upstream, in process: exact ranges, one fetch per block
+//! however many readers, bounded buffers and fetches, warm-up, a changed object, and a restart
+//! served from the disk tier.
+
+// Helpers of a test file: an unwrap that fails is the test failing, with its message.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use cache_core::{BlockLayout, DiskCache};
+use futures::{Stream, StreamExt};
+use larder::model::{ObjectId, UpstreamError};
+use larder::read::blocks::{BlockStore, BlockStoreConfig, CacheResult, Warmed};
+use larder::telemetry::metrics::Metrics;
+use larder::upstream::memory::MemoryUpstream;
+
+fn data(size: usize, seed: u8) -> Bytes {
+    (0..size)
+        .map(|i| (i % 251) as u8 ^ seed)
+        .collect::<Vec<_>>()
+        .into()
+}
+
+fn setup(
+    size: usize,
+    delay: Duration,
+    upstream_concurrency: usize,
+) -> (Arc<BlockStore>, Arc<MemoryUpstream>, ObjectId, Arc<str>) {
+    let metrics = Arc::new(Metrics::default());
+    setup_with(size, delay, upstream_concurrency, metrics, |_| {})
+}
+
+fn setup_with(
+    size: usize,
+    delay: Duration,
+    upstream_concurrency: usize,
+    metrics: Arc<Metrics>,
+    tweak: impl FnOnce(&mut BlockStoreConfig),
+) -> (Arc<BlockStore>, Arc<MemoryUpstream>, ObjectId, Arc<str>) {
+    let origin = Arc::new(MemoryUpstream::with_delay(delay));
+    origin.put("k", data(size, 0), "\"e1\"");
+    let mut config = BlockStoreConfig {
+        upstream_concurrency,
+        ..BlockStoreConfig::for_tests()
+    };
+    tweak(&mut config);
+    let store = Arc::new(BlockStore::new(config, origin.clone(), metrics));
+    let id = ObjectId {
+        bucket: "b".into(),
+        key: "k".into(),
+        version_id: None,
+    };
+    (store, origin, id, "\"e1\"".into())
+}
+
+async fn collect(
+    s: impl Stream<Item = Result<Bytes, UpstreamError>>,
+) -> Result<Vec<u8>, UpstreamError> {
+    let mut out = Vec::new();
+    futures::pin_mut!(s);
+    while let Some(c) = s.next().await {
+        out.extend_from_slice(&c?);
+    }
+    Ok(out)
+}
+
+#[tokio::test]
+async fn responses_together_hold_no_more_than_the_response_buffer() {
+    let size = 10 * 4096;
+    let metrics = Arc::new(Metrics::default());
+    let (store, _origin, id, etag) = setup_with(size, Duration::ZERO, 8, metrics.clone(), |c| {
+        c.response_buffer = 2 * 4096;
+    });
+    let size = size as u64;
+    // A reader that takes one chunk and stops reading: its window fills the buffer.
+    let mut stalled = Box::pin(store.read(id.clone(), etag.clone(), 0..size, size));
+    let mut got = stalled.next().await.unwrap().unwrap().to_vec();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while store.response_buffer().0 < 2 * 4096 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("the stalled reader's window holds the buffer");
+    assert_eq!(store.response_buffer(), (2 * 4096, 2 * 4096));
+    // A second reader waits for room rather than holding more...
+    let other = tokio::spawn(collect(store.read(id.clone(), etag.clone(), 0..size, size)));
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while metrics
+            .snapshot()
+            .sum("larder_response_buffer_waits_total", &[])
+            < 1.0
+        {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("the second reader waited");
+    assert!(!other.is_finished());
+    assert!(store.response_buffer().0 <= 2 * 4096);
+    // ...and both finish, exact, once the first reads on.
+    while let Some(chunk) = stalled.next().await {
+        got.extend_from_slice(&chunk.unwrap());
+    }
+    assert!(got == data(size as usize, 0), "the first reader's bytes");
+    let other = other.await.unwrap().unwrap();
+    assert!(other == data(size as usize, 0), "the second reader's bytes");
+    assert_eq!(store.response_buffer().0, 0, "all room given back");
+}
+
+#[tokio::test]
+async fn warming_fetches_only_what_is_missing() {
+    let (store, origin, id, etag) = setup(3 * 4096, Duration::ZERO, 4);
+    assert_eq!(
+        store.warm(&id, &etag, 0, 3 * 4096).await.unwrap(),
+        Warmed::Fetched(4096)
+    );
+    assert_eq!(
+        store.warm(&id, &etag, 0, 3 * 4096).await.unwrap(),
+        Warmed::AlreadyCached
+    );
+    assert_eq!(
+        store.warm(&id, &etag, 2, 3 * 4096).await.unwrap(),
+        Warmed::Fetched(4096)
+    );
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 2);
+    // Without a disk tier the warmed blocks are in memory: a read needs no upstream.
+    let got = collect(store.read(id, etag, 0..4096, 3 * 4096))
+        .await
+        .unwrap();
+    assert_eq!(got, &data(3 * 4096, 0)[..4096]);
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn ranges_are_exact_and_blocks_fetched_once() {
+    let (store, origin, id, etag) = setup(10_000, Duration::ZERO, 2);
+    let want = data(10_000, 0);
+    let size = 10_000;
+    for (a, b) in [
+        (0, 10_000),
+        (4095, 4097),
+        (0, 1),
+        (9_999, 10_000),
+        (5000, 9000),
+        (100, 4096),
+    ] {
+        let got = collect(store.read(id.clone(), etag.clone(), a..b, size))
+            .await
+            .unwrap();
+        assert_eq!(got, want[a as usize..b as usize], "range {a}..{b}");
+    }
+    assert_eq!(
+        origin.gets.load(Ordering::SeqCst),
+        3,
+        "three blocks, one GET each"
+    );
+    assert_eq!(
+        store.classify(&id, &etag, 0..10_000, size),
+        CacheResult::HitMemory
+    );
+}
+
+#[tokio::test]
+async fn concurrent_cold_readers_share_fetches() {
+    let (store, origin, id, etag) = setup(20_000, Duration::from_millis(1), 2);
+    let readers: Vec<_> = (0..32)
+        .map(|_| {
+            tokio::spawn(collect(store.read(
+                id.clone(),
+                etag.clone(),
+                0..20_000,
+                20_000,
+            )))
+        })
+        .collect();
+    for r in readers {
+        assert_eq!(r.await.unwrap().unwrap(), data(20_000, 0));
+    }
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 5);
+}
+
+#[tokio::test]
+async fn a_changed_object_fails_instead_of_mixing_versions() {
+    let (store, _origin, id, _) = setup(10_000, Duration::ZERO, 2);
+    let stale: Arc<str> = "\"old\"".into();
+    let err = collect(store.read(id.clone(), stale.clone(), 0..10_000, 10_000))
+        .await
+        .unwrap_err();
+    assert_eq!(err, UpstreamError::Changed);
+    assert_eq!(
+        store.classify(&id, &stale, 0..10_000, 10_000),
+        CacheResult::Miss
+    );
+}
+
+#[tokio::test]
+async fn a_reader_that_leaves_early_still_fills_the_cache() {
+    let (store, origin, id, etag) = setup(4096, Duration::from_millis(1), 2);
+    {
+        let s = store.read(id.clone(), etag.clone(), 0..4096, 4096);
+        futures::pin_mut!(s);
+        s.next().await.unwrap().unwrap();
+    }
+    for _ in 0..200 {
+        if store.classify(&id, &etag, 0..4096, 4096) == CacheResult::HitMemory {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        store.classify(&id, &etag, 0..4096, 4096),
+        CacheResult::HitMemory
+    );
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn one_reader_fetches_its_window_of_blocks_at_once() {
+    // 16 blocks of 4 chunks each, 5 ms per chunk: one at a time would take 320 ms.
+    let (store, origin, id, etag) = setup(16 * 4096, Duration::from_millis(5), 8);
+    let body = collect(store.read(id, etag, 0..16 * 4096, 16 * 4096)).await;
+    assert_eq!(body.unwrap(), data(16 * 4096, 0).to_vec());
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 16);
+    // The window is 4 blocks: the block being sent and the ones opened ahead of it.
+    assert!(origin.most_open_bodies.load(Ordering::SeqCst) >= 3);
+}
+
+#[tokio::test]
+async fn upstream_fetches_never_exceed_the_cap() {
+    let (store, origin, id, etag) = setup(16 * 4096, Duration::from_millis(1), 2);
+    let readers: Vec<_> = (0..4u64)
+        .map(|i| {
+            tokio::spawn(collect(store.read(
+                id.clone(),
+                etag.clone(),
+                i * 4096..16 * 4096,
+                16 * 4096,
+            )))
+        })
+        .collect();
+    for r in readers {
+        r.await.unwrap().unwrap();
+    }
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 16);
+    assert_eq!(origin.most_open_bodies.load(Ordering::SeqCst), 2);
+}
+
+mod disk_tests {
+    use super::*;
+    use cache_core::disk::DiskConfig;
+
+    async fn store_over(
+        path: &std::path::Path,
+        origin: Arc<MemoryUpstream>,
+    ) -> (Arc<BlockStore>, DiskCache) {
+        let mut cfg = DiskConfig::new(path, 9 << 20);
+        cfg.region_size = 1 << 20;
+        let disk = DiskCache::open(cfg).await.expect("disk");
+        let config = BlockStoreConfig {
+            layout: BlockLayout::new(64 * 1024),
+            disk: Some(disk.clone()),
+            ..BlockStoreConfig::for_tests()
+        };
+        let store = BlockStore::new(config, origin, Arc::new(Metrics::default()));
+        (Arc::new(store), disk)
+    }
+
+    #[tokio::test]
+    async fn a_restarted_store_serves_from_disk_without_the_origin() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("cache");
+        let origin = Arc::new(MemoryUpstream::with_delay(Duration::ZERO));
+        let body: Bytes = (0..300_000u32)
+            .map(|i| (i % 241) as u8)
+            .collect::<Vec<_>>()
+            .into();
+        origin.put("k", body.clone(), "\"e1\"");
+        let id = ObjectId {
+            bucket: "b".into(),
+            key: "k".into(),
+            version_id: None,
+        };
+        let etag: Arc<str> = "\"e1\"".into();
+        let (store, disk) = store_over(&path, origin.clone()).await;
+        let got: Vec<Bytes> = store
+            .read(id.clone(), etag.clone(), 0..300_000, 300_000)
+            .map(|r| r.expect("read"))
+            .collect()
+            .await;
+        assert_eq!(got.concat(), body.to_vec());
+        let fetched = origin.gets.load(std::sync::atomic::Ordering::SeqCst);
+        disk.close().await;
+        drop((store, disk));
+
+        let (store, _disk) = store_over(&path, origin.clone()).await;
+        assert_eq!(
+            store.classify(&id, &etag, 1000..250_000, 300_000),
+            CacheResult::HitDisk
+        );
+        let got: Vec<Bytes> = store
+            .read(id.clone(), etag.clone(), 1000..250_000, 300_000)
+            .map(|r| r.expect("read"))
+            .collect()
+            .await;
+        assert_eq!(got.concat(), body[1000..250_000].to_vec());
+        assert_eq!(
+            origin.gets.load(std::sync::atomic::Ordering::SeqCst),
+            fetched,
+            "no upstream GET after restart"
+        );
+        // Promoted: now every touched block is in memory.
+        assert_eq!(
+            store.classify(&id, &etag, 1000..250_000, 300_000),
+            CacheResult::HitMemory
+        );
+
+        // A small range of a block only on disk reads just that range's chunk from disk.
+        let before = store.disk().expect("disk").stats();
+        let got: Vec<Bytes> = store
+            .read(id.clone(), etag.clone(), 270_000..270_100, 300_000)
+            .map(|r| r.expect("read"))
+            .collect()
+            .await;
+        assert_eq!(got.concat(), body[270_000..270_100].to_vec());
+        let after = store.disk().expect("disk").stats();
+        assert_eq!(after.hits - before.hits, 1);
+        assert_eq!(after.hit_bytes - before.hit_bytes, 100);
+        assert_eq!(
+            store.classify(&id, &etag, 270_000..270_100, 300_000),
+            CacheResult::HitDisk,
+            "a small range is not promoted"
+        );
+        assert_eq!(
+            origin.gets.load(std::sync::atomic::Ordering::SeqCst),
+            fetched
+        );
+    }
+}
