@@ -4,65 +4,40 @@
 
 use super::*;
 use crate::upstream::memory::MemoryUpstream;
+use futures::TryStreamExt;
 use std::sync::atomic::Ordering;
-
-fn data(size: usize, seed: u8) -> Bytes {
-    (0..size)
-        .map(|i| (i % 251) as u8 ^ seed)
-        .collect::<Vec<_>>()
-        .into()
-}
-
-fn setup_with(
-    size: usize,
-    delay: Duration,
-    upstream_concurrency: usize,
-    tweak: impl FnOnce(&mut BlockStoreConfig),
-) -> (Arc<BlockStore>, Arc<MemoryUpstream>, ObjectId, Arc<str>) {
-    let origin = Arc::new(MemoryUpstream::with_delay(delay));
-    origin.put("k", data(size, 0), "\"e1\"");
-    let mut config = BlockStoreConfig {
-        upstream_concurrency,
-        ..BlockStoreConfig::for_tests()
-    };
-    tweak(&mut config);
-    let store = Arc::new(BlockStore::new(
-        config,
-        origin.clone(),
-        Arc::new(Metrics::default()),
-    ));
-    let id = ObjectId {
-        bucket: "b".into(),
-        key: "k".into(),
-        version_id: None,
-    };
-    (store, origin, id, "\"e1\"".into())
-}
-
-async fn collect(
-    s: impl Stream<Item = Result<Bytes, UpstreamError>>,
-) -> Result<Vec<u8>, UpstreamError> {
-    let mut out = Vec::new();
-    futures::pin_mut!(s);
-    while let Some(c) = s.next().await {
-        out.extend_from_slice(&c?);
-    }
-    Ok(out)
-}
 
 #[tokio::test]
 async fn in_order_ranged_reads_are_read_ahead_and_waste_is_counted() {
     let unused_after = Duration::from_millis(300);
-    let (store, origin, id, etag) = setup_with(64 * 4096, Duration::ZERO, 8, |c| {
-        c.prefetch = PrefetchConfig {
+    let size = 64 * 4096;
+    let data: Bytes = (0..size)
+        .map(|i| (i % 251) as u8)
+        .collect::<Vec<_>>()
+        .into();
+    let origin = Arc::new(MemoryUpstream::default());
+    origin.put("k", data.clone(), "\"e1\"");
+    let config = BlockStoreConfig {
+        upstream_concurrency: 8,
+        prefetch: PrefetchConfig {
             enabled: true,
             min_window: 2,
             max_window: 4,
             max_inflight: 8,
             unused_after,
-        }
-    });
-    let size = 64 * 4096;
+        },
+        ..BlockStoreConfig::for_tests()
+    };
+    let store = Arc::new(BlockStore::new(config, origin.clone(), Arc::default()));
+    let (id, etag): (ObjectId, Arc<str>) = (
+        ObjectId {
+            bucket: "b".into(),
+            key: "k".into(),
+            version_id: None,
+        },
+        "\"e1\"".into(),
+    );
+    let size = size as u64;
     let mut hits = 0;
     for i in 0..8u64 {
         let range = i * 4096..(i + 1) * 4096;
@@ -80,13 +55,13 @@ async fn in_order_ranged_reads_are_read_ahead_and_waste_is_counted() {
             hits += 1;
         }
         store.read_ahead(&id, &etag, range.clone(), size);
-        let got = collect(store.read(id.clone(), etag.clone(), range.clone(), size))
+        let got: Vec<u8> = store
+            .read(id.clone(), etag.clone(), range.clone(), size)
+            .map_ok(|b| b.to_vec())
+            .try_concat()
             .await
             .unwrap();
-        assert_eq!(
-            got,
-            &data(size as usize, 0)[range.start as usize..range.end as usize]
-        );
+        assert_eq!(got, data[range.start as usize..range.end as usize]);
     }
     // Reads 0 and 1 establish the sequence; from read 2 on, each block was already there.
     assert_eq!(hits, 6);
