@@ -83,13 +83,15 @@ def s3_client(endpoint: str, key: str = ACCESS_KEY, secret: str = SECRET_KEY, **
 
 
 class Minio:
-    def __init__(self, workdir: Path):
-        self.port = free_port()
-        self.data = workdir / "minio-data"
+    def __init__(self, workdir: Path, name: str = "minio", port: int | None = None, env: dict | None = None):
+        """A MinIO server; `env` adds to its environment (e.g. MINIO_NOTIFY_WEBHOOK_* targets)."""
+        self.port = port or free_port()
+        self.data = workdir / f"{name}-data"
         self.data.mkdir()
         exe = shutil.which("minio") or str(Path.home() / "go" / "bin" / "minio")
-        env = dict(os.environ, MINIO_ROOT_USER=ACCESS_KEY, MINIO_ROOT_PASSWORD=SECRET_KEY, MINIO_BROWSER="off")
-        self.log = open(workdir / "minio.log", "wb")
+        env = dict(os.environ, MINIO_ROOT_USER=ACCESS_KEY, MINIO_ROOT_PASSWORD=SECRET_KEY, MINIO_BROWSER="off",
+                   **(env or {}))
+        self.log = open(workdir / f"{name}.log", "wb")
         self.proc = subprocess.Popen(
             [exe, "server", "--quiet", "--address", f"127.0.0.1:{self.port}", str(self.data)],
             env=env, stdout=self.log, stderr=subprocess.STDOUT,

@@ -26,6 +26,7 @@ pub mod cache_key;
 pub mod config;
 #[cfg(feature = "demo")]
 pub mod demo;
+pub mod events;
 pub mod fleet;
 pub mod front;
 pub mod model;

@@ -104,6 +104,12 @@ options! {
     /// answer only on a loopback admin listener; metrics, health and the status page stay
     /// open. Default: none.
     admin_token_file: Option<PathBuf> = None;
+    /// File holding the bearer token that S3 event notifications must carry to
+    /// `POST /v1/events` on the admin listener (MinIO's webhook `auth_token`; at least 16
+    /// bytes). An event for an object drops its cached metadata at once, so a write straight to
+    /// the bucket is seen without waiting for `metadata_ttl`. Without it the route refuses every
+    /// event. Default: none.
+    events_token_file: Option<PathBuf> = None;
     /// How clients authenticate: `sigv4` (every request signed with AWS Signature Version 4 by a
     /// key in `auth_credentials`) or `none` (anyone who reaches the listener reads and writes
     /// through Larder's upstream credentials; logged as a warning). Default: `sigv4`.

@@ -1,5 +1,6 @@
 //! The admin listener: `/healthz`, `/readyz`, `/metrics`, and a live status page at `/` fed by
-//! `/status.json`.
+//! `/status.json`; warm-up and fleet routes behind the admin token; S3 event notifications
+//! (`POST /v1/events`, [`crate::events`]) behind the events token.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -12,6 +13,8 @@ use serde::Serialize;
 use subtle::ConstantTimeEq;
 
 use crate::read::blocks::BlockStore;
+use crate::read::metadata::MetadataCache;
+use crate::telemetry::labels::EventOutcome;
 use crate::telemetry::metrics::{Metrics, Snapshot, UpstreamHealth};
 use crate::warm::{Progress, WarmError, WarmRequest, Warmer};
 
@@ -29,6 +32,10 @@ pub struct AdminState {
     pub ready: AtomicBool,
     /// Who may use the warm-up and fleet routes.
     pub access: AdminAccess,
+    /// Object metadata, which S3 events drop.
+    pub metadata: Arc<MetadataCache>,
+    /// The token S3 event notifications must carry; `None` refuses them all.
+    pub events: Option<AdminAccess>,
 }
 
 /// Who may call the admin routes that act or reveal: warm-up jobs (which fetch, list buckets
@@ -54,7 +61,7 @@ impl AdminAccess {
         let token = bytes.trim_ascii();
         if token.len() < MIN_TOKEN_LEN {
             return Err(format!(
-                "{}: the admin token must be at least {MIN_TOKEN_LEN} bytes",
+                "{}: the token must be at least {MIN_TOKEN_LEN} bytes",
                 path.display()
             ));
         }
@@ -74,10 +81,7 @@ impl AdminAccess {
                     .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
                 match presented {
                     Some(p) if p.len() == token.len() && bool::from(p.ct_eq(token)) => Ok(()),
-                    _ => Err((
-                        StatusCode::UNAUTHORIZED,
-                        "a valid admin bearer token is required",
-                    )),
+                    _ => Err((StatusCode::UNAUTHORIZED, "a valid bearer token is required")),
                 }
             }
         }
@@ -92,17 +96,20 @@ async fn guard(
 ) -> axum::response::Response {
     match s.access.allows(request.headers()) {
         Ok(()) => next.run(request).await,
-        Err((status, message)) => {
-            let mut response = json_error(status, message.to_owned());
-            if status == StatusCode::UNAUTHORIZED {
-                response.headers_mut().insert(
-                    header::WWW_AUTHENTICATE,
-                    http::HeaderValue::from_static("Bearer"),
-                );
-            }
-            response
-        }
+        Err((status, message)) => refused(status, message),
     }
+}
+
+/// A caller refused: the error, and what to present next time.
+fn refused(status: StatusCode, message: &str) -> axum::response::Response {
+    let mut response = json_error(status, message.to_owned());
+    if status == StatusCode::UNAUTHORIZED {
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            http::HeaderValue::from_static("Bearer"),
+        );
+    }
+    response
 }
 
 /// The admin router: health, metrics and status open to whoever reaches the listener; warm-up
@@ -120,6 +127,7 @@ pub fn router(state: Arc<AdminState>) -> axum::Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/v1/events", axum::routing::post(events))
         .merge(guarded)
         .with_state(state)
 }
@@ -135,6 +143,36 @@ fn json(status: StatusCode, value: &impl Serialize) -> axum::response::Response 
 
 fn json_error(status: StatusCode, message: String) -> axum::response::Response {
     json(status, &serde_json::json!({ "error": message }))
+}
+
+/// An S3 event notification (MinIO's webhook, S3 through SNS): drop what it says changed. The
+/// body is at most axum's default 2 MB.
+async fn events(
+    State(s): State<Arc<AdminState>>,
+    headers: http::HeaderMap,
+    body: axum::body::Bytes,
+) -> axum::response::Response {
+    let Some(access) = &s.events else {
+        let message = "S3 events need events_token_file";
+        return json_error(StatusCode::FORBIDDEN, message.to_owned());
+    };
+    if let Err((status, message)) = access.allows(&headers) {
+        return refused(status, message);
+    }
+    match crate::events::parse(&body) {
+        Ok(changes) => {
+            crate::events::apply(&changes, &s.metadata, &s.metrics).await;
+            json(
+                StatusCode::OK,
+                &serde_json::json!({ "changes": changes.len() }),
+            )
+        }
+        Err(e) => {
+            s.metrics
+                .event(EventOutcome::Malformed, std::time::Duration::ZERO);
+            json_error(StatusCode::BAD_REQUEST, e.to_string())
+        }
+    }
 }
 
 async fn warm_start(

@@ -1,5 +1,8 @@
-//! Object metadata, cached for `metadata_ttl`, with concurrent misses coalesced into one HEAD.
+//! Object metadata, cached for `metadata_ttl`, with concurrent misses coalesced into one HEAD,
+//! and dropped early when a write through Larder or an S3 event says it changed.
 
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,8 +47,16 @@ pub struct MetadataCache {
     /// with a HEAD, cheap next to fetching a block again that is likely still cached; objects
     /// not in it are opened with a GET that brings metadata and a block at once.
     seen: Option<moka::sync::Cache<ObjectId, ()>>,
+    /// Change counters, one per slot of keys (a fixed table: bounded whatever the key count).
+    /// [`MetadataCache::changed`] bumps a key's slot; a fetch that saw its slot move while it
+    /// ran does not stay cached, so metadata read just before a change cannot outlive it.
+    changes: Box<[AtomicU64]>,
+    hasher: std::collections::hash_map::RandomState,
     origin: Arc<dyn Upstream>,
 }
+
+/// Slots of [`MetadataCache::changes`]. Keys sharing a slot only cost each other a refetch.
+const CHANGE_SLOTS: usize = 4096;
 
 /// Where metadata came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,8 +96,29 @@ impl MetadataCache {
                     .support_invalidation_closures()
                     .build()
             }),
+            changes: (0..CHANGE_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            hasher: Default::default(),
             origin,
         }
+    }
+
+    /// The change counter of `id`'s key (every version of it shares one).
+    fn slot(&self, id: &ObjectId) -> &AtomicU64 {
+        let hash = self.hasher.hash_one((&id.bucket, &id.key));
+        &self.changes[hash as usize % CHANGE_SLOTS]
+    }
+
+    /// `id` changed upstream behind Larder's back (an S3 event): forget it, including what a
+    /// fetch running now brings back.
+    pub async fn changed(&self, id: &ObjectId) {
+        self.slot(id).fetch_add(1, Ordering::AcqRel);
+        self.invalidate(id).await;
+    }
+
+    /// The ETag cached for `id`, if any, without asking the upstream.
+    pub async fn cached_etag(&self, id: &ObjectId) -> Option<String> {
+        let cache = self.cache.as_ref()?;
+        cache.get(id).await.map(|e| e.meta.etag.clone())
     }
 
     /// The object's metadata, and where it came from.
@@ -153,6 +185,7 @@ impl MetadataCache {
         id: &ObjectId,
         fetch: impl std::future::Future<Output = Result<Entry, (UpstreamError, bool)>>,
     ) -> Result<(Entry, Source), (UpstreamError, bool)> {
+        let before = self.slot(id).load(Ordering::Acquire);
         let fetched = match &self.cache {
             None => fetch.await,
             Some(cache) => {
@@ -165,10 +198,7 @@ impl MetadataCache {
                     .map_err(|e| (*e).clone())
             }
         };
-        if let (Ok(_), Some(seen)) = (&fetched, &self.seen) {
-            seen.insert(id.clone(), ());
-        }
-        match (fetched, &self.stale) {
+        let answer = match (fetched, &self.stale) {
             (Ok(meta), Some(stale)) => {
                 stale.insert(id.clone(), meta.clone()).await;
                 Ok((meta, Source::Fetched))
@@ -182,7 +212,16 @@ impl MetadataCache {
                 None => Err((e, from_head)),
             },
             (Err(e), _) => Err(e),
+        };
+        if let (Ok((_, Source::Fetched)), Some(seen)) = (&answer, &self.seen) {
+            seen.insert(id.clone(), ());
         }
+        // Changed while the fetch ran: what it brought may predate the change. This reader
+        // may use it (the two were concurrent); the cache must not keep it.
+        if self.slot(id).load(Ordering::Acquire) != before {
+            self.invalidate(id).await;
+        }
+        answer
     }
 
     /// Forget what is known of `id` (it changed upstream).
@@ -316,5 +355,38 @@ mod tests {
         origin.delete("k");
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(cache.get(&id).await.unwrap_err().is_not_found());
+    }
+
+    #[tokio::test]
+    async fn metadata_fetched_across_a_change_is_used_once_and_not_kept() {
+        let origin = Arc::new(MemoryUpstream::default());
+        origin.put("k", bytes::Bytes::from_static(b"v1"), "\"e1\"");
+        let cache = MetadataCache::new(
+            origin.clone(),
+            Duration::from_secs(3600),
+            Duration::ZERO,
+            100,
+        );
+        let id = ObjectId {
+            bucket: "b".into(),
+            key: "k".into(),
+            version_id: None,
+        };
+        let meta = origin.head(&id).await.unwrap();
+        // The object changes (an S3 event) while its metadata is being fetched.
+        let open = async {
+            cache.changed(&id).await;
+            Ok(Some((meta, Duration::ZERO)))
+        };
+        let (got, source) = cache.get_or_open(&id, open).await.unwrap();
+        assert_eq!((got.etag.as_str(), source), ("\"e1\"", Source::Fetched));
+        assert_eq!(
+            cache.cached_etag(&id).await,
+            None,
+            "not kept past the change"
+        );
+        // Fetched with no change in between, it is kept.
+        cache.get(&id).await.unwrap();
+        assert_eq!(cache.cached_etag(&id).await.as_deref(), Some("\"e1\""));
     }
 }

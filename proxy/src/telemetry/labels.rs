@@ -116,3 +116,17 @@ mod tests {
         assert_eq!(Source::Upstream.as_str(), "upstream");
     }
 }
+
+label! {
+    /// What an S3 event notification did (`outcome` of `larder_events_total`).
+    EventOutcome {
+        /// Dropped cached metadata the event made stale.
+        Applied => "applied",
+        /// Larder already held the version the event announces.
+        Unchanged => "unchanged",
+        /// Nothing of the object was cached.
+        NotCached => "not_cached",
+        /// The notification was refused: its body was not an S3 event message.
+        Malformed => "malformed",
+    }
+}

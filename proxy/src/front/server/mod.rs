@@ -276,6 +276,11 @@ pub async fn start(
                 loopback: config.admin_listen.ip().is_loopback(),
             },
         },
+        metadata: metadata.clone(),
+        events: match &config.events_token_file {
+            Some(path) => Some(AdminAccess::from_file(path).map_err(StartError::Admin)?),
+            None => None,
+        },
     });
 
     let s3_listener = TcpListener::bind(config.listen).await?;

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::model::UpstreamOutcome;
 use crate::telemetry::labels::{
-    Lookup, PrefetchBlock, PrefetchBytes, Rejected, Source, WriteDropped,
+    EventOutcome, Lookup, PrefetchBlock, PrefetchBytes, Rejected, Source, WriteDropped,
 };
 use opentelemetry::metrics::{Counter, Histogram, Meter, MeterProvider as _};
 use opentelemetry::KeyValue;
@@ -86,6 +86,8 @@ pub struct Metrics {
     prefetch_bytes: Counter<u64>,
     warm_jobs: Counter<u64>,
     warm_bytes: Counter<u64>,
+    events: Counter<u64>,
+    event_lag: Histogram<f64>,
     peer_requests: Counter<u64>,
     peer_duration: Histogram<f64>,
     peer_fallbacks: Counter<u64>,
@@ -219,6 +221,13 @@ impl Metrics {
         for reason in ["unreachable", "timeout", "error", "broken"] {
             peer_fallbacks.add(0, &[kv("reason", reason)]);
         }
+        let events = counter(
+            "larder.events",
+            "S3 event notifications' changes by outcome: applied, unchanged, not_cached, malformed",
+        );
+        for outcome in EventOutcome::ALL {
+            events.add(0, &[kv("outcome", outcome.as_str())]);
+        }
         let fleet_changes = counter(
             "larder.fleet.membership.changes",
             "Membership changes that moved block ownership",
@@ -245,6 +254,11 @@ impl Metrics {
             prefetch_bytes,
             warm_jobs,
             warm_bytes,
+            events,
+            event_lag: latency(
+                "larder.events.lag.seconds",
+                "Time from a change in the bucket (the event's eventTime) to Larder applying it",
+            ),
             requests: counter(
                 "larder.requests",
                 "Client requests by operation, status and cache result",
@@ -427,6 +441,16 @@ impl Metrics {
     /// Bytes a warm-up job fetched.
     pub fn warm_bytes(&self, bytes: u64) {
         self.warm_bytes.add(bytes, &[]);
+    }
+
+    /// One change from an S3 event notification, and how long after the change it arrived
+    /// (`lag`; zero when the event has no time or the clocks disagree). A refused notification
+    /// is counted with [`EventOutcome::Malformed`].
+    pub fn event(&self, outcome: EventOutcome, lag: Duration) {
+        self.events.add(1, &[kv("outcome", outcome.as_str())]);
+        if outcome != EventOutcome::Malformed {
+            self.event_lag.record(lag.as_secs_f64(), &[]);
+        }
     }
 
     /// A request between replicas: `direction` `made` or `served`, `kind` `block` or `open`,
