@@ -82,6 +82,21 @@ def s3_client(endpoint: str, key: str = ACCESS_KEY, secret: str = SECRET_KEY, **
     )
 
 
+def metric(node, name, **labels) -> float:
+    """Sum of a metric's series whose labels include `labels`."""
+    total = 0.0
+    for line in node.metrics().splitlines():
+        if not line.startswith(name):
+            continue
+        m = re.match(r"^(\w+)(?:\{(.*)\})? (\S+)$", line)
+        if not m or m.group(1) != name:
+            continue
+        have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
+        if all(have.get(k) == v for k, v in labels.items()):
+            total += float(m.group(3))
+    return total
+
+
 class Minio:
     def __init__(self, workdir: Path, name: str = "minio", port: int | None = None, env: dict | None = None):
         """A MinIO server; `env` adds to its environment (e.g. MINIO_NOTIFY_WEBHOOK_* targets)."""

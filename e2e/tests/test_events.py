@@ -4,7 +4,6 @@ an object overwritten or deleted straight in MinIO is served new (or 404) throug
 second. Forged events (no token, a wrong token) are refused and change nothing."""
 
 import json
-import re
 import time
 import urllib.error
 import urllib.request
@@ -12,22 +11,10 @@ import urllib.request
 import pytest
 from botocore.exceptions import ClientError
 
-from conftest import Larder, Minio, free_port, s3_client
+from conftest import Larder, Minio, free_port, metric, s3_client
 
 TOKEN = "events-token-for-e2e-0123456789"
 BUCKET = "events"
-
-
-def metric(larder, name, **labels) -> float:
-    total = 0.0
-    for line in larder.metrics().splitlines():
-        m = re.match(r"^(\w+)(?:\{(.*)\})? (\S+)$", line)
-        if not m or m.group(1) != name:
-            continue
-        have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
-        if all(have.get(k) == v for k, v in labels.items()):
-            total += float(m.group(3))
-    return total
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import urllib.request
 
 import pytest
 
-from conftest import ROOT, free_port
+from conftest import ROOT, free_port, metric
 from threads import run_all
 
 SECRET = "fleet-e2e-shared-secret-0123456789"
@@ -29,21 +29,6 @@ def owner(node, bucket, key, index) -> str:
     url = f"{node.admin}/fleet/owner?bucket={bucket}&key={key}&index={index}"
     with urllib.request.urlopen(url, timeout=5) as r:
         return json.loads(r.read())["owner"]
-
-
-def metric(node, name, **labels) -> float:
-    """Sum of a metric's series whose labels include `labels`."""
-    total = 0.0
-    for line in node.metrics().splitlines():
-        if not line.startswith(name):
-            continue
-        m = re.match(r"^(\w+)(?:\{(.*)\})? (\S+)$", line)
-        if not m or m.group(1) != name:
-            continue
-        have = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
-        if all(have.get(k) == v for k, v in labels.items()):
-            total += float(m.group(3))
-    return total
 
 
 class FleetOf:

@@ -185,18 +185,20 @@ impl MetadataCache {
         id: &ObjectId,
         fetch: impl std::future::Future<Output = Result<Entry, (UpstreamError, bool)>>,
     ) -> Result<(Entry, Source), (UpstreamError, bool)> {
+        if let Some(meta) = match &self.cache {
+            Some(cache) => cache.get(id).await,
+            None => None,
+        } {
+            return Ok((meta, Source::Cached));
+        }
+        // Read only on a miss: a hit needs no change counter (nor the hash that finds it).
         let before = self.slot(id).load(Ordering::Acquire);
         let fetched = match &self.cache {
             None => fetch.await,
-            Some(cache) => {
-                if let Some(meta) = cache.get(id).await {
-                    return Ok((meta, Source::Cached));
-                }
-                cache
-                    .try_get_with(id.clone(), fetch)
-                    .await
-                    .map_err(|e| (*e).clone())
-            }
+            Some(cache) => cache
+                .try_get_with(id.clone(), fetch)
+                .await
+                .map_err(|e| (*e).clone()),
         };
         let answer = match (fetched, &self.stale) {
             (Ok(meta), Some(stale)) => {
@@ -258,6 +260,24 @@ mod tests {
     use crate::upstream::memory::MemoryUpstream;
     use std::sync::atomic::Ordering;
 
+    /// A cache over an upstream holding one object, `b/k`, with `body` under `etag`.
+    fn one_object(
+        body: &'static [u8],
+        etag: &str,
+        ttl: Duration,
+        stale_for: Duration,
+    ) -> (Arc<MemoryUpstream>, MetadataCache, ObjectId) {
+        let origin = Arc::new(MemoryUpstream::default());
+        origin.put("k", bytes::Bytes::from_static(body), etag);
+        let cache = MetadataCache::new(origin.clone(), ttl, stale_for, 100);
+        let id = ObjectId {
+            bucket: "b".into(),
+            key: "k".into(),
+            version_id: None,
+        };
+        (origin, cache, id)
+    }
+
     #[tokio::test]
     async fn a_named_version_expires_with_the_ttl_like_the_latest() {
         let origin = Arc::new(MemoryUpstream::default());
@@ -295,19 +315,8 @@ mod tests {
 
     #[tokio::test]
     async fn metadata_learnt_with_an_age_is_trusted_only_for_the_rest_of_the_ttl() {
-        let origin = Arc::new(MemoryUpstream::default());
-        origin.put("k", bytes::Bytes::from_static(b"data"), "\"e\"");
-        let cache = MetadataCache::new(
-            origin.clone(),
-            Duration::from_millis(400),
-            Duration::ZERO,
-            100,
-        );
-        let id = ObjectId {
-            bucket: "b".into(),
-            key: "k".into(),
-            version_id: None,
-        };
+        let (origin, cache, id) =
+            one_object(b"data", "\"e\"", Duration::from_millis(400), Duration::ZERO);
         let meta = origin.head(&id).await.unwrap();
         // Another replica had it from the upstream 300 ms ago: 100 ms of the TTL are left.
         let open = async { Ok(Some((meta, Duration::from_millis(300)))) };
@@ -326,19 +335,12 @@ mod tests {
 
     #[tokio::test]
     async fn stale_metadata_is_served_only_in_an_outage_and_only_for_so_long() {
-        let origin = Arc::new(MemoryUpstream::default());
-        origin.put("k", bytes::Bytes::from_static(b"data"), "\"e\"");
-        let cache = MetadataCache::new(
-            origin.clone(),
+        let (origin, cache, id) = one_object(
+            b"data",
+            "\"e\"",
             Duration::from_millis(50),
             Duration::from_millis(300),
-            100,
         );
-        let id = ObjectId {
-            bucket: "b".into(),
-            key: "k".into(),
-            version_id: None,
-        };
         assert_eq!(cache.get(&id).await.unwrap().1, Source::Fetched);
         tokio::time::sleep(Duration::from_millis(100)).await;
         origin.outage.store(true, Ordering::SeqCst);
@@ -359,19 +361,8 @@ mod tests {
 
     #[tokio::test]
     async fn metadata_fetched_across_a_change_is_used_once_and_not_kept() {
-        let origin = Arc::new(MemoryUpstream::default());
-        origin.put("k", bytes::Bytes::from_static(b"v1"), "\"e1\"");
-        let cache = MetadataCache::new(
-            origin.clone(),
-            Duration::from_secs(3600),
-            Duration::ZERO,
-            100,
-        );
-        let id = ObjectId {
-            bucket: "b".into(),
-            key: "k".into(),
-            version_id: None,
-        };
+        let (origin, cache, id) =
+            one_object(b"v1", "\"e1\"", Duration::from_secs(3600), Duration::ZERO);
         let meta = origin.head(&id).await.unwrap();
         // The object changes (an S3 event) while its metadata is being fetched.
         let open = async {
