@@ -26,8 +26,8 @@ pub mod cache_key;
 pub mod config;
 #[cfg(feature = "demo")]
 pub mod demo;
-pub mod events;
 pub mod fleet;
+pub mod freshness;
 pub mod front;
 pub mod model;
 pub mod read;

@@ -16,6 +16,7 @@ use larder::fleet::auth::PeerSecret;
 use larder::fleet::client::{self, Info, PeerClient};
 use larder::fleet::ring::{self, Member, Scope, View};
 use larder::fleet::{CopyLimits, Fleet};
+use larder::freshness::Freshness;
 use larder::front::peer::{self as server, PeerState};
 use larder::model::{ObjectId, UpstreamError};
 use larder::read::blocks::{BlockStore, BlockStoreConfig};
@@ -68,9 +69,11 @@ fn serve_peers(
         Duration::ZERO,
         100,
     ));
+    let freshness = Arc::new(Freshness::local(metadata.clone(), metrics.clone()));
     let state = Arc::new(PeerState {
         blocks,
         metadata,
+        freshness,
         secret: secret(),
         info: Info {
             id,

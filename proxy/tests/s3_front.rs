@@ -13,6 +13,7 @@ use bytes::Bytes;
 use http::{header, HeaderMap, StatusCode};
 use http_body_util::BodyExt;
 use larder::auth::Authenticator;
+use larder::freshness::Freshness;
 use larder::front::routes::{handle, AppState};
 use larder::read::blocks::{BlockStore, BlockStoreConfig};
 use larder::read::metadata::MetadataCache;
@@ -28,16 +29,19 @@ fn app(origin: Arc<MemoryUpstream>) -> Arc<AppState> {
         upstream_concurrency: 8,
         ..BlockStoreConfig::for_tests()
     };
+    let metadata = Arc::new(MetadataCache::new(
+        origin.clone(),
+        Duration::from_secs(3600),
+        Duration::ZERO,
+        100,
+    ));
     Arc::new(AppState {
         base_domain: None,
         auth: Authenticator::None,
-        forwarder: common::forwarder_to_nowhere(),
-        metadata: Arc::new(MetadataCache::new(
-            origin.clone(),
-            Duration::from_secs(3600),
-            Duration::ZERO,
-            100,
-        )),
+        forwarder: Arc::new(common::forwarder_to_nowhere()),
+        freshness: Arc::new(Freshness::local(metadata.clone(), metrics.clone())),
+        listings: None,
+        metadata,
         blocks: Arc::new(BlockStore::new(config, origin.clone(), metrics.clone())),
         origin,
         metrics,

@@ -106,10 +106,26 @@ options! {
     admin_token_file: Option<PathBuf> = None;
     /// File holding the bearer token that S3 event notifications must carry to
     /// `POST /v1/events` on the admin listener (MinIO's webhook `auth_token`; at least 16
-    /// bytes). An event for an object drops its cached metadata at once, so a write straight to
-    /// the bucket is seen without waiting for `metadata_ttl`. Without it the route refuses every
-    /// event. Default: none.
+    /// bytes). An event for an object drops its cached metadata, listing pages and remembered
+    /// 404 at once (here and, in a fleet, in every replica), so a write straight to the bucket
+    /// is seen without waiting for a TTL. Without it the route refuses every event. Setting it
+    /// makes Larder expect events (see `events_max_silence`). Default: none.
     events_token_file: Option<PathBuf> = None;
+    /// While S3 events are expected (`events_token_file` is set): the longest time without an
+    /// event (or heartbeat, `events_heartbeat`) before the stream is taken as broken, logged,
+    /// and metadata, listings and 404s are trusted only for `events_fallback_ttl` until events
+    /// arrive again. The stream also starts out so, until its first event. Default: `60s`.
+    events_max_silence: HumanDuration = HumanDuration::secs(60);
+    /// What metadata, listings and 404s are trusted for while the event stream is not healthy
+    /// (`events_max_silence`), instead of their TTLs; immutable prefixes (`rules`) are not
+    /// affected. With the defaults, a broken stream leaves nothing stale longer than the 60 s
+    /// Larder trusts without events. Default: `60s`.
+    events_fallback_ttl: HumanDuration = HumanDuration::secs(60);
+    /// `bucket/key` of an object Larder writes every third of `events_max_silence` (with its
+    /// own upstream credentials), so that the bucket's notifications prove the event stream
+    /// works even when nothing else is written. The bucket must send that key's events to
+    /// Larder. Default: none (only real writes show the stream is alive).
+    events_heartbeat: Option<String> = None;
     /// How clients authenticate: `sigv4` (every request signed with AWS Signature Version 4 by a
     /// key in `auth_credentials`) or `none` (anyone who reaches the listener reads and writes
     /// through Larder's upstream credentials; logged as a warning). Default: `sigv4`.
@@ -152,6 +168,28 @@ options! {
     /// before, so that they revalidate with a HEAD (an object not remembered is opened with a
     /// GET of its first needed block, which brings the metadata too). Default: `100000`.
     metadata_capacity: u64 = 100_000;
+    /// How long a 404 for a key (no such key, or no such bucket) is remembered, so a repeated
+    /// GET or HEAD of a missing key costs no upstream request. Dropped at once by a write of
+    /// the key through Larder, an S3 event or another replica's notice; a write straight to the
+    /// bucket without events is seen only after it. `0s` (the default) remembers none: many
+    /// jobs poll for a marker object (`_SUCCESS`) and must see it the moment it is written.
+    /// Default: `0s`.
+    negative_ttl: HumanDuration = HumanDuration::secs(0);
+    /// How long a listing page (ListObjectsV2, ListObjects) is kept, so a repeated listing of
+    /// an unchanged prefix costs no upstream request. Dropped at once by a write under its
+    /// prefix through Larder, an S3 event or another replica's notice. `0s` (the default)
+    /// keeps none. Default: `0s`.
+    list_ttl: HumanDuration = HumanDuration::secs(0);
+    /// Most bytes of listing pages kept (`list_ttl`). Default: `64MiB`.
+    list_capacity: ByteSize = ByteSize(64 << 20);
+    /// Freshness by bucket and key prefix: each rule sets, for keys starting with `prefix` in
+    /// `bucket`, any of `metadata_ttl`, `list_ttl` and `negative_ttl`, or `immutable = true`
+    /// (objects written once and never changed, like a table format's data files: their
+    /// metadata is never revalidated, only dropped by a write or event). The longest matching
+    /// prefix wins; what it leaves unset comes from the options above. TOML only, e.g.
+    /// `[[rules]] bucket = "lake", prefix = "warehouse/data/", immutable = true`.
+    /// Default: none.
+    rules: Vec<FreshnessRule> = Vec::new() => TomlOnly;
     /// Blocks a single response fetches ahead of the one it is sending. Default: `4`.
     read_window: usize = 4;
     /// Most bytes of blocks all responses in flight hold at once: each holds the block it is
@@ -333,6 +371,29 @@ pub enum TransferKind {
     Internet,
 }
 
+/// One freshness rule (`rules`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FreshnessRule {
+    /// The bucket.
+    pub bucket: String,
+    /// The key prefix (empty: the whole bucket).
+    #[serde(default)]
+    pub prefix: String,
+    /// Overrides `metadata_ttl`.
+    #[serde(default)]
+    pub metadata_ttl: Option<HumanDuration>,
+    /// Objects here are never changed once written.
+    #[serde(default)]
+    pub immutable: bool,
+    /// Overrides `list_ttl`.
+    #[serde(default)]
+    pub list_ttl: Option<HumanDuration>,
+    /// Overrides `negative_ttl`.
+    #[serde(default)]
+    pub negative_ttl: Option<HumanDuration>,
+}
+
 /// One disk partition and the buckets it caches.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -363,6 +424,11 @@ pub enum ConfigError {
 }
 
 impl Config {
+    /// Whether S3 events are expected (so their absence means the stream is broken).
+    pub fn expects_events(&self) -> bool {
+        self.events_token_file.is_some()
+    }
+
     /// Whether this replica is part of a fleet.
     pub fn in_fleet(&self) -> bool {
         !self.fleet_peers.is_empty()
@@ -456,6 +522,26 @@ impl Config {
                 "disk_write_buffer",
                 "must hold at least two blocks (block_size)",
             );
+        }
+        if let Some(beat) = &self.events_heartbeat {
+            if self.events_token_file.is_none() {
+                return invalid("events_heartbeat", "needs events_token_file");
+            }
+            if !beat
+                .split_once('/')
+                .is_some_and(|(b, k)| !b.is_empty() && !k.is_empty())
+            {
+                return invalid("events_heartbeat", "must be bucket/key");
+            }
+        }
+        if self.events_max_silence.0.is_zero() {
+            return invalid("events_max_silence", "must be positive");
+        }
+        if self.list_capacity.0 == 0 {
+            return invalid("list_capacity", "must be positive");
+        }
+        if self.rules.iter().any(|r| r.bucket.is_empty()) {
+            return invalid("rules", "every rule needs a bucket");
         }
         let mut seen = std::collections::HashSet::new();
         for p in &self.disk_partitions {

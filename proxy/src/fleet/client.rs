@@ -112,8 +112,19 @@ impl PeerClient {
         peer: &str,
         path_and_query: String,
     ) -> Result<(StatusCode, BodyStream), PeerError> {
-        let signature = self.secret.sign("GET", &path_and_query);
-        let request = Request::get(format!("http://{peer}{path_and_query}"))
+        self.send_as(http::Method::GET, peer, path_and_query).await
+    }
+
+    async fn send_as(
+        &self,
+        method: http::Method,
+        peer: &str,
+        path_and_query: String,
+    ) -> Result<(StatusCode, BodyStream), PeerError> {
+        let signature = self.secret.sign(method.as_str(), &path_and_query);
+        let request = Request::builder()
+            .method(method)
+            .uri(format!("http://{peer}{path_and_query}"))
             .header(HEADER, &signature)
             .body(Empty::new())
             .map_err(|e| PeerError::unavailable("error", e))?;
@@ -227,6 +238,32 @@ impl PeerClient {
             .chain(body)
             .boxed();
         Ok(Some((meta, age, body)))
+    }
+
+    /// Tell `peer` that `key` of `bucket` (every key of it, for `None`) changed, so it drops
+    /// what it holds of it.
+    pub async fn changed(
+        &self,
+        peer: &str,
+        bucket: &str,
+        key: Option<&str>,
+    ) -> Result<(), PeerError> {
+        let path = {
+            let mut query = form_urlencoded::Serializer::new(String::new());
+            query.append_pair("bucket", bucket);
+            if let Some(key) = key {
+                query.append_pair("key", key);
+            }
+            format!("/v1/changed?{}", query.finish())
+        };
+        let (_, body) = self.send_as(http::Method::POST, peer, path).await?;
+        // The answer is empty; reading it to its end checks its seal.
+        let drained = body.try_for_each(|_| async { Ok(()) });
+        match tokio::time::timeout(self.deadline, drained).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(PeerError::unavailable("error", e)),
+            Err(_) => Err(PeerError::unavailable("timeout", "answer late")),
+        }
     }
 
     /// What `peer` says about itself.

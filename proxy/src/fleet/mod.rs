@@ -11,6 +11,7 @@
 pub mod auth;
 pub mod client;
 pub mod membership;
+pub mod notify;
 pub mod ring;
 pub mod seal;
 pub mod wire;
@@ -52,6 +53,9 @@ pub struct Fleet {
     moved_ppm: AtomicU64,
     changes: AtomicU64,
     metrics: Arc<Metrics>,
+    /// Changes to tell the other replicas ([`notify`]).
+    notices: tokio::sync::mpsc::Sender<notify::Notice>,
+    pending_notices: parking_lot::Mutex<Option<tokio::sync::mpsc::Receiver<notify::Notice>>>,
 }
 
 impl Fleet {
@@ -64,7 +68,10 @@ impl Fleet {
                 .time_to_live(copies.ttl)
                 .build()
         });
+        let (notices, pending) = notify::queue();
         Self {
+            notices,
+            pending_notices: parking_lot::Mutex::new(Some(pending)),
             view: RwLock::new(Arc::new(view)),
             client,
             copies,

@@ -1,6 +1,6 @@
 //! The admin listener: `/healthz`, `/readyz`, `/metrics`, and a live status page at `/` fed by
 //! `/status.json`; warm-up and fleet routes behind the admin token; S3 event notifications
-//! (`POST /v1/events`, [`crate::events`]) behind the events token.
+//! (`POST /v1/events`, [`crate::freshness::events`]) behind the events token.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -12,8 +12,8 @@ use axum::routing::get;
 use serde::Serialize;
 use subtle::ConstantTimeEq;
 
+use crate::freshness::Freshness;
 use crate::read::blocks::BlockStore;
-use crate::read::metadata::MetadataCache;
 use crate::telemetry::labels::EventOutcome;
 use crate::telemetry::metrics::{Metrics, Snapshot, UpstreamHealth};
 use crate::warm::{Progress, WarmError, WarmRequest, Warmer};
@@ -32,8 +32,8 @@ pub struct AdminState {
     pub ready: AtomicBool,
     /// Who may use the warm-up and fleet routes.
     pub access: AdminAccess,
-    /// Object metadata, which S3 events drop.
-    pub metadata: Arc<MetadataCache>,
+    /// What S3 events drop, and the event stream's health.
+    pub freshness: Arc<Freshness>,
     /// The token S3 event notifications must carry; `None` refuses them all.
     pub events: Option<AdminAccess>,
 }
@@ -159,9 +159,9 @@ async fn events(
     if let Err((status, message)) = access.allows(&headers) {
         return refused(status, message);
     }
-    match crate::events::parse(&body) {
+    match crate::freshness::events::parse(&body) {
         Ok(changes) => {
-            crate::events::apply(&changes, &s.metadata, &s.metrics).await;
+            s.freshness.apply(&changes).await;
             json(
                 StatusCode::OK,
                 &serde_json::json!({ "changes": changes.len() }),
@@ -314,6 +314,16 @@ pub struct Status {
     upstream: UpstreamHealth,
     /// Warm-up jobs still running.
     warm_jobs: Vec<Progress>,
+    /// The S3 event stream, when events are expected.
+    events: Option<EventStream>,
+}
+
+#[derive(Debug, Serialize)]
+struct EventStream {
+    /// Events arrive within `events_max_silence`.
+    healthy: bool,
+    /// Since the last event or heartbeat; `None` before the first.
+    silence_seconds: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -332,7 +342,11 @@ async fn status(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
         .into_iter()
         .filter(|p| p.state == crate::warm::State::Running)
         .collect();
-    let status = Status::from_snapshot(&snap, &s.metrics, s.blocks.disk().is_some(), running);
+    let mut status = Status::from_snapshot(&snap, &s.metrics, s.blocks.disk().is_some(), running);
+    status.events = s.freshness.expects_events().then(|| EventStream {
+        healthy: s.freshness.healthy(),
+        silence_seconds: s.freshness.silence().map(|d| d.as_secs_f64()),
+    });
     (
         [(header::CONTENT_TYPE, "application/json")],
         serde_json::to_string(&status).unwrap_or_default(),
@@ -409,6 +423,7 @@ impl Status {
             upstream_received_bytes: gauge("larder_upstream_received_bytes_total"),
             upstream: metrics.upstream_health(),
             warm_jobs,
+            events: None,
         }
     }
 }

@@ -16,8 +16,8 @@ use http::request::Parts;
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 
 use crate::auth::Authenticator;
+use crate::freshness::{Freshness, Learnt};
 use crate::model::ObjectId;
-use crate::read::metadata::MetadataCache;
 use crate::s3::form::{self, FormHead};
 use crate::s3::request::{Target, MAX_KEY_LEN};
 use crate::s3::S3Error;
@@ -63,8 +63,8 @@ fn header_of(field: &str) -> Option<&str> {
 pub struct Uploader<'a> {
     /// Who may upload: verifies the form's policy.
     pub auth: &'a Authenticator,
-    /// Metadata to forget once the object is written.
-    pub metadata: &'a MetadataCache,
+    /// What to forget once the object is written.
+    pub freshness: &'a Freshness,
     /// The upstream the file goes to.
     pub forwarder: &'a Forwarder,
 }
@@ -140,7 +140,7 @@ pub async fn upload(
         key: key.as_str().into(),
         version_id: None,
     };
-    app.metadata.invalidate(&id).await;
+    app.freshness.metadata().invalidate(&id).await;
     let forward = Forward {
         method: Method::PUT,
         target,
@@ -158,7 +158,7 @@ pub async fn upload(
     if !response.status().is_success() {
         return Ok(response);
     }
-    app.metadata.invalidate(&id).await;
+    app.freshness.object_changed(&id, Learnt::Write).await;
     Ok(answer(
         &req,
         &head,

@@ -9,6 +9,11 @@
 //!   of: its metadata (with its age) and then block `index`, usually from one upstream GET that
 //!   serves every replica asking.
 //!
+//! - `POST /v1/changed?bucket[&key]`: an object (or any object of a bucket) changed, learnt
+//!   by the sender from a write through it or an S3 event: drop what is held of it
+//!   ([`crate::fleet::notify`]). A replayed notice (within the signature's five minutes) only
+//!   costs a refetch.
+//!
 //! Like the S3 front, an answer waits for its first bytes, so a failure is a status and not a
 //! broken body.
 
@@ -26,6 +31,7 @@ use crate::fleet::auth::{PeerSecret, HEADER};
 use crate::fleet::client::Info;
 use crate::fleet::seal;
 use crate::fleet::wire::{self, WireError};
+use crate::freshness::{Freshness, Learnt};
 use crate::model::{ObjectId, UpstreamError};
 use crate::read::blocks::BlockStore;
 use crate::read::metadata::{MetadataCache, Source};
@@ -37,6 +43,8 @@ pub struct PeerState {
     pub blocks: Arc<BlockStore>,
     /// Object metadata, for opens.
     pub metadata: Arc<MetadataCache>,
+    /// What a change told by another replica drops.
+    pub freshness: Arc<Freshness>,
     /// The fleet's shared secret.
     pub secret: PeerSecret,
     /// What this replica says about itself.
@@ -98,8 +106,10 @@ async fn answer(peer: &PeerState, req: &http::request::Parts) -> Response {
     let params: Params = form_urlencoded::parse(req.uri.query().unwrap_or("").as_bytes())
         .into_owned()
         .collect();
-    if req.method != Method::GET {
-        return refuse(StatusCode::METHOD_NOT_ALLOWED, "GET only");
+    match (&req.method, req.uri.path()) {
+        (&Method::POST, "/v1/changed") => return changed(peer, &params).await,
+        (&Method::GET, _) => {}
+        _ => return refuse(StatusCode::METHOD_NOT_ALLOWED, "GET, or POST /v1/changed"),
     }
     match req.uri.path() {
         "/v1/info" => json(&peer.info),
@@ -117,6 +127,25 @@ async fn answer(peer: &PeerState, req: &http::request::Parts) -> Response {
         }
         _ => refuse(StatusCode::NOT_FOUND, "no such peer endpoint"),
     }
+}
+
+/// Another replica says an object (or a bucket) changed.
+async fn changed(peer: &PeerState, params: &Params) -> Response {
+    let Some(bucket) = params.get("bucket").filter(|b| !b.is_empty()) else {
+        return refuse(StatusCode::BAD_REQUEST, "bucket is required");
+    };
+    match params.get("key") {
+        Some(key) => {
+            let id = ObjectId {
+                bucket: bucket.as_str().into(),
+                key: key.as_str().into(),
+                version_id: None,
+            };
+            peer.freshness.object_changed(&id, Learnt::Peer).await;
+        }
+        None => peer.freshness.bucket_changed(bucket, Learnt::Peer).await,
+    }
+    Response::new(Body::empty())
 }
 
 fn outcome(response: &Response) -> &'static str {

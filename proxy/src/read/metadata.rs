@@ -1,5 +1,7 @@
-//! Object metadata, cached for `metadata_ttl`, with concurrent misses coalesced into one HEAD,
-//! and dropped early when a write through Larder or an S3 event says it changed.
+//! Object metadata, cached for as long as the freshness [`Policy`] trusts it (`metadata_ttl`,
+//! or a rule's), with concurrent misses coalesced into one HEAD, and dropped early when a write
+//! through Larder, an S3 event or another replica says it changed. A 404 is remembered the same
+//! way for `negative_ttl` (off by default).
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,20 +13,23 @@ use moka::future::Cache;
 use crate::model::{ObjectId, ObjectMeta, UpstreamError};
 use crate::upstream::Upstream;
 
+use super::policy::{Defaults, Policy, Trust};
+
 /// Metadata as cached: what the upstream said, and when it said it (for metadata learnt from
 /// another replica, when that replica had it from the upstream).
 #[derive(Clone)]
 struct Entry {
     meta: Arc<ObjectMeta>,
     fetched: Instant,
+    trust: Trust,
 }
 
-/// Every entry expires `ttl` after the upstream said it, however it reached this replica. A
-/// named version's bytes never change, but the version itself can be deleted behind Larder's
-/// back, so its metadata is revalidated like any other: a deleted version is not served past
-/// the staleness bound.
+/// Every entry expires its TTL (plus `extra`, for the stale copy) after the upstream said it,
+/// however it reached this replica. A named version's bytes never change, but the version
+/// itself can be deleted behind Larder's back, so its metadata is revalidated like any other:
+/// a deleted version is not served past the staleness bound.
 struct Ttl {
-    ttl: Duration,
+    extra: Duration,
 }
 
 impl moka::Expiry<ObjectId, Entry> for Ttl {
@@ -34,7 +39,28 @@ impl moka::Expiry<ObjectId, Entry> for Ttl {
         entry: &Entry,
         _created_at: Instant,
     ) -> Option<Duration> {
-        Some(self.ttl.saturating_sub(entry.fetched.elapsed()))
+        Some((entry.trust.ttl + self.extra).saturating_sub(entry.fetched.elapsed()))
+    }
+}
+
+/// A remembered 404: the upstream's answer, whether it came from a HEAD (no error code), and
+/// when.
+#[derive(Clone)]
+struct Missing {
+    error: UpstreamError,
+    from_head: bool,
+    fetched: Instant,
+    ttl: Duration,
+}
+
+impl moka::Expiry<ObjectId, Missing> for Ttl {
+    fn expire_after_create(
+        &self,
+        _id: &ObjectId,
+        missing: &Missing,
+        _created_at: Instant,
+    ) -> Option<Duration> {
+        Some(missing.ttl.saturating_sub(missing.fetched.elapsed()))
     }
 }
 
@@ -43,6 +69,9 @@ pub struct MetadataCache {
     cache: Option<Cache<ObjectId, Entry>>,
     /// The same answers kept `serve_stale_on_error` longer, for when the upstream fails.
     stale: Option<Cache<ObjectId, Entry>>,
+    /// Keys the upstream said do not exist (`negative_ttl`).
+    missing: Option<Cache<ObjectId, Missing>>,
+    policy: Arc<Policy>,
     /// Objects whose metadata was fetched before (and not invalidated since). These revalidate
     /// with a HEAD, cheap next to fetching a block again that is likely still cached; objects
     /// not in it are opened with a GET that brings metadata and a block at once.
@@ -80,17 +109,42 @@ impl MetadataCache {
         stale_for: Duration,
         capacity: u64,
     ) -> Self {
-        let build = |ttl| {
+        let policy = Policy::defaults(Defaults {
+            metadata: ttl,
+            ..Defaults::default()
+        });
+        Self::with_policy(origin, Arc::new(policy), stale_for, capacity)
+    }
+
+    /// A cache trusting metadata (and remembering 404s) as `policy` says.
+    pub fn with_policy(
+        origin: Arc<dyn Upstream>,
+        policy: Arc<Policy>,
+        stale_for: Duration,
+        capacity: u64,
+    ) -> Self {
+        let build = |extra| {
             Cache::builder()
                 .max_capacity(capacity)
-                .expire_after(Ttl { ttl })
+                .expire_after(Ttl { extra })
                 .support_invalidation_closures()
                 .build()
         };
+        let caches = policy.caches_metadata();
         Self {
-            cache: (!ttl.is_zero()).then(|| build(ttl)),
-            stale: (!stale_for.is_zero()).then(|| build(ttl + stale_for)),
-            seen: (!ttl.is_zero()).then(|| {
+            cache: caches.then(|| build(Duration::ZERO)),
+            stale: (!stale_for.is_zero()).then(|| build(stale_for)),
+            missing: policy.caches_misses().then(|| {
+                Cache::builder()
+                    .max_capacity(capacity)
+                    .expire_after(Ttl {
+                        extra: Duration::ZERO,
+                    })
+                    .support_invalidation_closures()
+                    .build()
+            }),
+            policy,
+            seen: caches.then(|| {
                 moka::sync::Cache::builder()
                     .max_capacity(capacity)
                     .support_invalidation_closures()
@@ -108,8 +162,8 @@ impl MetadataCache {
         &self.changes[hash as usize % CHANGE_SLOTS]
     }
 
-    /// `id` changed upstream behind Larder's back (an S3 event): forget it, including what a
-    /// fetch running now brings back.
+    /// `id` changed upstream (a write through Larder, an S3 event, another replica's word):
+    /// forget it, including what a fetch running now brings back.
     pub async fn changed(&self, id: &ObjectId) {
         self.slot(id).fetch_add(1, Ordering::AcqRel);
         self.invalidate(id).await;
@@ -127,6 +181,7 @@ impl MetadataCache {
             let entry = Entry {
                 fetched: Instant::now(),
                 meta: self.head(id).await.map_err(|e| (e, true))?,
+                trust: self.trust(id),
             };
             Ok(entry)
         };
@@ -138,7 +193,11 @@ impl MetadataCache {
     /// read may use [`MetadataCache::get_or_open`]. Never with a zero TTL: every read then asks
     /// the upstream, and a HEAD is the cheap way.
     pub fn is_unknown(&self, id: &ObjectId) -> bool {
-        self.seen.as_ref().is_some_and(|s| !s.contains_key(id))
+        self.seen.as_ref().is_some_and(|s| !s.contains_key(id)) && !self.trust(id).ttl.is_zero()
+    }
+
+    fn trust(&self, id: &ObjectId) -> Trust {
+        self.policy.metadata(&id.bucket, &id.key)
     }
 
     /// Like [`MetadataCache::get`], but the metadata comes from `open` (a GET that also brings
@@ -168,10 +227,12 @@ impl MetadataCache {
                 Ok(Some((meta, age))) => Ok(Entry {
                     meta: Arc::new(meta),
                     fetched: Instant::now().checked_sub(age).unwrap_or_else(Instant::now),
+                    trust: self.trust(id),
                 }),
                 Ok(None) => Ok(Entry {
                     fetched: Instant::now(),
                     meta: self.head(id).await.map_err(|e| (e, true))?,
+                    trust: self.trust(id),
                 }),
                 Err(e) => Err((e, false)),
             }
@@ -185,11 +246,25 @@ impl MetadataCache {
         id: &ObjectId,
         fetch: impl std::future::Future<Output = Result<Entry, (UpstreamError, bool)>>,
     ) -> Result<(Entry, Source), (UpstreamError, bool)> {
-        if let Some(meta) = match &self.cache {
-            Some(cache) => cache.get(id).await,
-            None => None,
-        } {
-            return Ok((meta, Source::Cached));
+        if let Some(cache) = &self.cache {
+            match cache.get(id).await {
+                // Past what may be trusted now (the event stream went quiet): revalidated.
+                Some(entry)
+                    if self.policy.expects_events()
+                        && entry.fetched.elapsed() > self.policy.max_age(entry.trust) =>
+                {
+                    cache.invalidate(id).await;
+                }
+                Some(entry) => return Ok((entry, Source::Cached)),
+                None => {}
+            }
+        }
+        if let Some(missing) = &self.missing {
+            if let Some(m) = missing.get(id).await {
+                if m.fetched.elapsed() <= self.policy.negative_ttl(&id.bucket, &id.key) {
+                    return Err((m.error, m.from_head));
+                }
+            }
         }
         // Read only on a miss: a hit needs no change counter (nor the hash that finds it).
         let before = self.slot(id).load(Ordering::Acquire);
@@ -218,6 +293,11 @@ impl MetadataCache {
         if let (Ok((_, Source::Fetched)), Some(seen)) = (&answer, &self.seen) {
             seen.insert(id.clone(), ());
         }
+        if let Err((e, from_head)) = &answer {
+            if e.is_not_found() {
+                self.remember_missing(id, e.clone(), *from_head).await;
+            }
+        }
         // Changed while the fetch ran: what it brought may predate the change. This reader
         // may use it (the two were concurrent); the cache must not keep it.
         if self.slot(id).load(Ordering::Acquire) != before {
@@ -226,10 +306,32 @@ impl MetadataCache {
         answer
     }
 
+    /// Remember that `id` does not exist, for `negative_ttl` (if it is on here): `error` is
+    /// the upstream's answer, refined with S3's code when a HEAD's bare 404 was explained.
+    pub async fn remember_missing(&self, id: &ObjectId, error: UpstreamError, from_head: bool) {
+        let Some(missing) = &self.missing else {
+            return;
+        };
+        let ttl = self.policy.negative_ttl(&id.bucket, &id.key);
+        if ttl.is_zero() {
+            return;
+        }
+        let entry = Missing {
+            error,
+            from_head,
+            fetched: Instant::now(),
+            ttl,
+        };
+        missing.insert(id.clone(), entry).await;
+    }
+
     /// Forget what is known of `id` (it changed upstream).
     pub async fn invalidate(&self, id: &ObjectId) {
         for cache in self.cache.iter().chain(&self.stale) {
             cache.invalidate(id).await;
+        }
+        if let Some(missing) = &self.missing {
+            missing.invalidate(id).await;
         }
         if let Some(seen) = &self.seen {
             seen.invalidate(id);
@@ -242,6 +344,10 @@ impl MetadataCache {
             let bucket: Arc<str> = bucket.into();
             // Fails only if closures were not enabled at build time, which they are.
             let _ = cache.invalidate_entries_if(move |id, _| id.bucket == bucket);
+        }
+        if let Some(missing) = &self.missing {
+            let bucket: Arc<str> = bucket.into();
+            let _ = missing.invalidate_entries_if(move |id, _| id.bucket == bucket);
         }
         if let Some(seen) = &self.seen {
             let bucket: Arc<str> = bucket.into();
@@ -379,5 +485,42 @@ mod tests {
         // Fetched with no change in between, it is kept.
         cache.get(&id).await.unwrap();
         assert_eq!(cache.cached_etag(&id).await.as_deref(), Some("\"e1\""));
+    }
+
+    #[tokio::test]
+    async fn a_404_is_remembered_for_negative_ttl_and_dropped_by_a_change() {
+        let origin = Arc::new(MemoryUpstream::default());
+        let policy = Policy::defaults(Defaults {
+            metadata: Duration::from_secs(3600),
+            negative: Duration::from_secs(3600),
+            ..Defaults::default()
+        });
+        let cache =
+            MetadataCache::with_policy(origin.clone(), Arc::new(policy), Duration::ZERO, 100);
+        let id = ObjectId {
+            bucket: "b".into(),
+            key: "k".into(),
+            version_id: None,
+        };
+        for _ in 0..3 {
+            assert!(cache.get(&id).await.unwrap_err().is_not_found());
+        }
+        assert_eq!(
+            origin.heads.load(Ordering::SeqCst),
+            1,
+            "one HEAD for three 404s"
+        );
+        // Written (through Larder, or an event says so): found at once.
+        origin.put("k", bytes::Bytes::from_static(b"now"), "\"e\"");
+        cache.changed(&id).await;
+        assert_eq!(cache.get(&id).await.unwrap().1, Source::Fetched);
+        // Off by default: every 404 asks again.
+        let (origin, cache, id) =
+            one_object(b"x", "\"e\"", Duration::from_secs(60), Duration::ZERO);
+        origin.delete("k");
+        for _ in 0..2 {
+            assert!(cache.get(&id).await.unwrap_err().is_not_found());
+        }
+        assert_eq!(origin.heads.load(Ordering::SeqCst), 2);
     }
 }

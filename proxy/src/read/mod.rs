@@ -10,5 +10,7 @@
 //! [`crate::fleet`].
 
 pub mod blocks;
+pub mod listing;
 pub mod metadata;
+pub mod policy;
 pub mod prefetch;

@@ -130,3 +130,18 @@ label! {
         Malformed => "malformed",
     }
 }
+
+label! {
+    /// What became of a change told to (or by) another replica (`outcome` of
+    /// `larder_fleet_notices_total`).
+    NoticeOutcome {
+        /// Sent to a peer, which applied it.
+        Sent => "sent",
+        /// A peer could not be told (unreachable, refused): it falls back on its TTLs.
+        Failed => "failed",
+        /// Not sent: the queue of changes to tell was full.
+        Dropped => "dropped",
+        /// Received from a peer and applied here.
+        Received => "received",
+    }
+}

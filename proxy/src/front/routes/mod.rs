@@ -21,7 +21,9 @@ use http::{HeaderValue, Method};
 use tracing::Instrument;
 
 use crate::auth::Authenticator;
+use crate::freshness::Freshness;
 use crate::read::blocks::BlockStore;
+use crate::read::listing::ListingCache;
 use crate::read::metadata::MetadataCache;
 use crate::s3::copy_source::CopySource;
 use crate::s3::operation;
@@ -31,6 +33,7 @@ use crate::telemetry::metrics::Metrics;
 use crate::upstream::forward::Forwarder;
 use crate::upstream::Upstream;
 
+mod listing;
 mod object;
 mod pass_through;
 mod timed;
@@ -51,10 +54,14 @@ pub struct AppState {
     pub metadata: Arc<MetadataCache>,
     /// Block data.
     pub blocks: Arc<BlockStore>,
+    /// Listing pages (`list_ttl`), when any may be cached.
+    pub listings: Option<Arc<ListingCache>>,
+    /// What a write through Larder drops, here and in the fleet.
+    pub freshness: Arc<Freshness>,
     /// The upstream, for the rare request the caches cannot answer (explaining a 404).
     pub origin: Arc<dyn Upstream>,
     /// The upstream, for every request that is not a cacheable read.
-    pub forwarder: Forwarder,
+    pub forwarder: Arc<Forwarder>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
 }
@@ -152,7 +159,7 @@ impl AppState {
                 let bucket = bucket.clone();
                 let uploader = crate::front::form_upload::Uploader {
                     auth: &self.auth,
-                    metadata: &self.metadata,
+                    freshness: &self.freshness,
                     forwarder: &self.forwarder,
                 };
                 let result =
@@ -206,10 +213,16 @@ impl AppState {
                 self.object(&req, bucket.clone(), key.clone(), &query, head)
                     .await
             }
-            _ => {
-                self.pass_through(req, body, target, principal, copy_source, operation)
-                    .await
-            }
+            _ => match self.listing(&req, &target) {
+                Some(list) => {
+                    self.list(req, body, target, principal, operation, list)
+                        .await
+                }
+                None => {
+                    self.pass_through(req, body, target, principal, copy_source, operation)
+                        .await
+                }
+            },
         };
         (operation, bucket, result)
     }

@@ -206,6 +206,12 @@ impl AppState {
             if let Err(refined @ UpstreamError::Service { .. }) =
                 self.origin.get(id, None, Some(0..1)).await
             {
+                // Remembered with its code, so the next GET needs no upstream request either.
+                if refined.is_not_found() {
+                    self.metadata
+                        .remember_missing(id, refined.clone(), false)
+                        .await;
+                }
                 return refined.into();
             }
         }

@@ -14,6 +14,7 @@ use tracing::Instrument;
 
 use crate::auth::chunked::{self, ChunkError, Decoder};
 use crate::auth::{Payload, Principal};
+use crate::freshness::Learnt;
 use crate::model::{ObjectId, UpstreamOutcome};
 use crate::s3::copy_source::CopySource;
 use crate::s3::request::Target;
@@ -40,8 +41,10 @@ impl AppState {
             Vec::new()
         };
         // Forget before (readers revalidate while the write runs) and after (anything cached
-        // from the old version in between).
-        self.forget(&stale, &target, &req).await;
+        // from the old version in between, here and in the fleet).
+        for id in &stale {
+            self.metadata.invalidate(id).await;
+        }
         let failure = Arc::new(Mutex::new(None::<ChunkError>));
         let (body, reshaped) = match &principal.payload {
             Payload::SignedChunks { trailer, signer } => {
@@ -139,11 +142,11 @@ impl AppState {
         }
     }
 
-    /// Drop cached metadata a write makes stale. Blocks need no dropping: they are keyed by
-    /// ETag, and a changed object has a new one.
+    /// Drop what a write made stale, here and in the fleet ([`crate::freshness::Freshness`]). Blocks need no
+    /// dropping: they are keyed by ETag, and a changed object has a new one.
     async fn forget(&self, stale: &[ObjectId], target: &Target, req: &Parts) {
         for id in stale {
-            self.metadata.invalidate(id).await;
+            self.freshness.object_changed(id, Learnt::Write).await;
         }
         // DeleteObjects names its keys in the body, which streams upstream unread; DeleteBucket
         // empties nothing but is rare. Both forget the whole bucket.
@@ -151,7 +154,7 @@ impl AppState {
             if req.method == Method::DELETE
                 || (req.method == Method::POST && has_param(req.uri.query(), "delete"))
             {
-                self.metadata.invalidate_bucket(bucket);
+                self.freshness.bucket_changed(bucket, Learnt::Write).await;
             }
         }
     }

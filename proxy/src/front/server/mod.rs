@@ -17,12 +17,16 @@ use crate::fleet::client::{Info, PeerClient};
 use crate::fleet::membership::{MemberSource, Membership};
 use crate::fleet::ring::{Member, View};
 use crate::fleet::{CopyLimits, Fleet};
+use crate::freshness::heartbeat::Heartbeat;
+use crate::freshness::Freshness;
 use crate::front::admin::{self, AdminAccess, AdminState};
 use crate::front::peer::PeerState;
 use crate::front::routes::{self, AppState};
 use crate::front::tls::{TlsConfig, TlsError};
 use crate::read::blocks::{BlockStore, BlockStoreConfig};
+use crate::read::listing::ListingCache;
 use crate::read::metadata::MetadataCache;
+use crate::read::policy::{Defaults, EventFallback, Policy, Rule};
 use crate::read::prefetch::PrefetchConfig;
 use crate::telemetry::metrics::{FleetGauges, Metrics, MetricsError, MetricsOptions};
 use crate::upstream::resume::ResumePolicy;
@@ -90,6 +94,31 @@ fn disk_config(config: &Config, path: &std::path::Path) -> DiskConfig {
         })
         .collect();
     d
+}
+
+/// The freshness policy from the configuration.
+fn freshness_policy(config: &Config) -> Policy {
+    let defaults = Defaults {
+        metadata: config.metadata_ttl.0,
+        list: config.list_ttl.0,
+        negative: config.negative_ttl.0,
+    };
+    let rules = config
+        .rules
+        .iter()
+        .map(|r| Rule {
+            bucket: r.bucket.clone(),
+            prefix: r.prefix.clone(),
+            metadata_ttl: r.metadata_ttl.map(|d| d.0),
+            immutable: r.immutable,
+            list_ttl: r.list_ttl.map(|d| d.0),
+            negative_ttl: r.negative_ttl.map(|d| d.0),
+        })
+        .collect();
+    let fallback = config.expects_events().then_some(EventFallback {
+        ttl: config.events_fallback_ttl.0,
+    });
+    Policy::new(defaults, rules, fallback)
 }
 
 /// This replica's place in a fleet, before its listener starts.
@@ -239,12 +268,34 @@ pub async fn start(
     metrics.observe_response_buffer(move || pinned.response_buffer());
     let counted = origin.clone();
     metrics.observe_retries(move || counted.retries());
-    let metadata = Arc::new(MetadataCache::new(
+    let policy = Arc::new(freshness_policy(config));
+    let metadata = Arc::new(MetadataCache::with_policy(
         origin.clone(),
-        config.metadata_ttl.0,
+        policy.clone(),
         config.serve_stale_on_error.0,
         config.metadata_capacity,
     ));
+    let listings = policy
+        .caches_listings()
+        .then(|| Arc::new(ListingCache::new(policy.clone(), config.list_capacity.0)));
+    let freshness = Arc::new(Freshness::new(
+        metadata.clone(),
+        listings.clone(),
+        policy,
+        fleet.as_ref().map(|f| f.fleet.clone()),
+        metrics.clone(),
+        config.events_max_silence.0,
+    ));
+    let observed = freshness.clone();
+    if freshness.expects_events() {
+        metrics.observe_events(move || {
+            (
+                observed.healthy(),
+                observed.silence().map(|s| s.as_secs_f64()),
+            )
+        });
+    }
+    let forwarder = Arc::new(forwarder);
     let warmer = Arc::new(Warmer::new(
         blocks.clone(),
         metadata.clone(),
@@ -258,9 +309,11 @@ pub async fn start(
     let app = Arc::new(AppState {
         base_domain: config.base_domain.clone(),
         auth,
-        forwarder,
+        forwarder: forwarder.clone(),
         metadata: metadata.clone(),
         blocks: blocks.clone(),
+        listings,
+        freshness: freshness.clone(),
         origin,
         metrics: metrics.clone(),
     });
@@ -276,7 +329,7 @@ pub async fn start(
                 loopback: config.admin_listen.ip().is_loopback(),
             },
         },
-        metadata: metadata.clone(),
+        freshness: freshness.clone(),
         events: match &config.events_token_file {
             Some(path) => Some(AdminAccess::from_file(path).map_err(StartError::Admin)?),
             None => None,
@@ -290,6 +343,20 @@ pub async fn start(
     if let Some(tls) = &tls {
         tokio::spawn(tls.clone().watch(shutdown.clone()));
     }
+    tokio::spawn(freshness.clone().watch(shutdown.clone()));
+    if let Some((bucket, key)) = config
+        .events_heartbeat
+        .as_deref()
+        .and_then(|b| b.split_once('/'))
+    {
+        let heartbeat = Heartbeat {
+            forwarder: forwarder.clone(),
+            bucket: bucket.to_owned(),
+            key: key.to_owned(),
+            every: config.events_max_silence.0 / 3,
+        };
+        tokio::spawn(heartbeat.run(shutdown.clone()));
+    }
     let mut tasks = Vec::new();
     let mut peer_addr = None;
     if let Some(joined) = fleet {
@@ -298,6 +365,7 @@ pub async fn start(
         let state = Arc::new(PeerState {
             blocks: blocks.clone(),
             metadata: metadata.clone(),
+            freshness: freshness.clone(),
             secret: joined.secret,
             info: joined.info,
             metrics: metrics.clone(),
@@ -316,6 +384,7 @@ pub async fn start(
         )));
         // Started once the peer listener is up, so the first probe finds this replica too.
         tokio::spawn(joined.membership.run(shutdown.clone()));
+        tokio::spawn(joined.fleet.clone().tell_peers(shutdown.clone()));
     }
     tasks.extend([
         tokio::spawn(serve_clients(

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::model::UpstreamOutcome;
 use crate::telemetry::labels::{
-    EventOutcome, Lookup, PrefetchBlock, PrefetchBytes, Rejected, Source, WriteDropped,
+    EventOutcome, Lookup, NoticeOutcome, PrefetchBlock, PrefetchBytes, Rejected, Source,
+    WriteDropped,
 };
 use opentelemetry::metrics::{Counter, Histogram, Meter, MeterProvider as _};
 use opentelemetry::KeyValue;
@@ -88,6 +89,7 @@ pub struct Metrics {
     warm_bytes: Counter<u64>,
     events: Counter<u64>,
     event_lag: Histogram<f64>,
+    notices: Counter<u64>,
     peer_requests: Counter<u64>,
     peer_duration: Histogram<f64>,
     peer_fallbacks: Counter<u64>,
@@ -228,6 +230,13 @@ impl Metrics {
         for outcome in EventOutcome::ALL {
             events.add(0, &[kv("outcome", outcome.as_str())]);
         }
+        let notices = counter(
+            "larder.fleet.notices",
+            "Changes told between replicas (a write through one, an S3 event received by one) by outcome: sent, failed, dropped, received",
+        );
+        for outcome in NoticeOutcome::ALL {
+            notices.add(0, &[kv("outcome", outcome.as_str())]);
+        }
         let fleet_changes = counter(
             "larder.fleet.membership.changes",
             "Membership changes that moved block ownership",
@@ -255,6 +264,7 @@ impl Metrics {
             warm_jobs,
             warm_bytes,
             events,
+            notices,
             event_lag: latency(
                 "larder.events.lag.seconds",
                 "Time from a change in the bucket (the event's eventTime) to Larder applying it",
@@ -451,6 +461,11 @@ impl Metrics {
         if outcome != EventOutcome::Malformed {
             self.event_lag.record(lag.as_secs_f64(), &[]);
         }
+    }
+
+    /// A change told to another replica, or received from one.
+    pub fn notice(&self, outcome: NoticeOutcome) {
+        self.notices.add(1, &[kv("outcome", outcome.as_str())]);
     }
 
     /// A request between replicas: `direction` `made` or `served`, `kind` `block` or `open`,

@@ -48,6 +48,29 @@ impl Metrics {
             .build();
     }
 
+    /// Export the event stream's state: `read` says (healthy, seconds since the last event or
+    /// heartbeat; `None` before the first).
+    pub fn observe_events(&self, read: impl Fn() -> (bool, Option<f64>) + Send + Sync + 'static) {
+        let read = Arc::new(read);
+        let silence = read.clone();
+        self.meter
+            .u64_observable_gauge("larder.events.stream.healthy")
+            .with_description(
+                "1 while S3 events arrive within events_max_silence (metadata trusted for its full TTL); 0 while Larder falls back to events_fallback_ttl",
+            )
+            .with_callback(move |o| o.observe(u64::from(read().0), &[]))
+            .build();
+        self.meter
+            .f64_observable_gauge("larder.events.silence.seconds")
+            .with_description("Seconds since the last S3 event or heartbeat was received")
+            .with_callback(move |o| {
+                if let Some(s) = silence().1 {
+                    o.observe(s, &[]);
+                }
+            })
+            .build();
+    }
+
     /// Export how much of the responses' buffer is in use.
     /// `read` says (bytes in use, most allowed).
     pub fn observe_response_buffer(&self, read: impl Fn() -> (u64, u64) + Send + Sync + 'static) {

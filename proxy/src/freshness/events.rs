@@ -1,21 +1,18 @@
-//! Freshness from S3 event notifications: a write that bypasses Larder (straight to the bucket)
-//! reaches it as an event, and the object's cached metadata is dropped at once instead of being
-//! trusted for the rest of `metadata_ttl`. Blocks need no dropping: they are keyed by ETag, so a
-//! new version's bytes can never be served from an old version's blocks.
+//! S3 event notifications: a write that bypasses Larder (straight to the bucket) reaches it as
+//! an event, and what was cached of the object is dropped at once instead of being trusted for
+//! the rest of `metadata_ttl`.
 //!
 //! The format is the S3 event message (`Records[].s3.bucket.name`, `.object.key` URL-encoded,
 //! `.object.eTag`, `.object.versionId`), as S3 sends it and as MinIO's webhook target POSTs it;
 //! an SNS notification wrapping one (`"Type": "Notification"`, the event in `Message`) is
-//! unwrapped. `front/admin.rs` receives them on `POST /v1/events`.
+//! unwrapped. `front/admin.rs` receives them on `POST /v1/events`, [`super::sqs`] from a queue;
+//! [`super::Freshness::apply`] acts on them.
 
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use serde::Deserialize;
 
 use crate::model::ObjectId;
-use crate::read::metadata::MetadataCache;
-use crate::telemetry::labels::EventOutcome;
-use crate::telemetry::metrics::Metrics;
 
 /// Why a notification could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -126,39 +123,6 @@ fn change(record: Record) -> Option<Change> {
             .event_time
             .and_then(|t| humantime::parse_rfc3339_weak(&t).ok()),
     })
-}
-
-/// Apply `changes` to `metadata`: drop what each changes, counting each by what it did.
-pub async fn apply(changes: &[Change], metadata: &MetadataCache, metrics: &Metrics) {
-    for change in changes {
-        let latest = ObjectId {
-            version_id: None,
-            ..change.object.clone()
-        };
-        let outcome = match (&change.kind, metadata.cached_etag(&latest).await) {
-            // Larder already holds the version the event announces (it was written through
-            // Larder, or read since): nothing to drop.
-            (ChangeKind::Created(Some(etag)), Some(held)) if held.trim_matches('"') == etag => {
-                EventOutcome::Unchanged
-            }
-            (_, None) => EventOutcome::NotCached,
-            _ => EventOutcome::Applied,
-        };
-        // Not cached still counts as a change: a fetch in flight when the event arrived must
-        // not keep what it brings (`MetadataCache::changed`), and a named version may be cached
-        // when the latest is not.
-        if outcome != EventOutcome::Unchanged {
-            metadata.changed(&latest).await;
-            if change.object.version_id.is_some() {
-                metadata.changed(&change.object).await;
-            }
-        }
-        let lag = change
-            .at
-            .and_then(|at| SystemTime::now().duration_since(at).ok())
-            .unwrap_or(Duration::ZERO);
-        metrics.event(outcome, lag);
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,93 @@
+//! Telling the other replicas that an object changed: a write through one replica, or an S3
+//! event received by one, reaches every replica, so none keeps serving what it cached of the
+//! old version for the rest of its TTL.
+//!
+//! Changes wait in a bounded queue ([`QUEUE`]) and are sent by one task, several at a time;
+//! a change that finds the queue full is dropped and counted (`dropped`), and a peer that
+//! cannot be told is counted (`failed`): either way that peer falls back on its TTLs, the
+//! staleness bound it had before. A peer that restarts has nothing cached to drop.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::Fleet;
+use crate::telemetry::labels::NoticeOutcome;
+
+/// Changes waiting to be told, at most.
+pub const QUEUE: usize = 4096;
+
+/// Changes told at once.
+const CONCURRENCY: usize = 16;
+
+/// A change to tell.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notice {
+    /// The bucket.
+    pub bucket: Arc<str>,
+    /// The key; `None`: any key of the bucket may have changed.
+    pub key: Option<Arc<str>>,
+}
+
+/// The queue's two ends.
+pub(super) fn queue() -> (mpsc::Sender<Notice>, mpsc::Receiver<Notice>) {
+    mpsc::channel(QUEUE)
+}
+
+impl Fleet {
+    /// Tell every other replica about `notice`, without waiting.
+    pub fn notify(&self, notice: Notice) {
+        if self.notices.try_send(notice).is_err() {
+            self.metrics.notice(NoticeOutcome::Dropped);
+        }
+    }
+
+    /// Send queued changes until `shutdown`. Started once.
+    pub async fn tell_peers(self: Arc<Self>, shutdown: CancellationToken) {
+        let Some(receiver) = self.pending_notices.lock().take() else {
+            return;
+        };
+        let notices = tokio_stream_from(receiver);
+        let told = notices
+            .map(|notice| {
+                let fleet = self.clone();
+                async move { fleet.tell(&notice).await }
+            })
+            .buffer_unordered(CONCURRENCY)
+            .for_each(|()| async {});
+        tokio::select! {
+            () = told => {}
+            () = shutdown.cancelled() => {}
+        }
+    }
+
+    async fn tell(&self, notice: &Notice) {
+        let view = self.view();
+        let me = view.me().to_owned();
+        let peers = view
+            .members()
+            .iter()
+            .filter(|m| *m.name != *me)
+            .map(|m| m.name.clone());
+        let sends = peers.map(|peer| async move {
+            let result = self
+                .client
+                .changed(&peer, &notice.bucket, notice.key.as_deref())
+                .await;
+            if let Err(e) = &result {
+                tracing::debug!(%peer, error = %e, "could not tell a peer of a change");
+            }
+            self.metrics.notice(match result {
+                Ok(()) => NoticeOutcome::Sent,
+                Err(_) => NoticeOutcome::Failed,
+            });
+        });
+        futures::future::join_all(sends).await;
+    }
+}
+
+fn tokio_stream_from(mut receiver: mpsc::Receiver<Notice>) -> impl futures::Stream<Item = Notice> {
+    futures::stream::poll_fn(move |cx| receiver.poll_recv(cx))
+}
