@@ -2,6 +2,7 @@
 front of it, and Larder (the real binary) in front of that. Clients are unmodified: boto3, the
 aws CLI and aws-sdk-rust."""
 
+import json
 import os
 import re
 import shutil
@@ -257,3 +258,53 @@ def bucket(direct, request):
     name = f"e2e-{_bucket_counter[0]}-{slug}".rstrip("-")
     direct.create_bucket(Bucket=name)
     return name
+
+
+FLEET_SECRET = "fleet-e2e-shared-secret-0123456789"
+
+
+def fleet_state(node) -> dict:
+    with urllib.request.urlopen(f"{node.admin}/fleet", timeout=5) as r:
+        return json.loads(r.read())
+
+
+def owner(node, bucket, key, index) -> str:
+    url = f"{node.admin}/fleet/owner?bucket={bucket}&key={key}&index={index}"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.loads(r.read())["owner"]
+
+
+class FleetOf:
+    """Larder replicas on 127.0.0.N, sharing a peer port number, a secret and a member file."""
+
+    def __init__(self, make_larder, workdir, name, *extra):
+        self.make_larder = make_larder
+        self.extra = extra
+        self.name = name
+        self.peer_port = free_port()
+        self.secret = workdir / f"{name}.secret"
+        self.secret.write_text(FLEET_SECRET + "\n")
+        self.members = workdir / f"{name}.peers"
+        self.nodes = []
+        self.extra_for = lambda i: ()
+
+    def peer(self, i) -> str:
+        return f"127.0.0.{i + 1}:{self.peer_port}"
+
+    def start(self, n):
+        self.members.write_text("\n".join(self.peer(i) for i in range(n)) + "\n")
+        for i in range(len(self.nodes), n):
+            self.nodes.append(self.make_larder(
+                "--block-size", "64KiB", "--memory-capacity", "256MiB",
+                "--fleet-listen", self.peer(i), "--fleet-peers-file", str(self.members),
+                "--fleet-secret-file", str(self.secret), *self.extra, *self.extra_for(i),
+                name=f"{self.name}-{i}", host=f"127.0.0.{i + 1}"))
+        self.wait_members(self.nodes, n)
+
+    def wait_members(self, nodes, n, timeout=40.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(len(fleet_state(node)["members"]) == n for node in nodes):
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"members never converged on {n}: {[fleet_state(x) for x in nodes]}")

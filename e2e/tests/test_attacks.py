@@ -10,6 +10,7 @@ import time
 import pytest
 from botocore.exceptions import ClientError
 
+from conftest import CLIENT_KEY as CLIENT_KEY_FOR_FORGERY
 from conftest import READER_KEY, READER_SECRET
 from test_auth import fetch
 from test_headers_errors import error_of, raw
@@ -307,6 +308,38 @@ def test_a_deleted_bucket_answers_no_such_bucket_at_once(larder, direct, bucket)
     c.delete_bucket(Bucket=bucket)
     assert error_of(c.get_object, Bucket=bucket, Key="k") == (404, "NoSuchBucket")
     assert error_of(c.head_object, Bucket=bucket, Key="k")[0] == 404
+
+
+def test_cached_listings_and_404s_are_authorised_like_any_request(direct, bucket, make_larder, workdir):
+    secret, logs = f"{bucket}-secret", f"{bucket}-logs"
+    for b in (secret, logs):
+        direct.create_bucket(Bucket=b)
+    direct.put_object(Bucket=secret, Key="payroll.csv", Body=b"salaries")
+    config = workdir / f"{bucket}-cached-policy.toml"
+    config.write_text(
+        f'[[auth_policies]]\naccess_key = "{READER_KEY}"\nbuckets = ["{logs}"]\naccess = "read-only"\n')
+    larder = make_larder("--config", str(config), "--list-ttl", "1h", "--negative-ttl", "1h", name="cached-authz")
+    owner, reader = larder.client(), larder.client(READER_KEY, READER_SECRET)
+    # The owner's requests fill the caches: the secret bucket's listing and a 404 in it.
+    for _ in range(2):
+        assert [o["Key"] for o in owner.list_objects_v2(Bucket=secret)["Contents"]] == ["payroll.csv"]
+        with pytest.raises(ClientError) as missing:
+            owner.get_object(Bucket=secret, Key="plans.txt")
+        assert missing.value.response["Error"]["Code"] == "NoSuchKey"
+    cached = larder.client().list_objects_v2(Bucket=secret)
+    assert cached["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "hit-memory"
+    # A key without rights to the bucket gets neither: not the listing, not even that a key is missing.
+    for call in (lambda: reader.list_objects_v2(Bucket=secret), lambda: reader.list_objects(Bucket=secret),
+                 lambda: reader.get_object(Bucket=secret, Key="plans.txt"),
+                 lambda: reader.head_object(Bucket=secret, Key="plans.txt")):
+        with pytest.raises(ClientError) as refused:
+            call()
+        assert refused.value.response["Error"]["Code"] in ("AccessDenied", "403"), refused.value.response
+    # Nor does a request signed with a wrong secret.
+    forger = larder.client(CLIENT_KEY_FOR_FORGERY, "not-the-secret-0123456789")
+    with pytest.raises(ClientError) as refused:
+        forger.list_objects_v2(Bucket=secret)
+    assert refused.value.response["Error"]["Code"] in ("SignatureDoesNotMatch", "InvalidAccessKeyId")
 
 
 def test_a_fleet_member_without_the_secret_is_never_trusted(make_larder, workdir, direct, bucket):

@@ -1,7 +1,10 @@
 """Freshness from S3 event notifications, end to end: MinIO publishes its own bucket notifications
 to Larder's `POST /v1/events` (a webhook target with an auth token), and with `metadata_ttl = 1h`
 an object overwritten or deleted straight in MinIO is served new (or 404) through Larder within a
-second. Forged events (no token, a wrong token) are refused and change nothing."""
+second. Repeated listings and 404s cost no upstream request until a write makes them stale. A
+fleet of three sees a write through any replica, and an event received by one. When the event
+stream stops, Larder falls back to a short TTL by itself. Forged events (no token, a wrong token)
+are refused and change nothing."""
 
 import json
 import time
@@ -11,7 +14,7 @@ import urllib.request
 import pytest
 from botocore.exceptions import ClientError
 
-from conftest import Larder, Minio, free_port, metric, s3_client
+from conftest import FleetOf, Larder, Minio, free_port, metric, s3_client
 
 TOKEN = "events-token-for-e2e-0123456789"
 BUCKET = "events"
@@ -25,19 +28,33 @@ def notified(workdir):
     minio_port = free_port()
     # Larder first: MinIO checks its webhook target when it starts.
     larder = Larder(workdir, f"http://127.0.0.1:{minio_port}", "--metadata-ttl", "1h",
+                    "--list-ttl", "1h", "--negative-ttl", "1h",
                     "--events-token-file", str(token_file), name="larder-events")
-    minio = Minio(workdir, name="minio-events", port=minio_port, env={
+    minio, direct = notifying_minio(workdir, "minio-events", minio_port, larder, BUCKET)
+    yield larder, direct
+    larder.stop()
+    minio.stop()
+
+
+NOTIFY_ALL = {"QueueConfigurations": [{
+    "QueueArn": "arn:minio:sqs::LARDER:webhook", "Events": ["s3:ObjectCreated:*", "s3:ObjectRemoved:*"]}]}
+
+
+def notifying_minio(workdir, name, port, larder, bucket):
+    """A MinIO on `port` whose `bucket` notifies `larder` of every write; and a client of it."""
+    minio = Minio(workdir, name=name, port=port, env={
         "MINIO_NOTIFY_WEBHOOK_ENABLE_LARDER": "on",
         "MINIO_NOTIFY_WEBHOOK_ENDPOINT_LARDER": f"{larder.admin}/v1/events",
         "MINIO_NOTIFY_WEBHOOK_AUTH_TOKEN_LARDER": TOKEN,
     })
     direct = s3_client(minio.endpoint)
-    direct.create_bucket(Bucket=BUCKET)
-    direct.put_bucket_notification_configuration(Bucket=BUCKET, NotificationConfiguration={"QueueConfigurations": [{
-        "QueueArn": "arn:minio:sqs::LARDER:webhook", "Events": ["s3:ObjectCreated:*", "s3:ObjectRemoved:*"]}]})
-    yield larder, direct
-    larder.stop()
-    minio.stop()
+    direct.create_bucket(Bucket=bucket)
+    direct.put_bucket_notification_configuration(Bucket=bucket, NotificationConfiguration=NOTIFY_ALL)
+    return minio, direct
+
+
+def upstream_requests(node, operation) -> float:
+    return metric(node, "larder_upstream_requests_total", operation=operation)
 
 
 def seen_within(read, expected, limit: float) -> float:
@@ -118,3 +135,146 @@ def test_without_a_token_file_every_event_is_refused(larder):
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(req, timeout=5)
     assert refused.value.code == 403
+
+
+def test_listings_and_missing_keys_cost_nothing_until_a_write_straight_to_the_bucket(notified):
+    larder, direct = notified
+    client = larder.client()
+    for i in range(3):
+        direct.put_object(Bucket=BUCKET, Key=f"ds/part-{i}.parquet", Body=b"x" * (i + 1))
+
+    def listing():
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix="ds/", PaginationConfig={"PageSize": 2})
+        return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
+
+    def missing():
+        try:
+            return client.get_object(Bucket=BUCKET, Key="ds/_SUCCESS")["Body"].read()
+        except ClientError as e:
+            return e.response["Error"]["Code"]
+
+    keys = [f"ds/part-{i}.parquet" for i in range(3)]
+    seen_within(listing, keys, 5.0)
+    assert missing() == "NoSuchKey"
+    with pytest.raises(ClientError) as head:
+        client.head_object(Bucket=BUCKET, Key="ds/_SUCCESS")
+    assert head.value.response["Error"]["Code"] == "404"
+    lists, heads, gets = (upstream_requests(larder, op) for op in ("ListObjectsV2", "HeadObject", "GetObject"))
+    # Repeated: two pages of listing, a GET and a HEAD of the missing key, five times over.
+    for _ in range(5):
+        assert listing() == keys
+        assert missing() == "NoSuchKey"
+        with pytest.raises(ClientError):
+            client.head_object(Bucket=BUCKET, Key="ds/_SUCCESS")
+    assert (upstream_requests(larder, "ListObjectsV2"), upstream_requests(larder, "HeadObject"),
+            upstream_requests(larder, "GetObject")) == (lists, heads, gets), "repeats reached the upstream"
+    # The listing is S3's own answer, byte for byte: compare with MinIO's (request ids aside).
+    via = client.list_objects_v2(Bucket=BUCKET, Prefix="ds/")
+    straight = direct.list_objects_v2(Bucket=BUCKET, Prefix="ds/")
+    assert [(o["Key"], o["ETag"], o["Size"]) for o in via["Contents"]] == \
+        [(o["Key"], o["ETag"], o["Size"]) for o in straight["Contents"]]
+    # A write straight to the bucket: the marker appears and the listing shows it within a second.
+    direct.put_object(Bucket=BUCKET, Key="ds/_SUCCESS", Body=b"done")
+    marker_lag = seen_within(missing, b"done", 5.0)
+    listing_lag = seen_within(listing, sorted(keys + ["ds/_SUCCESS"]), 5.0)
+    direct.delete_object(Bucket=BUCKET, Key="ds/part-0.parquet")
+    delete_lag = seen_within(listing, sorted(keys[1:] + ["ds/_SUCCESS"]), 5.0)
+    print(f"404 then written: visible after {marker_lag * 1000:.0f} ms; listing after a write "
+          f"{listing_lag * 1000:.0f} ms, after a delete {delete_lag * 1000:.0f} ms")
+    assert max(marker_lag, listing_lag, delete_lag) < 1.0
+
+
+@pytest.fixture(scope="module")
+def heartbeat(workdir):
+    """Larder with `metadata_ttl = 1h` that writes a heartbeat object every ~0.7 s and takes the
+    stream as broken after 2 s without an event, falling back to a 1 s TTL."""
+    token_file = workdir / "events-token-hb"
+    token_file.write_text(TOKEN + "\n")
+    minio_port = free_port()
+    larder = Larder(workdir, f"http://127.0.0.1:{minio_port}", "--metadata-ttl", "1h",
+                    "--events-token-file", str(token_file), "--events-max-silence", "2s",
+                    "--events-fallback-ttl", "1s", "--events-heartbeat", "beat/.larder/heartbeat",
+                    name="larder-heartbeat")
+    minio, direct = notifying_minio(workdir, "minio-heartbeat", minio_port, larder, "beat")
+    yield larder, direct
+    larder.stop()
+    minio.stop()
+
+
+def healthy(node) -> float:
+    return metric(node, "larder_events_stream_healthy")
+
+
+def test_a_heartbeat_keeps_a_quiet_stream_healthy_and_a_broken_one_falls_back_to_the_short_ttl(heartbeat):
+    larder, direct = heartbeat
+    client = larder.client()
+    seen_within(lambda: healthy(larder), 1.0, 10.0)
+    direct.put_object(Bucket="beat", Key="obj", Body=b"v1")
+    seen_within(lambda: client.get_object(Bucket="beat", Key="obj")["Body"].read(), b"v1", 5.0)
+    # Nothing but heartbeats for 5 s (2.5x the silence bound): still healthy, still trusted.
+    time.sleep(5)
+    assert healthy(larder) == 1.0
+    heads = upstream_requests(larder, "HeadObject")
+    assert client.get_object(Bucket="beat", Key="obj")["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "hit-memory"
+    assert upstream_requests(larder, "HeadObject") == heads
+    # The bucket stops notifying (a lost webhook, a deleted queue): Larder notices within the bound.
+    direct.put_bucket_notification_configuration(Bucket="beat", NotificationConfiguration={})
+    started = time.monotonic()
+    seen_within(lambda: healthy(larder), 0.0, 10.0)
+    noticed = time.monotonic() - started
+    assert "falling back to events_fallback_ttl" in larder.log_path.read_text()
+    # An overwrite nobody announces is seen within the fallback TTL, not the hour.
+    direct.put_object(Bucket="beat", Key="obj", Body=b"v2")
+    lag = seen_within(lambda: client.get_object(Bucket="beat", Key="obj")["Body"].read(), b"v2", 5.0)
+    print(f"broken stream noticed after {noticed:.1f} s (bound 2 s); unannounced overwrite seen after {lag * 1000:.0f} ms (fallback TTL 1 s)")
+    assert lag < 1.5
+    # Notifications back: healthy again, and the hour's TTL with it.
+    direct.put_bucket_notification_configuration(Bucket="beat", NotificationConfiguration=NOTIFY_ALL)
+    seen_within(lambda: healthy(larder), 1.0, 10.0)
+
+
+def test_a_fleet_of_three_sees_a_write_through_any_replica_and_an_event_received_by_one(make_larder, workdir):
+    token_file = workdir / "events-token-fleet"
+    token_file.write_text(TOKEN + "\n")
+    minio_port = free_port()
+    fleet = FleetOf(lambda *a, **kw: make_larder(*a, upstream_url=f"http://127.0.0.1:{minio_port}", **kw),
+                    workdir, "fresh-fleet", "--metadata-ttl", "1h", "--list-ttl", "1h",
+                    "--events-token-file", str(token_file))
+    fleet.start(3)
+    # Only the first replica receives the bucket's events (one webhook target, as behind a Service).
+    minio, direct = notifying_minio(workdir, "minio-fleet", minio_port, fleet.nodes[0], "shared")
+    try:
+        clients = [node.client() for node in fleet.nodes]
+
+        def body(c):
+            return lambda: c.get_object(Bucket="shared", Key="k")["Body"].read()
+
+        def listed(c):
+            return lambda: [o["Key"] for o in c.list_objects_v2(Bucket="shared").get("Contents", [])]
+
+        direct.put_object(Bucket="shared", Key="k", Body=b"v0")
+        for c in clients:
+            seen_within(body(c), b"v0", 5.0)
+            seen_within(listed(c), ["k"], 5.0)
+        lags = []
+        # A write through replica 1: replicas 0 and 2 drop what they held.
+        clients[1].put_object(Bucket="shared", Key="k", Body=b"v1 through replica 1")
+        clients[1].put_object(Bucket="shared", Key="new", Body=b"n")
+        for c in (clients[0], clients[2]):
+            lags.append(seen_within(body(c), b"v1 through replica 1", 5.0))
+            lags.append(seen_within(listed(c), ["k", "new"], 5.0))
+        # A write straight to the bucket, announced to replica 0 only: 1 and 2 hear it from 0.
+        direct.put_object(Bucket="shared", Key="k", Body=b"v2 straight to the bucket")
+        for c in clients:
+            lags.append(seen_within(body(c), b"v2 straight to the bucket", 5.0))
+        lags.sort()
+        print(f"fleet of 3: writes visible on every replica after p50 {lags[len(lags) // 2] * 1000:.0f} ms, "
+              f"max {lags[-1] * 1000:.0f} ms ({len(lags)} checks, metadata_ttl = 1h)")
+        assert lags[-1] < 1.0, lags
+        for node in fleet.nodes[1:]:
+            assert metric(node, "larder_fleet_notices_total", outcome="received") >= 2
+            # Told of events by replica 0, they know the stream is alive too (checked each second).
+            seen_within(lambda: healthy(node), 1.0, 3.0)
+        assert metric(fleet.nodes[0], "larder_fleet_notices_total", outcome="failed") == 0
+    finally:
+        minio.stop()

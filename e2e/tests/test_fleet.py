@@ -14,58 +14,8 @@ import urllib.request
 
 import pytest
 
-from conftest import ROOT, free_port, metric
+from conftest import ROOT, FleetOf, fleet_state, free_port, metric, owner
 from threads import run_all
-
-SECRET = "fleet-e2e-shared-secret-0123456789"
-
-
-def fleet_state(node) -> dict:
-    with urllib.request.urlopen(f"{node.admin}/fleet", timeout=5) as r:
-        return json.loads(r.read())
-
-
-def owner(node, bucket, key, index) -> str:
-    url = f"{node.admin}/fleet/owner?bucket={bucket}&key={key}&index={index}"
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return json.loads(r.read())["owner"]
-
-
-class FleetOf:
-    """Larder replicas on 127.0.0.N, sharing a peer port number, a secret and a member file."""
-
-    def __init__(self, make_larder, workdir, name, *extra):
-        self.make_larder = make_larder
-        self.extra = extra
-        self.name = name
-        self.peer_port = free_port()
-        self.secret = workdir / f"{name}.secret"
-        self.secret.write_text(SECRET + "\n")
-        self.members = workdir / f"{name}.peers"
-        self.nodes = []
-        self.extra_for = lambda i: ()
-
-    def peer(self, i) -> str:
-        return f"127.0.0.{i + 1}:{self.peer_port}"
-
-    def start(self, n):
-        self.members.write_text("\n".join(self.peer(i) for i in range(n)) + "\n")
-        for i in range(len(self.nodes), n):
-            self.nodes.append(self.make_larder(
-                "--block-size", "64KiB", "--memory-capacity", "256MiB",
-                "--fleet-listen", self.peer(i), "--fleet-peers-file", str(self.members),
-                "--fleet-secret-file", str(self.secret), *self.extra, *self.extra_for(i),
-                name=f"{self.name}-{i}", host=f"127.0.0.{i + 1}"))
-        self.wait_members(self.nodes, n)
-
-    def wait_members(self, nodes, n, timeout=40.0):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if all(len(fleet_state(node)["members"]) == n for node in nodes):
-                return
-            time.sleep(0.1)
-        raise AssertionError(f"members never converged on {n}: {[fleet_state(x) for x in nodes]}")
-
 
 def put_objects(direct, bucket, sizes, seed=1):
     rng = random.Random(seed)
@@ -264,6 +214,15 @@ def test_peer_requests_must_be_signed_with_the_fleet_secret(make_larder, workdir
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(forged, timeout=5)
     assert refused.value.code == 403
+    # A forged change notice (which would make the replica drop what it holds, again and again)
+    # is refused the same way, signed with a wrong secret or not at all.
+    notice = f"http://{fleet.peer(0)}/v1/changed?bucket={bucket}&key=k&event=1"
+    for headers in ({}, {"x-larder-peer-auth": f"{int(time.time())}:{'00' * 32}"}):
+        forged = urllib.request.Request(notice, method="POST", headers=headers)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(forged, timeout=5)
+        assert refused.value.code == 403
+    assert metric(fleet.nodes[0], "larder_fleet_notices_total", outcome="received") == 0
 
 
 def test_a_replica_that_hangs_costs_a_peer_timeout_not_a_failure(make_larder, workdir, upstream, direct, bucket):

@@ -19,6 +19,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use serde::{Deserialize, Serialize};
 
 use super::auth::{PeerSecret, HEADER};
+use super::notify::Notice;
 use super::seal;
 use super::wire::{self, FrameError, WireError};
 use crate::model::{BodyStream, ObjectId, ObjectMeta, UpstreamError};
@@ -240,19 +241,16 @@ impl PeerClient {
         Ok(Some((meta, age, body)))
     }
 
-    /// Tell `peer` that `key` of `bucket` (every key of it, for `None`) changed, so it drops
-    /// what it holds of it.
-    pub async fn changed(
-        &self,
-        peer: &str,
-        bucket: &str,
-        key: Option<&str>,
-    ) -> Result<(), PeerError> {
+    /// Tell `peer` of `notice`, so it drops what it holds of the object (or bucket).
+    pub async fn changed(&self, peer: &str, notice: &Notice) -> Result<(), PeerError> {
         let path = {
             let mut query = form_urlencoded::Serializer::new(String::new());
-            query.append_pair("bucket", bucket);
-            if let Some(key) = key {
+            query.append_pair("bucket", &notice.bucket);
+            if let Some(key) = &notice.key {
                 query.append_pair("key", key);
+            }
+            if notice.from_event {
+                query.append_pair("event", "1");
             }
             format!("/v1/changed?{}", query.finish())
         };

@@ -29,6 +29,9 @@ pub struct Notice {
     pub bucket: Arc<str>,
     /// The key; `None`: any key of the bucket may have changed.
     pub key: Option<Arc<str>>,
+    /// Learnt from an S3 event: a replica told of it knows the event stream is alive, though
+    /// the bucket notifies only one replica.
+    pub from_event: bool,
 }
 
 /// The queue's two ends.
@@ -72,10 +75,7 @@ impl Fleet {
             .filter(|m| *m.name != *me)
             .map(|m| m.name.clone());
         let sends = peers.map(|peer| async move {
-            let result = self
-                .client
-                .changed(&peer, &notice.bucket, notice.key.as_deref())
-                .await;
+            let result = self.client.changed(&peer, notice).await;
             if let Err(e) = &result {
                 tracing::debug!(%peer, error = %e, "could not tell a peer of a change");
             }

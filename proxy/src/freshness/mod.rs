@@ -134,6 +134,7 @@ impl Freshness {
             (Some(fleet), Learnt::Write | Learnt::Event) => fleet.notify(Notice {
                 bucket: bucket.into(),
                 key: key.map(Into::into),
+                from_event: learnt == Learnt::Event,
             }),
             (Some(_), Learnt::Peer) => self.metrics.notice(NoticeOutcome::Received),
             (None, _) => {}

@@ -9,8 +9,9 @@
 //!   of: its metadata (with its age) and then block `index`, usually from one upstream GET that
 //!   serves every replica asking.
 //!
-//! - `POST /v1/changed?bucket[&key]`: an object (or any object of a bucket) changed, learnt
-//!   by the sender from a write through it or an S3 event: drop what is held of it
+//! - `POST /v1/changed?bucket[&key][&event=1]`: an object (or any object of a bucket) changed,
+//!   learnt by the sender from a write through it or an S3 event (which also shows this
+//!   replica the event stream is alive): drop what is held of it
 //!   ([`crate::fleet::notify`]). A replayed notice (within the signature's five minutes) only
 //!   costs a refetch.
 //!
@@ -134,6 +135,9 @@ async fn changed(peer: &PeerState, params: &Params) -> Response {
     let Some(bucket) = params.get("bucket").filter(|b| !b.is_empty()) else {
         return refuse(StatusCode::BAD_REQUEST, "bucket is required");
     };
+    if params.contains_key("event") {
+        peer.freshness.heard();
+    }
     match params.get("key") {
         Some(key) => {
             let id = ObjectId {

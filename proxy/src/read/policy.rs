@@ -74,7 +74,7 @@ impl Policy {
     /// A policy of `defaults` and `rules`; with `fallback`, S3 events are expected (and the
     /// stream starts unhealthy until the first one arrives).
     pub fn new(defaults: Defaults, mut rules: Vec<Rule>, fallback: Option<EventFallback>) -> Self {
-        rules.sort_by(|a, b| b.prefix.len().cmp(&a.prefix.len()));
+        rules.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
         Self {
             defaults,
             rules,

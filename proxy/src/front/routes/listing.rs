@@ -77,10 +77,16 @@ impl AppState {
                 kept.insert(name, v.clone());
             }
         }
+        let length = response
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok());
         let response = response.map(|body| {
             Body::from_stream(Keep {
                 inner: body.into_data_stream(),
                 page: BytesMut::new(),
+                length,
                 keep: Some((listings, ticket, kept)),
             })
         });
@@ -89,11 +95,22 @@ impl AppState {
 }
 
 /// A listing's body on its way to the client, kept once it has all arrived (and not at all
-/// if it breaks or outgrows [`MAX_PAGE`]).
+/// if it breaks or outgrows [`MAX_PAGE`]). With a `Content-Length`, "all" is that many bytes:
+/// the server stops polling a body once it has sent what the header announced.
 struct Keep<S> {
     inner: S,
     page: BytesMut,
+    length: Option<usize>,
     keep: Option<(Arc<ListingCache>, Ticket, HeaderMap)>,
+}
+
+impl<S> Keep<S> {
+    fn done(&mut self) {
+        if let Some((listings, ticket, headers)) = self.keep.take() {
+            let page = std::mem::take(&mut self.page).freeze();
+            listings.insert(ticket, headers, page);
+        }
+    }
 }
 
 impl<S, E> Stream for Keep<S>
@@ -112,15 +129,13 @@ where
                     this.page = BytesMut::new();
                 } else {
                     this.page.extend_from_slice(chunk);
+                    if this.length == Some(this.page.len()) {
+                        this.done();
+                    }
                 }
             }
             Poll::Ready(Some(Err(_))) => this.keep = None,
-            Poll::Ready(None) => {
-                if let Some((listings, ticket, headers)) = this.keep.take() {
-                    let page = std::mem::take(&mut this.page).freeze();
-                    listings.insert(ticket, headers, page);
-                }
-            }
+            Poll::Ready(None) => this.done(),
             _ => {}
         }
         next
