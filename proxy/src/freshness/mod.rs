@@ -105,11 +105,7 @@ impl Freshness {
 
     /// `id` changed: drop what is held of it (and tell the fleet unless a peer told us).
     pub async fn object_changed(&self, id: &ObjectId, learnt: Learnt) {
-        let latest = ObjectId {
-            version_id: None,
-            ..id.clone()
-        };
-        self.metadata.changed(&latest).await;
+        self.metadata.changed(&id.latest()).await;
         if id.version_id.is_some() {
             self.metadata.changed(id).await;
         }
@@ -147,11 +143,8 @@ impl Freshness {
     pub async fn apply(&self, changes: &[Change]) {
         self.heard();
         for change in changes {
-            let latest = ObjectId {
-                version_id: None,
-                ..change.object.clone()
-            };
-            let outcome = match (&change.kind, self.metadata.cached_etag(&latest).await) {
+            let held = self.metadata.cached_etag(&change.object.latest()).await;
+            let outcome = match (&change.kind, held) {
                 // Larder already holds the version the event announces (written through
                 // Larder, or read since): nothing to drop here.
                 (ChangeKind::Created(Some(etag)), Some(held)) if held.trim_matches('"') == etag => {

@@ -18,6 +18,16 @@ pub struct ObjectId {
     pub version_id: Option<Arc<str>>,
 }
 
+impl ObjectId {
+    /// The same object's current version (itself, when it names none).
+    pub fn latest(&self) -> ObjectId {
+        ObjectId {
+            version_id: None,
+            ..self.clone()
+        }
+    }
+}
+
 impl fmt::Display for ObjectId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.bucket, self.key)?;

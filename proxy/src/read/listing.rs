@@ -195,12 +195,6 @@ impl ListingCache {
     pub fn bucket_changed(&self, bucket: &str) {
         self.slot(bucket, None).fetch_add(1, Ordering::AcqRel);
     }
-
-    /// Pages kept (for the status page and tests).
-    pub fn pages(&self) -> u64 {
-        self.pages.run_pending_tasks();
-        self.pages.entry_count()
-    }
 }
 
 #[cfg(test)]

@@ -84,6 +84,19 @@ pub struct MetadataCache {
     origin: Arc<dyn Upstream>,
 }
 
+/// A cache of at most `capacity` entries, each expiring as [`Ttl`] says (plus `extra`).
+fn expiring<V>(capacity: u64, extra: Duration) -> Cache<ObjectId, V>
+where
+    V: Clone + Send + Sync + 'static,
+    Ttl: moka::Expiry<ObjectId, V>,
+{
+    Cache::builder()
+        .max_capacity(capacity)
+        .expire_after(Ttl { extra })
+        .support_invalidation_closures()
+        .build()
+}
+
 /// Slots of [`MetadataCache::changes`]. Keys sharing a slot only cost each other a refetch.
 const CHANGE_SLOTS: usize = 4096;
 
@@ -123,26 +136,13 @@ impl MetadataCache {
         stale_for: Duration,
         capacity: u64,
     ) -> Self {
-        let build = |extra| {
-            Cache::builder()
-                .max_capacity(capacity)
-                .expire_after(Ttl { extra })
-                .support_invalidation_closures()
-                .build()
-        };
         let caches = policy.caches_metadata();
         Self {
-            cache: caches.then(|| build(Duration::ZERO)),
-            stale: (!stale_for.is_zero()).then(|| build(stale_for)),
-            missing: policy.caches_misses().then(|| {
-                Cache::builder()
-                    .max_capacity(capacity)
-                    .expire_after(Ttl {
-                        extra: Duration::ZERO,
-                    })
-                    .support_invalidation_closures()
-                    .build()
-            }),
+            cache: caches.then(|| expiring(capacity, Duration::ZERO)),
+            stale: (!stale_for.is_zero()).then(|| expiring(capacity, stale_for)),
+            missing: policy
+                .caches_misses()
+                .then(|| expiring(capacity, Duration::ZERO)),
             policy,
             seen: caches.then(|| {
                 moka::sync::Cache::builder()

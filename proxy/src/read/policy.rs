@@ -140,28 +140,24 @@ impl Policy {
         self.bounded(ttl)
     }
 
-    /// Whether any listing or any 404 may be cached at all (so the caches are built).
+    /// Whether any listing may be cached at all (so the cache is built).
     pub fn caches_listings(&self) -> bool {
-        !self.defaults.list.is_zero()
-            || self.rules.iter().any(|r| r.list_ttl > Some(Duration::ZERO))
+        self.any_positive(self.defaults.list, |r| r.list_ttl)
     }
 
-    /// See [`Policy::caches_listings`].
+    /// Whether any 404 may be remembered at all.
     pub fn caches_misses(&self) -> bool {
-        !self.defaults.negative.is_zero()
-            || self
-                .rules
-                .iter()
-                .any(|r| r.negative_ttl > Some(Duration::ZERO))
+        self.any_positive(self.defaults.negative, |r| r.negative_ttl)
     }
 
     /// Whether any metadata may be cached at all.
     pub fn caches_metadata(&self) -> bool {
-        !self.defaults.metadata.is_zero()
-            || self
-                .rules
-                .iter()
-                .any(|r| r.immutable || r.metadata_ttl > Some(Duration::ZERO))
+        self.rules.iter().any(|r| r.immutable)
+            || self.any_positive(self.defaults.metadata, |r| r.metadata_ttl)
+    }
+
+    fn any_positive(&self, default: Duration, ttl: fn(&Rule) -> Option<Duration>) -> bool {
+        !default.is_zero() || self.rules.iter().any(|r| ttl(r) > Some(Duration::ZERO))
     }
 
     /// Listings and 404s are only ever learnt from the upstream: no event proves them fresh
