@@ -2,6 +2,7 @@
 front of it, and Larder (the real binary) in front of that. Clients are unmodified: boto3, the
 aws CLI and aws-sdk-rust."""
 
+import http.server
 import json
 import os
 import re
@@ -9,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -117,6 +119,82 @@ class Minio:
 
     def stop(self):
         self.proc.terminate()
+        self.proc.wait(timeout=30)
+        self.log.close()
+
+
+class Listener:
+    """A loopback HTTP listener that records every request (method, path, body) and answers 200,
+    after passing each body to `on_post` if given."""
+
+    def __init__(self, on_post=None):
+        self.requests: list[tuple[str, str, bytes]] = []
+        listener = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def answer(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                listener.requests.append((self.command, self.path, body))
+                if on_post and self.command == "POST":
+                    on_post(body)
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_GET = do_HEAD = do_POST = answer
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class ElasticMQ:
+    """ElasticMQ, an SQS-compatible server (fetched from Maven Central by e2e/setup.sh), on
+    loopback with one queue per name in `queues`."""
+
+    LIB = Path(os.environ.get("LARDER_E2E_ELASTICMQ", Path.home() / ".local/share/larder-e2e/elasticmq/lib"))
+
+    def __init__(self, workdir: Path, queues: list[str], name: str = "elasticmq"):
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        conf = workdir / f"{name}.conf"
+        conf.write_text("\n".join([
+            'include classpath("application.conf")',
+            f'node-address {{ protocol = http, host = "127.0.0.1", port = {self.port}, context-path = "" }}',
+            f'rest-sqs {{ enabled = true, bind-port = {self.port}, bind-hostname = "127.0.0.1", sqs-limits = strict }}',
+            "rest-stats { enabled = false }",
+            "queues { " + " ".join(f"{q} {{}}" for q in queues) + " }",
+        ]) + "\n")
+        self.log = open(workdir / f"{name}.log", "wb")
+        self.proc = subprocess.Popen(
+            ["java", f"-Dconfig.file={conf}", "-cp", f"{self.LIB}/*", "org.elasticmq.server.Main"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        self.client = boto3.client("sqs", endpoint_url=self.endpoint, region_name=REGION,
+                                   aws_access_key_id="e2e", aws_secret_access_key="e2e")
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                self.client.list_queues()
+                break
+            except Exception:
+                assert self.proc.poll() is None, f"ElasticMQ exited; see {self.log.name}"
+                assert time.monotonic() < deadline, "ElasticMQ did not start in 60 s"
+                time.sleep(0.2)
+
+    def queue_url(self, queue: str) -> str:
+        return self.client.get_queue_url(QueueName=queue)["QueueUrl"]
+
+    def stop(self):
+        # Its graceful stop waits out every long poll still open (20 s); the queues are in memory.
+        self.proc.kill()
         self.proc.wait(timeout=30)
         self.log.close()
 

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs on a fresh machine, and reuses what is already there:
-# rustfmt and clippy, nightly and cargo-fuzz, openssl, MinIO (built with `go install` at a pinned version), and the Python clients.
+# rustfmt and clippy, nightly and cargo-fuzz, openssl, MinIO (built with `go install` at a pinned version), ElasticMQ
+# (from Maven Central), and the Python clients.
 #
 #   e2e/setup.sh                 # everything
 #   e2e/setup.sh rust fuzz e2e   # some of it: rust (rustfmt, clippy), fuzz (nightly, cargo-fuzz),
-#                                # e2e (apt packages, Docker, MinIO, helm, tflint, Python clients)
+#                                # e2e (apt packages, Docker, MinIO, helm, tflint, ElasticMQ,
+#                                # Python clients)
 # e2e/test-all.sh installs `rust` first and the other two behind the Rust builds, which leave
 # cores and the network idle for long stretches (a crate compiling alone, a binary linking).
 set -euo pipefail
@@ -98,6 +100,17 @@ e2e() {
     echo "setup: installing checkov $CHECKOV_VERSION into $checkov_env (about 1 minute)"
     python3 -m venv "$checkov_env"
     "$checkov_env/bin/pip" install -q --disable-pip-version-check "checkov==$CHECKOV_VERSION"
+  fi
+
+  # ElasticMQ (an SQS-compatible server, from Maven Central) feeds Larder's S3 event queue
+  # consumer in the events tests; Java and Maven come with the machine image. ~10 s.
+  elasticmq_lib="$HOME/.local/share/larder-e2e/elasticmq/lib"
+  if ! ls "$elasticmq_lib"/elasticmq-server_2.13-1.7.1.jar >/dev/null 2>&1; then
+    command -v mvn >/dev/null || { echo "maven is required to fetch ElasticMQ for the e2e tests" >&2; exit 1; }
+    echo "setup: fetching ElasticMQ 1.7.1 from Maven Central into $elasticmq_lib"
+    rm -rf "$elasticmq_lib"
+    mvn -q -B -f e2e/elasticmq/pom.xml dependency:copy-dependencies \
+      -DoutputDirectory="$elasticmq_lib" -DincludeScope=runtime
   fi
 
   # A Python whose packages the system manages (PEP 668) gets them in the user's site instead.

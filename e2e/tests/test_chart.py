@@ -101,6 +101,14 @@ def test_lint_template_and_validate(values, workdir):
         sa = by_kind(docs, "ServiceAccount")[0]
         assert sa["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].startswith("arn:aws:iam::")
         assert not by_kind(docs, "Secret"), "an existing secret is used, none rendered"
+        # Events: the token mounted from the Secret given, the queue and the heartbeat set.
+        vols = {v["name"]: v for v in pod["volumes"]}
+        assert vols["events-token"]["secret"]["secretName"] == "larder-events"
+        assert "/etc/larder/events" in {m["mountPath"] for m in container["volumeMounts"]}
+        for line in ['events_token_file = "/etc/larder/events/token"',
+                     'events_sqs_queue_url = "https://sqs.eu-west-1.amazonaws.com/123456789012/larder-events"',
+                     'events_heartbeat = "lake/.larder/heartbeat"']:
+            assert line in check.stdout, line
     if values.stem.startswith("tls"):
         vols = {v["name"]: v for v in pod["volumes"]}
         assert vols["tls"]["secret"]["secretName"] == "larder-tls"
@@ -131,10 +139,17 @@ def test_a_typo_or_a_missing_secret_fails_at_install():
     reserved = helm("template", "larder", str(CHART), "-f", str(CHART / "ci" / "minimal-values.yaml"),
                     "--set", "config.listen=0.0.0.0:1", check=False)
     assert reserved.returncode != 0
-    for bad in ("fleet.scope=region", "config.fleet_peers_dns=x:1"):
+    for bad in ("fleet.scope=region", "config.fleet_peers_dns=x:1", "config.events_token_file=/x",
+                "events.sqsQueueUrl=sqs-queue"):
         refused = helm("template", "larder", str(CHART), "-f", str(CHART / "ci" / "minimal-values.yaml"),
                        "--set", bad, check=False)
         assert refused.returncode != 0, bad
+    # Events without a Secret of one's own: one is generated, mounted and named in the config.
+    docs = render(CHART / "ci" / "minimal-values.yaml", "events.webhook=true")
+    secrets = {d["metadata"]["name"] for d in by_kind(docs, "Secret")}
+    assert "larder-events" in secrets
+    (config,) = [c for c in by_kind(docs, "ConfigMap") if "larder.toml" in c.get("data", {})]
+    assert 'events_token_file = "/etc/larder/events/token"' in config["data"]["larder.toml"]
     no_keys = helm("template", "larder", str(CHART), check=False)
     assert no_keys.returncode != 0 and "auth.existingSecret" in no_keys.stderr
 

@@ -1,11 +1,13 @@
 """Freshness from S3 event notifications, end to end: MinIO publishes its own bucket notifications
-to Larder's `POST /v1/events` (a webhook target with an auth token), and with `metadata_ttl = 1h`
-an object overwritten or deleted straight in MinIO is served new (or 404) through Larder within a
-second. Repeated listings and 404s cost no upstream request until a write makes them stale. A
+to Larder's `POST /v1/events` (a webhook target with an auth token) or, through a real
+SQS-compatible server (ElasticMQ), to a queue Larder polls; with `metadata_ttl = 1h` an object
+overwritten or deleted straight in MinIO is served new (or 404) through Larder within a second.
+SNS subscriptions are confirmed only on SNS's own origins. Repeated listings and 404s cost no upstream request until a write makes them stale. A
 fleet of three sees a write through any replica, and an event received by one. When the event
 stream stops, Larder falls back to a short TTL by itself. Forged events (no token, a wrong token)
 are refused and change nothing."""
 
+import base64
 import json
 import time
 import urllib.error
@@ -14,7 +16,7 @@ import urllib.request
 import pytest
 from botocore.exceptions import ClientError
 
-from conftest import FleetOf, Larder, Minio, free_port, metric, s3_client
+from conftest import ElasticMQ, FleetOf, Larder, Listener, Minio, free_port, metric, s3_client
 
 TOKEN = "events-token-for-e2e-0123456789"
 BUCKET = "events"
@@ -40,12 +42,13 @@ NOTIFY_ALL = {"QueueConfigurations": [{
     "QueueArn": "arn:minio:sqs::LARDER:webhook", "Events": ["s3:ObjectCreated:*", "s3:ObjectRemoved:*"]}]}
 
 
-def notifying_minio(workdir, name, port, larder, bucket):
-    """A MinIO on `port` whose `bucket` notifies `larder` of every write; and a client of it."""
+def notifying_minio(workdir, name, port, larder, bucket, endpoint=None):
+    """A MinIO on `port` whose `bucket` notifies `larder` (or `endpoint`, unauthenticated) of
+    every write; and a client of it."""
     minio = Minio(workdir, name=name, port=port, env={
         "MINIO_NOTIFY_WEBHOOK_ENABLE_LARDER": "on",
-        "MINIO_NOTIFY_WEBHOOK_ENDPOINT_LARDER": f"{larder.admin}/v1/events",
-        "MINIO_NOTIFY_WEBHOOK_AUTH_TOKEN_LARDER": TOKEN,
+        "MINIO_NOTIFY_WEBHOOK_ENDPOINT_LARDER": endpoint or f"{larder.admin}/v1/events",
+        **({} if endpoint else {"MINIO_NOTIFY_WEBHOOK_AUTH_TOKEN_LARDER": TOKEN}),
     })
     direct = s3_client(minio.endpoint)
     direct.create_bucket(Bucket=bucket)
@@ -278,3 +281,136 @@ def test_a_fleet_of_three_sees_a_write_through_any_replica_and_an_event_received
         assert metric(fleet.nodes[0], "larder_fleet_notices_total", outcome="failed") == 0
     finally:
         minio.stop()
+
+
+@pytest.fixture(scope="module")
+def queued(workdir):
+    """Larder with `metadata_ttl = 1h` polling an ElasticMQ queue, which MinIO's events reach as
+    S3's reach a queue on AWS: MinIO has no SQS target, so a loopback relay sends each event its
+    webhook POSTs, unchanged, to the queue."""
+    sqs = ElasticMQ(workdir, ["larder-events"])
+    queue = sqs.queue_url("larder-events")
+    relay = Listener(on_post=lambda body: sqs.client.send_message(QueueUrl=queue, MessageBody=body.decode()))
+    minio_port = free_port()
+    larder = Larder(workdir, f"http://127.0.0.1:{minio_port}", "--metadata-ttl", "1h", "--list-ttl", "1h",
+                    "--events-sqs-queue-url", queue, name="larder-sqs")
+    minio, direct = notifying_minio(workdir, "minio-sqs", minio_port, larder, BUCKET, endpoint=relay.url)
+    direct.create_bucket(Bucket="bridged")  # no notifications: EventBridge-shaped events are sent by hand
+    yield larder, direct, sqs, queue
+    larder.stop()
+    minio.stop()
+    relay.close()
+    sqs.stop()
+
+
+def queue_depth(sqs, queue) -> int:
+    attrs = sqs.client.get_queue_attributes(
+        QueueUrl=queue, AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"])
+    return sum(int(v) for v in attrs["Attributes"].values())
+
+
+def test_events_from_an_sqs_queue_make_direct_writes_visible_within_a_second_and_are_deleted(queued):
+    larder, direct, sqs, queue = queued
+    client = larder.client()
+
+    def body(bucket, key):
+        def read():
+            try:
+                return client.get_object(Bucket=bucket, Key=key)["Body"].read()
+            except ClientError as e:
+                return e.response["Error"]["Code"]
+        return read
+
+    direct.put_object(Bucket=BUCKET, Key="q/obj", Body=b"v0")
+    seen_within(body(BUCKET, "q/obj"), b"v0", 5.0)
+    seen_within(lambda: healthy(larder), 1.0, 5.0)
+    lags = []
+    for i in range(1, 11):
+        new = f"v{i} ".encode() * (i + 1)
+        direct.put_object(Bucket=BUCKET, Key="q/obj", Body=new)
+        lags.append(seen_within(body(BUCKET, "q/obj"), new, 5.0))
+    direct.delete_object(Bucket=BUCKET, Key="q/obj")
+    lags.append(seen_within(body(BUCKET, "q/obj"), "NoSuchKey", 5.0))
+    lags.sort()
+    print(f"through SQS (ElasticMQ): overwrite/delete visible after p50 {lags[len(lags) // 2] * 1000:.0f} ms, "
+          f"max {lags[-1] * 1000:.0f} ms ({len(lags)} writes, metadata_ttl = 1h)")
+    assert lags[-1] < 1.0, lags
+    assert metric(larder, "larder_events_total", outcome="applied") >= 11
+
+    # EventBridge -> SQS: the EventBridge event shape, for a bucket that notifies nothing else.
+    direct.put_object(Bucket="bridged", Key="t/a b.parquet", Body=b"old")
+    seen_within(body("bridged", "t/a b.parquet"), b"old", 5.0)
+    etag = direct.put_object(Bucket="bridged", Key="t/a b.parquet", Body=b"new")["ETag"].strip('"')
+    assert body("bridged", "t/a b.parquet")() == b"old", "trusted for an hour without an event"
+    sqs.client.send_message(QueueUrl=queue, MessageBody=json.dumps({
+        "version": "0", "id": "e2e", "detail-type": "Object Created", "source": "aws.s3",
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "region": "us-east-1",
+        "resources": ["arn:aws:s3:::bridged"],
+        "detail": {"version": "0", "bucket": {"name": "bridged"},
+                   "object": {"key": "t/a+b.parquet", "size": 3, "etag": etag, "sequencer": "00"},
+                   "reason": "PutObject"}}))
+    lag = seen_within(body("bridged", "t/a b.parquet"), b"new", 5.0)
+    print(f"EventBridge-shaped event through SQS: visible after {lag * 1000:.0f} ms")
+
+    # A message that is no event is counted and deleted, not redelivered for ever.
+    malformed = metric(larder, "larder_events_total", outcome="malformed")
+    sqs.client.send_message(QueueUrl=queue, MessageBody="{not an event")
+    seen_within(lambda: metric(larder, "larder_events_total", outcome="malformed"), malformed + 1, 5.0)
+    # Every message was deleted once applied: nothing waits, nothing is in flight.
+    seen_within(lambda: queue_depth(sqs, queue), 0, 5.0)
+
+
+def sns_confirmation(subscribe_url: str) -> bytes:
+    return json.dumps({
+        "Type": "SubscriptionConfirmation", "MessageId": "e2e", "Token": "t0k3n",
+        "TopicArn": "arn:aws:sns:us-east-1:123456789012:lake", "Message": "confirm",
+        "SubscribeURL": subscribe_url, "Timestamp": "2026-11-24T00:00:00.000Z"}).encode()
+
+
+def post_event(larder, body: bytes, auth: str | None) -> int:
+    req = urllib.request.Request(f"{larder.admin}/v1/events", data=body, method="POST",
+                                 headers={"Content-Type": "text/plain; charset=UTF-8",
+                                          **({"Authorization": auth} if auth else {})})
+    try:
+        with urllib.request.urlopen(req, timeout=15) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def basic(password: str) -> str:
+    return "Basic " + base64.b64encode(f"sns:{password}".encode()).decode()
+
+
+def test_an_sns_subscription_is_confirmed_only_on_an_allowed_origin(make_larder, workdir):
+    """SNS authenticates with the token as a Basic password, and Larder GETs the SubscribeURL of a
+    confirmation: only on `events_sns_origins`, never an address an attacker names. (No SNS is
+    reachable here: a loopback listener stands where SNS would, and records what Larder asks.)"""
+    token_file = workdir / "events-token-sns"
+    token_file.write_text(TOKEN + "\n")
+    sns = Listener()
+    try:
+        # Default origins (SNS's own, https only): a loopback URL is refused and never fetched.
+        default = make_larder("--events-token-file", str(token_file), name="larder-sns-default")
+        trap = f"{sns.url}/?Action=ConfirmSubscription&TopicArn=x&Token=t"
+        for url in [trap, f"https://sns.us-east-1.amazonaws.com@127.0.0.1:{sns.port}/?Action=ConfirmSubscription",
+                    "http://169.254.169.254/latest/meta-data/?Action=ConfirmSubscription"]:
+            assert post_event(default, sns_confirmation(url), basic(TOKEN)) == 403, url
+        # Without the token (SNS's first try, before the challenge) or with a wrong one: 401.
+        assert post_event(default, sns_confirmation(trap), None) == 401
+        assert post_event(default, sns_confirmation(trap), basic("wrong-token-0123456789abcdef")) == 401
+        assert sns.requests == [], "Larder fetched a URL it must not"
+
+        # With the listener as an allowed origin: one GET of exactly that URL.
+        allowed = make_larder("--events-token-file", str(token_file), "--events-sns-origins", sns.url,
+                              name="larder-sns-allowed")
+        assert post_event(allowed, sns_confirmation(trap), basic(TOKEN)) == 200
+        assert [(m, p) for m, p, _ in sns.requests] == [("GET", trap[len(sns.url):])]
+        # Another action on the allowed origin is refused too.
+        assert post_event(allowed, sns_confirmation(f"{sns.url}/?Action=Publish&Message=x"), basic(TOKEN)) == 403
+        assert len(sns.requests) == 1
+        # The S3 events SNS then delivers are accepted with the same Basic credentials.
+        notification = json.dumps({"Type": "Notification", "Message": json.dumps({"Records": []})}).encode()
+        assert post_event(allowed, notification, basic(TOKEN)) == 200
+    finally:
+        sns.close()

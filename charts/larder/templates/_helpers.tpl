@@ -40,6 +40,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- default (printf "%s-admin" (include "larder.fullname" .)) .Values.adminToken.existingSecret -}}
 {{- end -}}
 
+{{- define "larder.eventsSecret" -}}
+{{- default (printf "%s-events" (include "larder.fullname" .)) .Values.events.existingSecret -}}
+{{- end -}}
+
 {{- define "larder.fleetSecret" -}}
 {{- default (printf "%s-fleet" (include "larder.fullname" .)) .Values.fleet.existingSecret -}}
 {{- end -}}

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::auth::{AuthMode, KeyPolicy};
 use crate::fleet::ring::Scope;
+use crate::freshness::sns::SnsOrigin;
 use crate::telemetry::traces::{LogFormat, TraceOptions};
 
 pub mod flags;
@@ -110,12 +111,13 @@ options! {
     /// bytes). An event for an object drops its cached metadata, listing pages and remembered
     /// 404 at once (here and, in a fleet, in every replica), so a write straight to the bucket
     /// is seen without waiting for a TTL. Without it the route refuses every event. Setting it
-    /// makes Larder expect events (see `events_max_silence`). Default: none.
+    /// makes Larder expect events (see `events_max_silence`). SNS presents the token as the
+    /// password of HTTP Basic credentials in the subscription's URL. Default: none.
     events_token_file: Option<PathBuf> = None;
-    /// While S3 events are expected (`events_token_file` is set): the longest time without an
-    /// event (or heartbeat, `events_heartbeat`) before the stream is taken as broken, logged,
-    /// and metadata, listings and 404s are trusted only for `events_fallback_ttl` until events
-    /// arrive again. The stream also starts out so, until its first event. Default: `60s`.
+    /// While S3 events are expected (`events_token_file` or `events_sqs_queue_url` is set): the
+    /// longest time without an event (or heartbeat, `events_heartbeat`) before the stream is
+    /// taken as broken, logged, and metadata, listings and 404s are trusted only for
+    /// `events_fallback_ttl` until events arrive again. The stream also starts out so, until its first event. Default: `60s`.
     events_max_silence: HumanDuration = HumanDuration::secs(60);
     /// What metadata, listings and 404s are trusted for while the event stream is not healthy
     /// (`events_max_silence`), instead of their TTLs; immutable prefixes (`rules`) are not
@@ -127,6 +129,16 @@ options! {
     /// works even when nothing else is written. The bucket must send that key's events to
     /// Larder. Default: none (only real writes show the stream is alive).
     events_heartbeat: Option<String> = None;
+    /// URL of an SQS queue Larder long-polls for S3 events (S3 -> SQS, S3 -> SNS -> SQS,
+    /// EventBridge -> SQS), deleting each batch once applied; signed with the upstream's
+    /// credentials, in the region the URL names (else `upstream_region`). Setting it makes
+    /// Larder expect events (see `events_max_silence`). Default: none.
+    events_sqs_queue_url: Option<String> = None;
+    /// Origins (`scheme://host[:port]`, `*` standing for one DNS label) where an SNS
+    /// `SubscribeURL` may point: Larder confirms an SNS subscription to `POST /v1/events` by
+    /// fetching that URL, and fetches no other. Default: `https://sns.*.amazonaws.com`,
+    /// `https://sns.*.amazonaws.com.cn`.
+    events_sns_origins: Vec<SnsOrigin> = SnsOrigin::aws() => List;
     /// How clients authenticate: `sigv4` (every request signed with AWS Signature Version 4 by a
     /// key in `auth_credentials`) or `none` (anyone who reaches the listener reads and writes
     /// through Larder's upstream credentials; logged as a warning). Default: `sigv4`.
@@ -427,7 +439,7 @@ pub enum ConfigError {
 impl Config {
     /// Whether S3 events are expected (so their absence means the stream is broken).
     pub fn expects_events(&self) -> bool {
-        self.events_token_file.is_some()
+        self.events_token_file.is_some() || self.events_sqs_queue_url.is_some()
     }
 
     /// Whether this replica is part of a fleet.
@@ -689,11 +701,15 @@ access_key = "etl"
             {
                 Some(text) => {
                     let (k, v) = (o.name, text.to_owned());
+                    // A list's default is every quoted item of the cell.
+                    let value = match o.flag {
+                        FlagKind::List => figment::value::Value::from(
+                            default.split('`').skip(1).step_by(2).collect::<Vec<_>>(),
+                        ),
+                        _ => v.parse::<figment::value::Value>().unwrap(),
+                    };
                     let from_doc = Figment::from(Serialized::defaults(Config::default()))
-                        .merge(Serialized::default(
-                            k,
-                            v.parse::<figment::value::Value>().unwrap(),
-                        ))
+                        .merge(Serialized::default(k, value))
                         .extract::<Config>()
                         .unwrap_or_else(|e| panic!("{k}: documented default `{v}`: {e}"));
                     let from_doc = toml::Value::try_from(from_doc).unwrap();

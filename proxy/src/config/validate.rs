@@ -67,14 +67,30 @@ impl Config {
             );
         }
         if let Some(beat) = &self.events_heartbeat {
-            if self.events_token_file.is_none() {
-                return invalid("events_heartbeat", "needs events_token_file");
+            if !self.expects_events() {
+                return invalid(
+                    "events_heartbeat",
+                    "needs events_token_file or events_sqs_queue_url",
+                );
             }
             if !beat
                 .split_once('/')
                 .is_some_and(|(b, k)| !b.is_empty() && !k.is_empty())
             {
                 return invalid("events_heartbeat", "must be bucket/key");
+            }
+        }
+        if let Some(url) = &self.events_sqs_queue_url {
+            let queue = url.parse::<http::Uri>().ok().filter(|u| {
+                matches!(u.scheme_str(), Some("http" | "https"))
+                    && u.host().is_some()
+                    && u.path().len() > 1
+            });
+            if queue.is_none() {
+                return invalid(
+                    "events_sqs_queue_url",
+                    "must be http(s)://host/account/queue",
+                );
             }
         }
         if self.events_max_silence.0.is_zero() {

@@ -3,7 +3,8 @@
 //!
 //! A change is learnt three ways, and [`Freshness`] is the one place that acts on each:
 //! - a write through this replica (PUT, DELETE, copy, multipart completion, form upload);
-//! - an S3 event notification ([`events`]: MinIO's webhook, SNS,);
+//! - an S3 event notification ([`events`]: MinIO's webhook or SNS on `POST /v1/events`, or
+//!   an SQS queue, [`sqs`]);
 //! - another replica telling this one (`fleet::notify`), because the write or the event
 //!   reached it.
 //!
@@ -18,6 +19,8 @@
 
 pub mod events;
 pub mod heartbeat;
+pub mod sns;
+pub mod sqs;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

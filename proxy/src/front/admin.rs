@@ -12,6 +12,8 @@ use axum::routing::get;
 use serde::Serialize;
 use subtle::ConstantTimeEq;
 
+use crate::freshness::events::Notification;
+use crate::freshness::sns::{SnsConfirmer, SnsError};
 use crate::freshness::Freshness;
 use crate::read::blocks::BlockStore;
 use crate::telemetry::labels::EventOutcome;
@@ -36,6 +38,8 @@ pub struct AdminState {
     pub freshness: Arc<Freshness>,
     /// The token S3 event notifications must carry; `None` refuses them all.
     pub events: Option<AdminAccess>,
+    /// Confirms SNS subscriptions to the events route.
+    pub sns: SnsConfirmer,
 }
 
 /// Who may call the admin routes that act or reveal: warm-up jobs (which fetch, list buckets
@@ -75,17 +79,29 @@ impl AdminAccess {
                 StatusCode::FORBIDDEN,
                 "this route needs admin_token_file when the admin listener is not on loopback",
             )),
-            AdminAccess::Token(token) => {
-                let presented = headers
-                    .get(header::AUTHORIZATION)
-                    .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
-                match presented {
-                    Some(p) if p.len() == token.len() && bool::from(p.ct_eq(token)) => Ok(()),
-                    _ => Err((StatusCode::UNAUTHORIZED, "a valid bearer token is required")),
-                }
-            }
+            AdminAccess::Token(token) => match presented(headers) {
+                Some(p) if p.len() == token.len() && bool::from(p.ct_eq(token)) => Ok(()),
+                _ => Err((StatusCode::UNAUTHORIZED, "a valid bearer token is required")),
+            },
         }
     }
+}
+
+/// The token a request presents: `Authorization: Bearer <token>`, or HTTP Basic credentials
+/// whose password is the token (the user is not checked), which is how SNS authenticates to
+/// an HTTPS subscription whose URL carries them.
+fn presented(headers: &http::HeaderMap) -> Option<Vec<u8>> {
+    use base64::Engine;
+    let value = headers.get(header::AUTHORIZATION)?.as_bytes();
+    if let Some(token) = value.strip_prefix(b"Bearer ") {
+        return Some(token.to_vec());
+    }
+    let encoded = value.strip_prefix(b"Basic ")?;
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .ok()?;
+    let colon = decoded.iter().position(|&b| b == b':')?;
+    Some(decoded[colon + 1..].to_vec())
 }
 
 /// Refuse callers [`AdminAccess`] does not allow.
@@ -104,9 +120,15 @@ async fn guard(
 fn refused(status: StatusCode, message: &str) -> axum::response::Response {
     let mut response = json_error(status, message.to_owned());
     if status == StatusCode::UNAUTHORIZED {
-        response.headers_mut().insert(
+        // Basic too: SNS sends the credentials of a subscription URL only when challenged.
+        let headers = response.headers_mut();
+        headers.insert(
             header::WWW_AUTHENTICATE,
             http::HeaderValue::from_static("Bearer"),
+        );
+        headers.append(
+            header::WWW_AUTHENTICATE,
+            http::HeaderValue::from_static("Basic realm=\"larder\""),
         );
     }
     response
@@ -145,8 +167,8 @@ fn json_error(status: StatusCode, message: String) -> axum::response::Response {
     json(status, &serde_json::json!({ "error": message }))
 }
 
-/// An S3 event notification (MinIO's webhook, S3 through SNS): drop what it says changed. The
-/// body is at most axum's default 2 MB.
+/// An S3 event notification (MinIO's webhook, S3 through SNS): drop what it says changed, or
+/// confirm the SNS subscription it asks for. The body is at most axum's default 2 MB.
 async fn events(
     State(s): State<Arc<AdminState>>,
     headers: http::HeaderMap,
@@ -160,13 +182,30 @@ async fn events(
         return refused(status, message);
     }
     match crate::freshness::events::parse(&body) {
-        Ok(changes) => {
+        Ok(Notification::Changes(changes)) => {
             s.freshness.apply(&changes).await;
             json(
                 StatusCode::OK,
                 &serde_json::json!({ "changes": changes.len() }),
             )
         }
+        Ok(Notification::ConfirmSubscription {
+            topic,
+            subscribe_url,
+        }) => match s.sns.confirm(&subscribe_url).await {
+            Ok(()) => {
+                tracing::info!(%topic, "confirmed the SNS subscription");
+                json(StatusCode::OK, &serde_json::json!({ "confirmed": topic }))
+            }
+            Err(e) => {
+                tracing::warn!(%topic, error = %e, "SNS subscription not confirmed");
+                let status = match e {
+                    SnsError::Refused(_) => StatusCode::FORBIDDEN,
+                    SnsError::Failed(_) => StatusCode::BAD_GATEWAY,
+                };
+                json_error(status, e.to_string())
+            }
+        },
         Err(e) => {
             s.metrics
                 .event(EventOutcome::Malformed, std::time::Duration::ZERO);

@@ -89,6 +89,39 @@ pub struct Forwarder {
     first_byte_timeout: Duration,
 }
 
+/// An HTTP(S) client over the system's CA certificates, for the upstream and anything else
+/// Larder calls out to (SNS subscription confirmation).
+pub fn https_client<B>() -> Result<Client<HttpsConnector<HttpConnector>, B>, String>
+where
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+{
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_connect_timeout(Some(Duration::from_secs(5)));
+    http.set_nodelay(true);
+    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let tls = match hyper_rustls::HttpsConnectorBuilder::new()
+        .with_provider_and_native_roots(provider.clone())
+    {
+        Ok(builder) => builder,
+        Err(e) => {
+            // A minimal image may have no CA bundle; plain-HTTP upstreams still work.
+            tracing::warn!(error = %e, "no system CA certificates: TLS connections (upstream, SNS) will fail");
+            let config = rustls::ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .map_err(|e| e.to_string())?
+                .with_root_certificates(rustls::RootCertStore::empty())
+                .with_no_client_auth();
+            hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(config)
+        }
+    };
+    let https = tls.https_or_http().enable_http1().wrap_connector(http);
+    Ok(Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build(https))
+}
+
 /// Credentials are renewed this long before they expire.
 const CREDENTIALS_MARGIN: Duration = Duration::from_secs(300);
 
@@ -156,30 +189,7 @@ impl Forwarder {
                 "upstream endpoint {endpoint} needs a scheme and host"
             )));
         };
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_connect_timeout(Some(Duration::from_secs(5)));
-        http.set_nodelay(true);
-        let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-        let tls = match hyper_rustls::HttpsConnectorBuilder::new()
-            .with_provider_and_native_roots(provider.clone())
-        {
-            Ok(builder) => builder,
-            Err(e) => {
-                // A minimal image may have no CA bundle; plain-HTTP upstreams still work.
-                tracing::warn!(error = %e, "no system CA certificates: TLS to the upstream will fail");
-                let config = rustls::ClientConfig::builder_with_provider(provider)
-                    .with_safe_default_protocol_versions()
-                    .map_err(|e| ForwardError::Build(e.to_string()))?
-                    .with_root_certificates(rustls::RootCertStore::empty())
-                    .with_no_client_auth();
-                hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(config)
-            }
-        };
-        let https = tls.https_or_http().enable_http1().wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
-            .build(https);
+        let client = https_client().map_err(ForwardError::Build)?;
         Ok(Self {
             client,
             scheme: scheme.to_owned(),

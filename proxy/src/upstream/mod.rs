@@ -95,6 +95,8 @@ pub struct Clients {
     pub origin: Arc<dyn Upstream>,
     /// Every other request.
     pub forwarder: Forwarder,
+    /// The credentials both sign with (`None`: unsigned), for Larder's other AWS calls (SQS).
+    pub credentials: Option<aws_credential_types::provider::SharedCredentialsProvider>,
 }
 
 impl Clients {
@@ -110,6 +112,7 @@ impl Clients {
             config.first_byte_timeout,
         )?;
         Ok(Self {
+            credentials: origin.credentials(),
             origin: Arc::new(origin),
             forwarder,
         })

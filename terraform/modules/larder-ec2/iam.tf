@@ -12,6 +12,8 @@ module "s3_policy" {
   source        = "../larder-s3-policy"
   read_buckets  = var.read_buckets
   write_buckets = var.write_buckets
+
+  events_queue_arn = var.events_queue_arn
 }
 
 data "aws_iam_policy_document" "larder" {

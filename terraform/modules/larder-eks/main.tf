@@ -28,6 +28,8 @@ module "s3_policy" {
   source        = "../larder-s3-policy"
   read_buckets  = var.read_buckets
   write_buckets = var.write_buckets
+
+  events_queue_arn = var.events_queue_arn
 }
 
 resource "aws_iam_role" "larder" {

@@ -120,3 +120,9 @@ variable "tags" {
   type        = map(string)
   default     = {}
 }
+
+variable "events_queue_arn" {
+  description = "ARN of an SQS queue of S3 events Larder polls (set events_sqs_queue_url to its URL); the role may receive and delete its messages. null: none."
+  type        = string
+  default     = null
+}

@@ -1,5 +1,6 @@
 # The S3 permissions Larder needs, shared by the deployment modules: list and read the buckets it
-# caches, and write only those clients may write through it. No provider calls: a policy
+# caches, write only those clients may write through it, and take S3 events from a queue if one
+# is named. No provider calls: a policy
 # document rendered from its inputs.
 
 terraform {
@@ -21,6 +22,12 @@ variable "write_buckets" {
   description = "Buckets clients may also write through Larder."
   type        = list(string)
   default     = []
+}
+
+variable "events_queue_arn" {
+  description = "ARN of the SQS queue Larder polls for S3 events (events_sqs_queue_url); null: none."
+  type        = string
+  default     = null
 }
 
 locals {
@@ -47,6 +54,14 @@ data "aws_iam_policy_document" "s3" {
         "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts",
       ]
       resources = [for b in var.write_buckets : "arn:aws:s3:::${b}/*"]
+    }
+  }
+  dynamic "statement" {
+    for_each = var.events_queue_arn == null ? [] : [1]
+    content {
+      sid       = "EventQueue"
+      actions   = ["sqs:ReceiveMessage", "sqs:DeleteMessage"]
+      resources = [var.events_queue_arn]
     }
   }
 }

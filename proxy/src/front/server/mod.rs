@@ -18,6 +18,8 @@ use crate::fleet::membership::{MemberSource, Membership};
 use crate::fleet::ring::{Member, View};
 use crate::fleet::{CopyLimits, Fleet};
 use crate::freshness::heartbeat::Heartbeat;
+use crate::freshness::sns::SnsConfirmer;
+use crate::freshness::sqs::{SqsConsumer, SqsError};
 use crate::freshness::Freshness;
 use crate::front::admin::{self, AdminAccess, AdminState};
 use crate::front::peer::PeerState;
@@ -74,6 +76,9 @@ pub enum StartError {
     /// The admin token could not be loaded.
     #[error("admin token: {0}")]
     Admin(String),
+    /// The S3 event queue could not be set up.
+    #[error(transparent)]
+    Sqs(#[from] SqsError),
 }
 
 /// The disk tier's configuration from Larder's.
@@ -201,7 +206,11 @@ pub async fn start(
     upstream: Clients,
     auth: Authenticator,
 ) -> Result<Running, StartError> {
-    let Clients { origin, forwarder } = upstream;
+    let Clients {
+        origin,
+        forwarder,
+        credentials,
+    } = upstream;
     let tls = match (&config.tls_cert, &config.tls_key) {
         (Some(cert), Some(key)) => Some(TlsConfig::load(cert, key)?),
         _ => None,
@@ -334,7 +343,21 @@ pub async fn start(
             Some(path) => Some(AdminAccess::from_file(path).map_err(StartError::Admin)?),
             None => None,
         },
+        sns: SnsConfirmer::new(config.events_sns_origins.clone()).map_err(StartError::Admin)?,
     });
+    let sqs = match &config.events_sqs_queue_url {
+        Some(url) => Some(
+            SqsConsumer::new(
+                url,
+                &config.upstream_region,
+                credentials,
+                freshness.clone(),
+                metrics.clone(),
+            )
+            .await?,
+        ),
+        None => None,
+    };
 
     let s3_listener = TcpListener::bind(config.listen).await?;
     let admin_listener = TcpListener::bind(config.admin_listen).await?;
@@ -344,6 +367,9 @@ pub async fn start(
         tokio::spawn(tls.clone().watch(shutdown.clone()));
     }
     tokio::spawn(freshness.clone().watch(shutdown.clone()));
+    if let Some(sqs) = sqs {
+        tokio::spawn(sqs.run(shutdown.clone()));
+    }
     if let Some((bucket, key)) = config
         .events_heartbeat
         .as_deref()
