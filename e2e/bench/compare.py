@@ -41,13 +41,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from conftest import CLIENT_KEY, CLIENT_SECRET, ROOT, Larder, Minio, binary, free_port, s3_client, wait_http  # noqa: E402
+from conftest import (CLIENT_KEY, CLIENT_SECRET, ROOT, Larder, Listener, Minio, binary, free_port,  # noqa: E402
+                      s3_client, wait_http)
 from threads import run_all  # noqa: E402
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 BLOCK = 8 * MiB  # Larder's default block size, used throughout
 BUCKET = "bench"
 GET_PRICE = 0.0004 / 1000  # S3 Standard GET-class request, us-east-1 (HEAD is GET-class)
+PUT_PRICE = 0.005 / 1000  # PUT-class (the events heartbeat's writes)
+EVENTS_TOKEN = "bench-events-token-0123456789abcdef"
 HERE = Path(__file__).resolve().parent
 
 MODES = {
@@ -306,10 +309,21 @@ class Bench:
         self.stoppers = []
 
     def start(self):
-        self.minio = Minio(self.work)
+        # MinIO notifies every write of the bucket to a relay, which passes them on to whichever
+        # Larder takes events at the time (the Zipf run's "Larder+events"), as its own webhook would.
+        self.events_to: str | None = None
+        self.relay = Listener(on_post=self.relay_event)
+        self.stoppers.append(self.relay.close)
+        self.minio = Minio(self.work, env={
+            "MINIO_NOTIFY_WEBHOOK_ENABLE_BENCH": "on",
+            "MINIO_NOTIFY_WEBHOOK_ENDPOINT_BENCH": self.relay.url,
+        })
         self.stoppers.append(self.minio.stop)
         self.s3 = s3_client(self.minio.endpoint)
         self.s3.create_bucket(Bucket=BUCKET)
+        self.s3.put_bucket_notification_configuration(Bucket=BUCKET, NotificationConfiguration={
+            "QueueConfigurations": [{"QueueArn": "arn:minio:sqs::BENCH:webhook",
+                                     "Events": ["s3:ObjectCreated:*", "s3:ObjectRemoved:*"]}]})
         self.s3.put_bucket_policy(Bucket=BUCKET, Policy=json.dumps({
             "Version": "2012-10-17",
             "Statement": [{"Effect": "Allow", "Principal": {"AWS": ["*"]}, "Action": ["s3:GetObject"],
@@ -328,6 +342,12 @@ class Bench:
                 print(f"stop: {e}", file=sys.stderr)
         if not os.environ.get("LARDER_BENCH_KEEP"):
             shutil.rmtree(self.work, ignore_errors=True)
+
+    def relay_event(self, body: bytes):
+        if self.events_to:
+            req = urllib.request.Request(self.events_to, data=body, method="POST",
+                                         headers={"Authorization": f"Bearer {EVENTS_TOKEN}"})
+            urllib.request.urlopen(req, timeout=10).close()
 
     def upload(self, keys_sizes):
         def put(ks):
@@ -354,7 +374,7 @@ class Bench:
     def upstream(self) -> dict:
         s = self.proxy.control("stats")
         return {"gets": s["by_method"].get("GET", 0), "heads": s["by_method"].get("HEAD", 0),
-                "bytes": s["response_bytes"]}
+                "puts": s["by_method"].get("PUT", 0), "bytes": s["response_bytes"]}
 
     def wrk(self, target: Target, keys: list[str], sizes: dict, clients: int, seconds: int) -> dict:
         paths = self.work / f"paths-{target.name}.txt"
@@ -530,12 +550,33 @@ class Bench:
             acc += w
             cdf.append(acc)
         sequence = [order[bisect.bisect_left(cdf, rng.random() * acc)] for _ in range(requests)]
-        larder, lt = self.larder("larder-zipf", "--memory-capacity", f"{memory // MiB}MiB",
-                                 "--disk-path", str(self.work / "larder-zipf.cache"),
-                                 "--disk-capacity", f"{disk // MiB}MiB", "--disk-region-size", self.cfg["zipf_region"])
+        def capacity(name):
+            return ("--memory-capacity", f"{memory // MiB}MiB", "--disk-path", str(self.work / f"{name}.cache"),
+                    "--disk-capacity", f"{disk // MiB}MiB", "--disk-region-size", self.cfg["zipf_region"])
+        larder, lt = self.larder("larder-zipf", *capacity("larder-zipf"))
         _, nt = self.nginx("nginx-zipf", memory + disk)
+
+        def evented():
+            """The same Larder with S3 events flowing (MinIO's own notifications, a heartbeat
+            object written every 20 s so a read-only run still shows the stream alive): metadata
+            is trusted for an hour instead of being revalidated every minute. Started only for
+            its own run, so that its heartbeats are counted against it alone."""
+            token = self.work / "events-token"
+            token.write_text(EVENTS_TOKEN + "\n")
+            larder, target = self.larder("larder-zipf-events", *capacity("larder-zipf-events"),
+                                         "--metadata-ttl", "1h", "--events-token-file", str(token),
+                                         "--events-heartbeat", f"{BUCKET}/.larder/heartbeat")
+            target.name = "Larder+events"
+            self.events_to = f"{larder.admin}/v1/events"
+            deadline = time.monotonic() + 30
+            while "larder_events_stream_healthy 1" not in larder.metrics():
+                assert time.monotonic() < deadline, "the events Larder never heard its heartbeat"
+                time.sleep(0.2)
+            return target
         rows = []
-        for t in (nt, lt):
+        for t in (nt, lt, evented):
+            if callable(t):
+                t = t()
             self.proxy.control("reset")
             statuses: dict = {}
             lock = threading.Lock()
@@ -564,14 +605,15 @@ class Bench:
             # the cache did not answer (requests joining a fetch in flight count as answered).
             # What each proxy says of itself (X-Cache) is kept beside it, not used.
             hits = sum(v for k, v in statuses.items() if k.startswith("hit") or k == "HIT")
-            upstream_requests = up["gets"] + up["heads"]
+            upstream_requests = up["gets"] + up["heads"] + up["puts"]
+            dollars = GET_PRICE * (up["gets"] + up["heads"]) + PUT_PRICE * up["puts"]
             row = {"target": t.name, "requests": requests, "cache": statuses,
                    "hit_ratio": 1 - up["gets"] / requests, "self_reported_hit_ratio": hits / requests,
-                   "upstream_gets": up["gets"], "upstream_heads": up["heads"],
+                   "upstream_gets": up["gets"], "upstream_heads": up["heads"], "upstream_puts": up["puts"],
                    "avoided": 1 - upstream_requests / requests,
                    "byte_hit_ratio": 1 - up["bytes"] / (requests * size),
                    "dollars_per_million_direct": 1e6 * GET_PRICE,
-                   "dollars_per_million": 1e6 * GET_PRICE * upstream_requests / requests,
+                   "dollars_per_million": 1e6 * dollars / requests,
                    "p50": percentile(latencies, 50), "p99": percentile(latencies, 99), "seconds": elapsed}
             row["saved_per_million"] = row["dollars_per_million_direct"] - row["dollars_per_million"]
             if t is lt:
@@ -582,7 +624,7 @@ class Bench:
                                                                          "larder_memory_")))}
             rows.append(row)
             print(f"  {t.name}: hit ratio {row['hit_ratio']:.3f} at the upstream ({row['self_reported_hit_ratio']:.3f} "
-                  f"by its own labels), {up['gets']} GETs + {up['heads']} HEADs upstream "
+                  f"by its own labels), {up['gets']} GETs + {up['heads']} HEADs + {up['puts']} PUTs upstream "
                   f"for {requests} requests, saved ${row['saved_per_million']:.3f}/M {statuses}", flush=True)
         self.results["workloads"]["zipf"] = rows
         self.results["zipf_setup"] = {"objects": n, "object_size": size, "exponent": s, "requests": requests,

@@ -475,6 +475,39 @@ mod tests {
     use std::time::Duration;
 
     #[test]
+    fn the_token_is_taken_as_a_bearer_token_or_a_basic_password_only() {
+        use base64::Engine;
+        let access = AdminAccess::Token(b"0123456789abcdef-token".as_slice().into());
+        let with = |value: &str| {
+            let mut headers = http::HeaderMap::new();
+            headers.insert(header::AUTHORIZATION, value.parse().unwrap());
+            access.allows(&headers).map_err(|(status, _)| status)
+        };
+        let basic = |credentials: &str| {
+            let encoded = base64::engine::general_purpose::STANDARD.encode(credentials);
+            with(&format!("Basic {encoded}"))
+        };
+        assert_eq!(with("Bearer 0123456789abcdef-token"), Ok(()));
+        assert_eq!(basic("sns:0123456789abcdef-token"), Ok(()));
+        // The password is what counts, with or without a user.
+        assert_eq!(basic(":0123456789abcdef-token"), Ok(()));
+        for refused in [
+            basic("0123456789abcdef-token"),
+            basic("0123456789abcdef-token:"),
+            basic("sns:0123456789abcdef-toke"),
+            with("Basic 0123456789abcdef-token"),
+            with("Bearer 0123456789abcdef-toke"),
+            with("0123456789abcdef-token"),
+        ] {
+            assert_eq!(refused, Err(StatusCode::UNAUTHORIZED));
+        }
+        assert_eq!(
+            access.allows(&http::HeaderMap::new()).map_err(|(s, _)| s),
+            Err(StatusCode::UNAUTHORIZED)
+        );
+    }
+
+    #[test]
     fn status_figures_follow_the_metrics() {
         let m = Metrics::default();
         m.observe_memory(cache_core::MemoryTier::<u32>::new(1 << 20));
