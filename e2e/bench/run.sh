@@ -3,10 +3,11 @@
 #
 #   e2e/bench/run.sh [--quick | --full] [--out DIR]
 #
-# --quick (the default, ~4 minutes; the test suite runs it) or --full (~20 minutes, the figures in
-# docs/benchmarks.md). Results (results.md, results.json, PNG plots) go to DIR, by default
-# target/bench/<mode>. Installs what it needs: nginx (with the slice module) and wrk from Debian,
-# matplotlib from PyPI, MinIO through e2e/setup.sh's pinned `go install` when missing.
+# --quick (the default, ~5 minutes; the test suite runs it) or --full (~50 minutes, the figures in
+# docs/benchmarks.md). --only picks workloads (`replay` is the trace replay, e2e/bench/replay.py).
+# Results (results.md, results.json, PNG plots) go to DIR, by default target/bench/<mode>.
+# Installs what it needs: nginx (with the slice module) and wrk from Debian, matplotlib and
+# libcachesim from PyPI, MinIO through e2e/setup.sh's pinned `go install` when missing.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -19,7 +20,7 @@ while [ $# -gt 0 ]; do
     --full) mode=full ;;
     --out) out="$2"; shift ;;
     --only) only="$2"; shift ;;
-    *) echo "usage: $0 [--quick|--full] [--out DIR] [--only memory,ttfb,herd,parquet,disk,zipf]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--quick|--full] [--out DIR] [--only memory,ttfb,herd,parquet,disk,zipf,replay]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -38,6 +39,10 @@ fi
 python3 -c "import matplotlib" 2>/dev/null \
   || python3 -m pip install -q --disable-pip-version-check matplotlib==3.11.2 2>/dev/null \
   || python3 -m pip install -q --disable-pip-version-check --user --break-system-packages matplotlib==3.11.2
+# libCacheSim's reference policies (LRU, S3-FIFO, SIEVE, W-TinyLFU, ARC, Belady) for the replay.
+python3 -c "import libcachesim" 2>/dev/null \
+  || python3 -m pip install -q --disable-pip-version-check libcachesim==0.3.5 2>/dev/null \
+  || python3 -m pip install -q --disable-pip-version-check --user --break-system-packages libcachesim==0.3.5
 [ -x /usr/local/go/bin/go ] && PATH="$PATH:/usr/local/go/bin"
 gobin="$(go env GOPATH 2>/dev/null || echo "$HOME/go")/bin"
 export PATH="$gobin:$PATH:$HOME/.local/bin"
@@ -45,4 +50,22 @@ command -v minio >/dev/null || e2e/setup.sh
 python3 -c "import boto3" 2>/dev/null || e2e/setup.sh
 
 cargo build --release --locked -p larder -p larder-latency-proxy
-LARDER_E2E_PROFILE=release python3 e2e/bench/compare.py --mode "$mode" --out "$out" --only "$only"
+if [ "$only" != replay ]; then
+  LARDER_E2E_PROFILE=release python3 e2e/bench/compare.py --mode "$mode" --out "$out" --only "${only//replay/}"
+fi
+# Trace replay (e2e/bench/replay.py): hit ratios at equal capacity beside libCacheSim's policies.
+# Quick: one recorded trace at one capacity. Full: every workload at 5 % and 20 % of its working
+# set, Larder's write policies side by side (about 30 minutes more).
+if [ -z "$only" ] || [[ ",$only," == *",replay,"* ]]; then
+  trace=trace:e2e/bench/traces/cache2k-web12.trace.xz
+  replay() { LARDER_E2E_PROFILE=release python3 e2e/bench/replay.py "$@"; }
+  if [ "$mode" = quick ]; then
+    replay --workload "$trace" --requests 4000 --object-size 32KiB --capacity 0.2 --out "$out/replay"
+  else
+    full=(--write-policy on-insert,exclusive --skip-direct --capacity 0.05,0.2 --block-size 512KiB)
+    replay "${full[@]}" --workload zipf-0.8,zipf-1.0,zipf-1.2,scan --objects 4000 --requests 20000 \
+      --object-size 256KiB --out "$out/replay-zipf"
+    replay "${full[@]}" --workload mixed --objects 1000 --requests 10000 --object-size 64KiB --out "$out/replay-mixed"
+    replay "${full[@]}" --workload "$trace" --requests 20000 --object-size 64KiB --out "$out/replay-web12"
+  fi
+fi

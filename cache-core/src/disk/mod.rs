@@ -511,6 +511,13 @@ impl Partition {
         self.store.insert(key, value, false)
     }
 
+    /// Write `value`, waiting for room in the write buffer rather than dropping it, past the
+    /// admission filter and the rate limit: for values that must not be lost (the memory tier
+    /// spilled at shutdown). `Err` only if it cannot be written at all (counted).
+    pub async fn insert_waiting(&self, key: &[u8], value: Bytes) -> Result<(), DropReason> {
+        self.store.insert_waiting(key, value).await
+    }
+
     /// The value of `key`, verified against its checksums; `None` on a miss or on any fault.
     pub async fn get(&self, key: &[u8]) -> Option<Bytes> {
         self.store.get(key).await

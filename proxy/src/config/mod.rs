@@ -243,8 +243,11 @@ options! {
     /// format change or damaged region metadata). Default: `quiet`.
     disk_recovery: Recovery = Default::default();
     /// When blocks reach the disk tier: `on-insert` (as soon as they are fetched, so a restart
-    /// keeps them) or `on-evict` (when memory lets them go). Default: `on-insert`.
-    disk_write_policy: WritePolicy = Default::default();
+    /// keeps them; memory repeats part of the disk), `on-evict` (when memory lets them go), or
+    /// `exclusive` (a block is in memory or on disk, never both, so the capacities add up;
+    /// memory is written down at shutdown, a crash loses what only memory held). Default:
+    /// `exclusive`.
+    disk_write_policy: WritePolicy = WritePolicy::Exclusive;
     /// Named disk partitions, each with its own capacity and the buckets cached in it; other
     /// buckets use the partition `default` (the capacity left over). TOML only, e.g.
     /// `[[disk_partitions]] name = "tables", capacity = "100GiB", buckets = ["lake"]`.

@@ -189,16 +189,7 @@ impl Store {
         value: &Bytes,
         reinsert: bool,
     ) -> Result<(), DropReason> {
-        if self.closed.load(Ordering::Relaxed) {
-            return Err(DropReason::Closed);
-        }
-        let layout = EntryLayout::new(key.len(), value.len());
-        if key.len() > MAX_KEY_LEN
-            || value.len() as u64 > self.cfg.max_entry
-            || layout.total_len() as u64 > self.max_total()
-        {
-            return Err(DropReason::TooLarge);
-        }
+        let layout = self.fits(key, value)?;
         let hash = hash_key(key);
         if !reinsert {
             if self.cfg.admission == Admission::SecondHit && !self.doorkeeper.seen_before(hash) {
@@ -214,6 +205,61 @@ impl Store {
             .clone()
             .try_acquire_many_owned(pages)
             .map_err(|_| DropReason::Budget)?;
+        self.start_write(hash, key, value, layout, permit);
+        Ok(())
+    }
+
+    /// Write `value`, waiting for room in the write buffer instead of dropping it, and past the
+    /// admission filter and the rate limit: for what must not be lost, like the memory tier
+    /// spilled at shutdown. Counted as dropped only if it cannot be written at all.
+    pub(crate) async fn insert_waiting(
+        self: &Arc<Self>,
+        key: &[u8],
+        value: Bytes,
+    ) -> Result<(), DropReason> {
+        let written = async {
+            let layout = self.fits(key, &value)?;
+            let pages = (layout.total_len() / PAGE) as u32;
+            let permit = self
+                .budget
+                .clone()
+                .acquire_many_owned(pages)
+                .await
+                .map_err(|_| DropReason::Closed)?;
+            self.start_write(hash_key(key), key, &value, layout, permit);
+            Ok(())
+        }
+        .await;
+        if let Err(reason) = written {
+            self.counters.dropped(reason);
+        }
+        written
+    }
+
+    /// The entry's layout, if the store is open and the entry is one it can hold.
+    fn fits(&self, key: &[u8], value: &Bytes) -> Result<EntryLayout, DropReason> {
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(DropReason::Closed);
+        }
+        let layout = EntryLayout::new(key.len(), value.len());
+        if key.len() > MAX_KEY_LEN
+            || value.len() as u64 > self.cfg.max_entry
+            || layout.total_len() as u64 > self.max_total()
+        {
+            return Err(DropReason::TooLarge);
+        }
+        Ok(layout)
+    }
+
+    /// Make an admitted entry readable at once and write it in the background.
+    fn start_write(
+        self: &Arc<Self>,
+        hash: u64,
+        key: &[u8],
+        value: &Bytes,
+        layout: EntryLayout,
+        permit: OwnedSemaphorePermit,
+    ) {
         let ticket = self.next_ticket.fetch_add(1, Ordering::Relaxed);
         let key = Bytes::copy_from_slice(key);
         self.inflight.lock().insert(
@@ -236,7 +282,6 @@ impl Store {
                 store.idle.notify_waiters();
             }
         });
-        Ok(())
     }
 
     async fn write(

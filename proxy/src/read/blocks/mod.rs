@@ -216,6 +216,12 @@ impl BlockStore {
         self.cache.disk()
     }
 
+    /// Write the blocks only memory holds down to disk, for at most `within` (at shutdown,
+    /// under exclusive tiers); the number written.
+    pub async fn spill(&self, within: std::time::Duration) -> usize {
+        self.cache.spill(within).await
+    }
+
     fn id(&self, object: &ObjectId, etag: &Arc<str>, index: u64) -> BlockId {
         self.keys.block(object, etag, index)
     }
