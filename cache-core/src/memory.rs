@@ -98,11 +98,6 @@ where
         self.cache.invalidate(key).await;
     }
 
-    /// The most bytes it holds.
-    pub fn capacity(&self) -> u64 {
-        self.capacity
-    }
-
     /// Every entry held now (a snapshot taken as it goes; entries inserted meanwhile may or
     /// may not appear).
     pub fn entries(&self) -> impl Iterator<Item = (Arc<K>, Bytes)> + '_ {

@@ -143,7 +143,11 @@ def simulate(policy: str, seq: list[int], sizes: dict[int, int], capacity: int) 
         hits += hit
         total_bytes += sizes[k]
         hit_bytes += sizes[k] if hit else 0
-    return {"system": f"libCacheSim {policy}", "hit_ratio": hits / len(seq), "byte_hit_ratio": hit_bytes / total_bytes}
+    row = {"system": f"libCacheSim {policy}", "hit_ratio": hits / len(seq), "byte_hit_ratio": hit_bytes / total_bytes}
+    if cache.get_n_obj() == 0:
+        # Seen with W-TinyLFU on caches of under ~100 objects: it admits nothing at all.
+        row["failed"] = "held no object"
+    return row
 
 
 class Replay:
@@ -232,6 +236,18 @@ class Replay:
         label = f"Larder ({policy})" if policy else "Larder"
         return larder, Target(label, larder.endpoint, s3_client(larder.endpoint, CLIENT_KEY, CLIENT_SECRET))
 
+    def replay_nginx(self, label: str, capacity: int, seq: list[int], sizes: dict[int, int]) -> dict:
+        nginx = Nginx(self.work, self.proxy.port, max(capacity, MiB), f"nginx-{label}"[:80])
+        self.stoppers.append(nginx.stop)
+        # nginx starts its cache loader a minute after itself; give it that before the replay.
+        time.sleep(self.args.nginx_settle)
+        row = self.replay(Target("nginx", nginx.endpoint), seq, sizes)
+        # max_size is a target nginx's cache manager trims towards afterwards: say what it held.
+        du = subprocess.run(["du", "-sb", str(nginx.work / "cache")], capture_output=True, text=True)
+        row["nginx_cache_bytes"] = int(du.stdout.split()[0]) if du.returncode == 0 else None
+        nginx.stop()
+        return row
+
     def run_one(self, name: str, capacity_share: float, tiers: str) -> dict:
         seq, sizes, description = workload(name, self.args)
         working_set = sum(sizes.values())
@@ -259,16 +275,8 @@ class Replay:
                                                  if l.startswith("larder_disk_written_bytes_total")) / MiB
             larder.stop()
             report(row)
-        nginx = Nginx(self.work, self.proxy.port, max(capacity, MiB), f"nginx-{label}"[:80])
-        self.stoppers.append(nginx.stop)
-        # nginx's cache manager enforces max_size only once the cache loader has run, which
-        # nginx starts a minute after itself: until then its cache grows without bound.
-        time.sleep(self.args.nginx_settle)
-        row = self.replay(Target("nginx", nginx.endpoint), seq, sizes)
-        du = subprocess.run(["du", "-sb", str(nginx.work / "cache")], capture_output=True, text=True)
-        row["nginx_cache_bytes"] = int(du.stdout.split()[0]) if du.returncode == 0 else None
-        nginx.stop()
-        report(row)
+        if not self.args.skip_nginx:
+            report(self.replay_nginx(label, capacity, seq, sizes))
         if not self.args.skip_direct:
             report(self.replay(Target("direct", self.proxy.endpoint), seq, sizes))
         for policy in POLICIES:
@@ -294,6 +302,9 @@ def markdown(results: dict) -> str:
                 "|---|---|---|---|---|---|"]
         for r in run["rows"]:
             measured = "upstream_gets" in r
+            if r.get("failed"):
+                out.append(f"| {r['system']} | failed: {r['failed']} | | | | |")
+                continue
             out.append(f"| {r['system']} | {r['hit_ratio']:.3f} | {r['byte_hit_ratio']:.3f} | "
                        + (f"{r['upstream_gets']:,} | {r['upstream_heads']:,} | {r['upstream_per_million']:,.0f} |"
                           if measured else "– | – | – |"))
@@ -325,7 +336,8 @@ def plot(results: dict, out: Path):
         runs.sort(key=lambda r: r["capacity_share"])
         for system in [r["system"] for r in runs[0]["rows"]]:
             xs = [r["capacity_share"] * 100 for r in runs]
-            ys = [next(x["hit_ratio"] for x in r["rows"] if x["system"] == system) for r in runs]
+            ys = [next(None if x.get("failed") else x["hit_ratio"] for x in r["rows"] if x["system"] == system)
+                  for r in runs]
             ax.plot(xs, ys, marker="o", label=system,
                     linewidth=2.5 if system.startswith("Larder") or system == "nginx" else 1)
         ax.set_title(f"{Path(name).name}, Larder {tiers}")
@@ -353,6 +365,7 @@ def main():
                          "empty: Larder's default")
     ap.add_argument("--larder-args", default="", help="more `larder serve` flags, e.g. \"--disk-admission second-hit\"")
     ap.add_argument("--skip-direct", action="store_true", help="do not replay against S3 directly")
+    ap.add_argument("--skip-nginx", action="store_true", help="do not replay through nginx")
     ap.add_argument("--nginx-settle", type=float, default=65.0,
                     help="seconds to wait after starting nginx, until its cache loader has run and "
                          "max_size is enforced")

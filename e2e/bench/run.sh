@@ -62,7 +62,7 @@ if [ -z "$only" ] || [[ ",$only," == *",replay,"* ]]; then
   if [ "$mode" = quick ]; then
     replay --workload "$trace" --requests 4000 --object-size 32KiB --capacity 0.2 --out "$out/replay"
   else
-    full=(--write-policy on-insert,exclusive --skip-direct --capacity 0.05,0.2 --block-size 512KiB)
+    full=(--write-policy on-insert,on-evict --skip-direct --capacity 0.05,0.2 --block-size 512KiB)
     replay "${full[@]}" --workload zipf-0.8,zipf-1.0,zipf-1.2,scan --objects 4000 --requests 20000 \
       --object-size 256KiB --out "$out/replay-zipf"
     replay "${full[@]}" --workload mixed --objects 1000 --requests 10000 --object-size 64KiB --out "$out/replay-mixed"

@@ -33,7 +33,7 @@ def test_a_restarted_larder_serves_from_disk_with_zero_upstream_gets(workdir, ma
     client = first.client()
     for key, data in objects.items():
         assert client.get_object(Bucket=bucket, Key=key)["Body"].read() == data
-    # Under exclusive tiers (the default) the blocks are in memory only (it holds them all):
+    # Written on evict (the default), the blocks are in memory only (it holds them all):
     # SIGTERM writes them down, then finishes the disk writes in flight.
     time.sleep(0.3)  # disk counters reach the metrics every 100 ms
     assert metric(first, "disk_written_bytes") < MiB

@@ -242,12 +242,11 @@ options! {
     /// what verifies, reformat on a format change), `strict` (recover, but refuse to start on a
     /// format change or damaged region metadata). Default: `quiet`.
     disk_recovery: Recovery = Default::default();
-    /// When blocks reach the disk tier: `on-insert` (as soon as they are fetched, so a restart
-    /// keeps them; memory repeats part of the disk), `on-evict` (when memory lets them go), or
-    /// `exclusive` (a block is in memory or on disk, never both, so the capacities add up;
-    /// memory is written down at shutdown, a crash loses what only memory held). Default:
-    /// `exclusive`.
-    disk_write_policy: WritePolicy = WritePolicy::Exclusive;
+    /// When blocks reach the disk tier: `on-evict` (when memory lets them go, so a fetched block
+    /// is held once and the two tiers' capacities add up; memory is written down at shutdown, a
+    /// crash loses what only memory held) or `on-insert` (as soon as they are fetched, so a
+    /// crash keeps them; memory repeats part of the disk). Default: `on-evict`.
+    disk_write_policy: WritePolicy = WritePolicy::OnEvict;
     /// Named disk partitions, each with its own capacity and the buckets cached in it; other
     /// buckets use the partition `default` (the capacity left over). TOML only, e.g.
     /// `[[disk_partitions]] name = "tables", capacity = "100GiB", buckets = ["lake"]`.

@@ -55,7 +55,7 @@ pub struct Running {
     blocks: Arc<BlockStore>,
 }
 
-/// Longest a shutdown spends writing the memory tier down to disk (exclusive tiers), well
+/// Longest a shutdown spends writing the memory tier down to disk (writes on evict), well
 /// inside the chart's 60 s grace period: at the measured ~1 GB/s of disk writes, several GiB.
 const SPILL_WITHIN: std::time::Duration = std::time::Duration::from_secs(20);
 
@@ -469,7 +469,7 @@ impl Running {
             }
         }
         self.metrics.flush();
-        // Write down what only memory holds (exclusive tiers) and finish the disk writes
+        // Write down what only memory holds (writes on evict) and finish the disk writes
         // already accepted, so the next start finds them (a crash would only lose them, never
         // corrupt anything).
         if let Some(disk) = self.blocks.disk() {

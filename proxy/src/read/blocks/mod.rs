@@ -217,7 +217,7 @@ impl BlockStore {
     }
 
     /// Write the blocks only memory holds down to disk, for at most `within` (at shutdown,
-    /// under exclusive tiers); the number written.
+    /// with writes on evict, the default); the number written.
     pub async fn spill(&self, within: std::time::Duration) -> usize {
         self.cache.spill(within).await
     }
