@@ -297,6 +297,26 @@ def delta(after: dict, before: dict) -> dict:
     return {k: int(v - before.get(k, 0)) for k, v in after.items() if v - before.get(k, 0)}
 
 
+def public_read(s3):
+    """Let anonymous GETs read BUCKET: nginx and direct reads are unsigned."""
+    s3.put_bucket_policy(Bucket=BUCKET, Policy=json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Principal": {"AWS": ["*"]}, "Action": ["s3:GetObject"],
+                       "Resource": [f"arn:aws:s3:::{BUCKET}/*"]}],
+    }))
+
+
+def stop_all(stoppers: list, work: Path):
+    """Stop everything started, last first, then remove `work` (unless LARDER_BENCH_KEEP is set)."""
+    for stop in reversed(stoppers):
+        try:
+            stop()
+        except Exception as e:  # noqa: BLE001 - keep stopping the rest
+            print(f"stop: {e}", file=sys.stderr)
+    if not os.environ.get("LARDER_BENCH_KEEP"):
+        shutil.rmtree(work, ignore_errors=True)
+
+
 # ---------------------------------------------------------------------------------------------
 class Bench:
     def __init__(self, mode: str, out: Path):
@@ -324,24 +344,14 @@ class Bench:
         self.s3.put_bucket_notification_configuration(Bucket=BUCKET, NotificationConfiguration={
             "QueueConfigurations": [{"QueueArn": "arn:minio:sqs::BENCH:webhook",
                                      "Events": ["s3:ObjectCreated:*", "s3:ObjectRemoved:*"]}]})
-        self.s3.put_bucket_policy(Bucket=BUCKET, Policy=json.dumps({
-            "Version": "2012-10-17",
-            "Statement": [{"Effect": "Allow", "Principal": {"AWS": ["*"]}, "Action": ["s3:GetObject"],
-                           "Resource": [f"arn:aws:s3:::{BUCKET}/*"]}],
-        }))
+        public_read(self.s3)
         self.proxy = LatencyProxy(self.work, self.minio.port)
         self.stoppers.append(self.proxy.stop)
         self.proxy.latency()
         self.results["latency"] = self.proxy.latency()
 
     def stop(self):
-        for stop in reversed(self.stoppers):
-            try:
-                stop()
-            except Exception as e:  # noqa: BLE001 - keep stopping the rest
-                print(f"stop: {e}", file=sys.stderr)
-        if not os.environ.get("LARDER_BENCH_KEEP"):
-            shutil.rmtree(self.work, ignore_errors=True)
+        stop_all(self.stoppers, self.work)
 
     def relay_event(self, body: bytes):
         if self.events_to:

@@ -35,7 +35,6 @@ import json
 import lzma
 import math
 import random
-import shutil
 import struct
 import subprocess
 import sys
@@ -48,7 +47,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 from compare import (BUCKET, KiB, MiB, LatencyProxy, Nginx, Reader, Target, content,  # noqa: E402
-                     machine)
+                     machine, public_read, stop_all)
 from conftest import CLIENT_KEY, CLIENT_SECRET, Larder, Minio, s3_client  # noqa: E402
 
 SEED = 20261124
@@ -163,21 +162,13 @@ class Replay:
         self.stoppers.append(self.minio.stop)
         s3 = s3_client(self.minio.endpoint)
         s3.create_bucket(Bucket=BUCKET)
-        s3.put_bucket_policy(Bucket=BUCKET, Policy=json.dumps({
-            "Version": "2012-10-17",
-            "Statement": [{"Effect": "Allow", "Principal": {"AWS": ["*"]}, "Action": ["s3:GetObject"],
-                           "Resource": [f"arn:aws:s3:::{BUCKET}/*"]}]}))
+        public_read(s3)
         self.proxy = LatencyProxy(self.work, self.minio.port)
         self.stoppers.append(self.proxy.stop)
         self.proxy.latency(delay_ms=0, jitter_ms=0, tail_fraction=0, tail_ms=0)
 
     def stop(self):
-        for stop in reversed(self.stoppers):
-            try:
-                stop()
-            except Exception as e:  # noqa: BLE001 - keep stopping the rest
-                print(f"stop: {e}", file=sys.stderr)
-        shutil.rmtree(self.work, ignore_errors=True)
+        stop_all(self.stoppers, self.work)
 
     def upload(self, sizes: dict[int, int]):
         todo = [(k, s) for k, s in sizes.items() if k not in self.uploaded]
