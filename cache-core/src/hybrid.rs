@@ -192,13 +192,17 @@ impl<K: CacheKey, E: Clone + From<Abandoned>> HybridCache<K, E> {
                 let d = d.clone();
                 MemoryTier::with_eviction_hook(
                     memory_bytes,
-                    Arc::new(move |k: &K, v: &Bytes| {
+                    Arc::new(move |k: &K, v: &Bytes, read_again: bool| {
                         if let Some(p) = partition_of(&d, k) {
                             let key = k.disk_key();
                             // A value promoted from disk is already there. Dropped writes are
-                            // counted by the disk tier.
+                            // counted by the disk tier, whose admission decides on reuse.
                             if !p.contains(&key) {
-                                let _ = p.insert(&key, v.clone());
+                                let _ = if read_again {
+                                    p.insert_proven(&key, v.clone())
+                                } else {
+                                    p.insert(&key, v.clone())
+                                };
                             }
                         }
                     }),
@@ -308,17 +312,26 @@ impl<K: CacheKey, E: Clone + From<Abandoned>> HybridCache<K, E> {
     }
 
     /// Store `value` where it does not displace the hot set: in the disk tier if there is one
-    /// (`false` if the disk tier turned it away: rate limit, full write buffer, admission),
-    /// otherwise in memory. For warming a cache ahead of a job.
+    /// (`false` if the disk tier turned it away: rate limit, full write buffer; it was asked
+    /// for, so admission lets it through), otherwise in memory. For warming a cache ahead of a
+    /// job.
     pub async fn insert_cold(&self, key: K, value: Bytes) -> bool {
         if self.disk.is_none() {
             self.memory.insert(key, value).await;
             return true;
         }
         match self.partition(&key) {
-            Some(p) => p.insert(&key.disk_key(), value).is_ok(),
+            Some(p) => p.insert_proven(&key.disk_key(), value).is_ok(),
             None => false,
         }
+    }
+
+    /// Offer `value` to the disk tier only, like a block memory let go unread: the disk's
+    /// admission decides (`false` if it turned it away). Without a disk tier, nothing is
+    /// stored. For small notes that are worth keeping only as much as what they describe.
+    pub fn offer_cold(&self, key: &K, value: Bytes) -> bool {
+        self.partition(key)
+            .is_some_and(|p| p.insert(&key.disk_key(), value).is_ok())
     }
 
     /// Drop `key` from both tiers.
@@ -529,6 +542,51 @@ mod tests {
             let (v, _) = cache.get(&K(i)).await.expect("memory or disk");
             assert_eq!(v, Bytes::from(vec![i as u8; 60_000]));
         }
+    }
+
+    #[tokio::test]
+    async fn second_hit_writes_what_memory_saw_read_again_and_refuses_one_offs() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cfg = DiskConfig::new(dir.path().join("c"), 9 << 20);
+        cfg.region_size = 1 << 20;
+        cfg.admission = crate::disk::Admission::SecondHit;
+        let d = DiskCache::open(cfg).await.expect("open");
+        let part = d.partition("default").unwrap();
+        // Fill the never-used space first: until then everything is admitted.
+        let mut i = 1000;
+        while part.stats().free_regions > 2 {
+            part.insert(&K(i).disk_key(), Bytes::from(vec![0u8; 60_000]))
+                .expect("admitted");
+            part.flush().await;
+            i += 1;
+        }
+        let cache = HybridCache::<K>::new(200_000, Some(d.clone()), WritePolicy::OnEvict);
+        let value = |i: u32| Bytes::from(vec![i as u8; 60_000]);
+        cache.insert(K(0), value(0)).await;
+        cache.insert(K(1), value(1)).await;
+        assert!(cache.get(&K(1)).await.is_some(), "read again in memory");
+        // Values read more often push K(0) and K(1) out of memory (its admission is by
+        // frequency: it takes a few rounds).
+        for _ in 0..5 {
+            for i in 2..12 {
+                if cache.get(&K(i)).await.is_none() {
+                    cache.insert(K(i), value(i)).await;
+                }
+                cache.get(&K(i)).await;
+            }
+        }
+        cache.memory().sync().await;
+        d.flush().await;
+        assert!(!cache.memory().contains(&K(0)) && !cache.memory().contains(&K(1)));
+        assert!(
+            part.contains(&K(1).disk_key()),
+            "read again in memory: written"
+        );
+        assert!(
+            !part.contains(&K(0).disk_key()),
+            "fetched once, never read again: refused"
+        );
+        assert!(part.stats().dropped(crate::disk::DropReason::Admission) >= 1);
     }
 
     #[tokio::test]

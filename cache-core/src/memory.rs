@@ -1,22 +1,31 @@
 //! The memory tier: a byte-weighted cache of immutable blocks.
 
 use std::hash::Hash;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
 use moka::future::Cache;
 use moka::notification::RemovalCause;
 
-/// Called with each value the memory tier evicts for size.
-pub type EvictionHook<K> = Arc<dyn Fn(&K, &Bytes) + Send + Sync>;
+/// Called with each value the memory tier evicts for size (or turns away when it is full), and
+/// whether that value was read again while held.
+pub type EvictionHook<K> = Arc<dyn Fn(&K, &Bytes, bool) + Send + Sync>;
+
+/// A held value and whether it was read since it was inserted: what S3-FIFO calls a hit in the
+/// small queue, and the disk tier's admission wants to know.
+#[derive(Clone)]
+struct Held {
+    bytes: Bytes,
+    read: Arc<AtomicBool>,
+}
 
 /// A byte-weighted in-memory cache on moka (TinyLFU admission, LRU eviction).
 ///
 /// Values are immutable [`Bytes`]: a hit hands out a reference-counted view, never a copy.
 #[derive(Clone)]
 pub struct MemoryTier<K> {
-    cache: Cache<K, Bytes>,
+    cache: Cache<K, Held>,
     evictions: Arc<AtomicU64>,
     capacity: u64,
 }
@@ -58,12 +67,12 @@ where
         let counter = evictions.clone();
         let cache = Cache::builder()
             .max_capacity(capacity_bytes)
-            .weigher(|_k: &K, v: &Bytes| u32::try_from(v.len()).unwrap_or(u32::MAX))
-            .eviction_listener(move |k: Arc<K>, v: Bytes, cause| {
+            .weigher(|_k: &K, v: &Held| u32::try_from(v.bytes.len()).unwrap_or(u32::MAX))
+            .eviction_listener(move |k: Arc<K>, v: Held, cause| {
                 if cause == RemovalCause::Size {
                     counter.fetch_add(1, Ordering::Relaxed);
                     if let Some(hook) = &hook {
-                        hook(&k, &v);
+                        hook(&k, &v.bytes, v.read.load(Ordering::Relaxed));
                     }
                 }
             })
@@ -77,7 +86,12 @@ where
 
     /// The value for `key`, if held.
     pub async fn get(&self, key: &K) -> Option<Bytes> {
-        self.cache.get(key).await
+        let held = self.cache.get(key).await?;
+        // Load first: a hot value's flag is set once, not written by every reader.
+        if !held.read.load(Ordering::Relaxed) {
+            held.read.store(true, Ordering::Relaxed);
+        }
+        Some(held.bytes)
     }
 
     /// Whether `key` is held, without counting as an access.
@@ -90,7 +104,11 @@ where
         if value.len() as u64 > self.capacity || u32::try_from(value.len()).is_err() {
             return;
         }
-        self.cache.insert(key, value).await;
+        let held = Held {
+            bytes: value,
+            read: Arc::new(AtomicBool::new(false)),
+        };
+        self.cache.insert(key, held).await;
     }
 
     /// Drop `key`, if held.
@@ -101,7 +119,7 @@ where
     /// Every entry held now (a snapshot taken as it goes; entries inserted meanwhile may or
     /// may not appear).
     pub fn entries(&self) -> impl Iterator<Item = (Arc<K>, Bytes)> + '_ {
-        self.cache.iter()
+        self.cache.iter().map(|(k, v)| (k, v.bytes))
     }
 
     /// Current counters.
@@ -142,6 +160,35 @@ mod tests {
             stats.used_bytes
         );
         assert!(stats.entries <= 2);
+    }
+
+    #[tokio::test]
+    async fn eviction_hook_says_whether_the_value_was_read_again() {
+        let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let tier = MemoryTier::with_eviction_hook(
+            1000,
+            Arc::new(move |k: &u32, _: &Bytes, read: bool| log.lock().push((*k, read))),
+        );
+        tier.insert(1, Bytes::from(vec![0u8; 400])).await;
+        tier.insert(2, Bytes::from(vec![0u8; 400])).await;
+        tier.get(&2).await;
+        tier.remove(&1).await;
+        tier.remove(&2).await;
+        tier.sync().await;
+        assert!(seen.lock().is_empty(), "removals are not evictions");
+        tier.insert(1, Bytes::from(vec![0u8; 400])).await;
+        tier.insert(2, Bytes::from(vec![0u8; 400])).await;
+        tier.get(&2).await;
+        for k in 3..40u32 {
+            tier.insert(k, Bytes::from(vec![0u8; 400])).await;
+            tier.get(&k).await;
+            tier.get(&k).await;
+        }
+        tier.sync().await;
+        let seen = seen.lock();
+        assert!(seen.contains(&(1, false)), "{seen:?}");
+        assert!(seen.contains(&(2, true)), "{seen:?}");
     }
 
     #[tokio::test]

@@ -149,6 +149,25 @@ def simulate(policy: str, seq: list[int], sizes: dict[int, int], capacity: int) 
     return row
 
 
+def region_size(disk: int, value: int, block: int) -> int:
+    """The whole-MiB region size an operator would pick for a disk tier this small: larger than a
+    block, at least four regions, and holding the most entries of a typical `value` (each with
+    its 4 KiB header page, a region with its header page and summary) after the superblock's
+    MiB, on average (the region being written is half empty). The default (64 MiB) suits disks
+    of gigabytes; here it would not fit twice."""
+    entry = -(-value // (4 * KiB)) * 4 * KiB + 4 * KiB
+    best = (0, max(block + MiB, 2 * MiB) // MiB * MiB)
+    for r in range(1, 65):
+        size = r * MiB
+        regions = (disk - MiB) // size
+        if size <= block or regions < 4:
+            continue
+        held = (regions - 0.5) * ((size - 8 * KiB) // entry)
+        if held > best[0]:
+            best = (held, size)
+    return best[1]
+
+
 class Replay:
     def __init__(self, args):
         self.args = args
@@ -207,24 +226,34 @@ class Replay:
                 "upstream_per_million": 1e6 * (up["gets"] + up["heads"]) / len(seq),
                 "seconds": time.monotonic() - started}
 
-    def larder(self, name: str, capacity: int, tiers: str, policy: str | None) -> tuple[Larder, Target]:
+    def variants(self, tiers: str) -> list[tuple[str, list[str]]]:
+        """Larder configurations to compare on the hybrid tiers: every write policy and disk
+        admission asked for, as (label, flags); one unlabelled default otherwise."""
+        if tiers != "hybrid":
+            return [("", [])]
+        axes = [[(v, ["--disk-write-policy", v]) for v in self.args.write_policy.split(",") if v],
+                [(v, ["--disk-admission", v]) for v in self.args.disk_admission.split(",") if v]]
+        out = [("", [])]
+        for axis in (a for a in axes if a):
+            out = [(", ".join(x for x in (label, v) if x), flags + more) for label, flags in out for v, more in axis]
+        return out
+
+    def larder(self, name: str, capacity: int, tiers: str, variant: tuple[str, list[str]]) -> tuple[Larder, Target]:
         block = self.args.block_size
         common = ["--block-size", f"{block // KiB}KiB", "--metadata-ttl", "1h"]
-        if policy:
-            common += ["--disk-write-policy", policy]
+        common += variant[1]
         common += self.args.larder_args.split()
         if tiers == "memory":
             extra = ["--memory-capacity", f"{max(capacity, block) // KiB}KiB"]
         else:
             memory = max(capacity // 6, block)
             disk = capacity - memory
-            region = max(block + MiB, min(16 * MiB, disk // 32)) // MiB * MiB
-            disk = max(disk, 2 * region + MiB)
+            region = region_size(disk, min(self.args.object_size, block), block)
             extra = ["--memory-capacity", f"{memory // KiB}KiB", "--disk-path", str(self.work / f"{name}.cache"),
                      "--disk-capacity", f"{disk // KiB}KiB", "--disk-region-size", f"{region // MiB}MiB"]
         larder = Larder(self.work, self.proxy.endpoint, *common, *extra, name=name)
         self.stoppers.append(larder.stop)
-        label = f"Larder ({policy})" if policy else "Larder"
+        label = f"Larder ({variant[0]})" if variant[0] else "Larder"
         return larder, Target(label, larder.endpoint, s3_client(larder.endpoint, CLIENT_KEY, CLIENT_SECRET))
 
     def replay_nginx(self, label: str, capacity: int, seq: list[int], sizes: dict[int, int]) -> dict:
@@ -248,7 +277,6 @@ class Replay:
         self.upload(sizes)
         rows = []
         label = f"{name}-{capacity_share}-{tiers}".replace(":", "_").replace("/", "_")
-        policies = self.args.write_policy.split(",") if tiers == "hybrid" and self.args.write_policy else [None]
 
         def report(row):
             rows.append(row)
@@ -256,8 +284,8 @@ class Replay:
                   f"{row['upstream_gets']:,} GETs + {row['upstream_heads']:,} HEADs upstream, {row['seconds']:.0f} s",
                   flush=True)
         # One Larder at a time, each started empty and stopped after its replay.
-        for policy in policies:
-            larder, lt = self.larder(f"larder-{label}-{policy}"[:90], capacity, tiers, policy)
+        for n, variant in enumerate(self.variants(tiers)):
+            larder, lt = self.larder(f"larder-{label}-{n}"[:90], capacity, tiers, variant)
             row = self.replay(lt, seq, sizes)
             m = larder.metrics()
             row["larder_dropped_writes"] = sum(float(l.rsplit(" ", 1)[1]) for l in m.splitlines()
@@ -351,6 +379,9 @@ def main():
                     default=256 * KiB, help="bytes, or N KiB (e.g. 256KiB)")
     ap.add_argument("--block-size", type=lambda v: int(v.rstrip("KiB")) * KiB, default=1024 * KiB,
                     help="Larder's block size in KiB (e.g. 1024KiB)")
+    ap.add_argument("--disk-admission", default="",
+                    help="comma-separated Larder disk_admission values to compare (hybrid tiers); "
+                         "empty: Larder's default")
     ap.add_argument("--write-policy", default="",
                     help="comma-separated Larder disk_write_policy values to compare (hybrid tiers); "
                          "empty: Larder's default")

@@ -55,17 +55,21 @@ if [ "$only" != replay ]; then
 fi
 # Trace replay (e2e/bench/replay.py): hit ratios at equal capacity beside libCacheSim's policies.
 # Quick: one recorded trace at one capacity. Full: every workload at 5 % and 20 % of its working
-# set, Larder's write policies side by side (about 30 minutes more).
+# set, Larder's disk admissions side by side, and the memory tier alone (about 40 minutes more).
 if [ -z "$only" ] || [[ ",$only," == *",replay,"* ]]; then
   trace=trace:e2e/bench/traces/cache2k-web12.trace.xz
   replay() { LARDER_E2E_PROFILE=release python3 e2e/bench/replay.py "$@"; }
   if [ "$mode" = quick ]; then
     replay --workload "$trace" --requests 4000 --object-size 32KiB --capacity 0.2 --out "$out/replay"
   else
-    full=(--write-policy on-insert,on-evict --skip-direct --capacity 0.05,0.2 --block-size 512KiB)
-    replay "${full[@]}" --workload zipf-0.8,zipf-1.0,zipf-1.2,scan --objects 4000 --requests 20000 \
-      --object-size 256KiB --out "$out/replay-zipf"
-    replay "${full[@]}" --workload mixed --objects 1000 --requests 10000 --object-size 64KiB --out "$out/replay-mixed"
-    replay "${full[@]}" --workload "$trace" --requests 20000 --object-size 64KiB --out "$out/replay-web12"
+    full=(--disk-admission always,second-hit --skip-direct --capacity 0.05,0.2 --block-size 512KiB)
+    for tiers in hybrid memory; do
+      [ "$tiers" = memory ] && full+=(--tiers memory --skip-nginx)
+      replay "${full[@]}" --workload zipf-0.8,zipf-1.0,zipf-1.2,scan --objects 4000 --requests 20000 \
+        --object-size 256KiB --out "$out/replay-$tiers-zipf"
+      replay "${full[@]}" --workload mixed --objects 1000 --requests 10000 --object-size 64KiB \
+        --out "$out/replay-$tiers-mixed"
+      replay "${full[@]}" --workload "$trace" --requests 20000 --object-size 64KiB --out "$out/replay-$tiers-web12"
+    done
   fi
 fi

@@ -154,39 +154,55 @@ def read_all(larder, bucket, objects) -> dict:
     return served
 
 
-def test_second_hit_admission_writes_only_blocks_fetched_twice(workdir, make_larder, direct, bucket, upstream):
-    objects = put_blocks(direct, bucket, "scan/", 24, seed=21)
-    # 2 MiB of memory for 24 one-block objects: most leave memory and are fetched again.
+def test_second_hit_admission_writes_only_reused_blocks_once_the_disk_is_full(workdir, make_larder, direct, bucket,
+                                                                             upstream):
+    fill = put_blocks(direct, bucket, "fill/", 34, seed=20)
+    objects = put_blocks(direct, bucket, "scan/", 12, seed=21)
+    # 2 MiB of memory for one-block objects: most leave memory unread. A small disk: twelve
+    # 4 MiB regions of three blocks each, two kept ready for writers.
     args = ("--block-size", "1MiB", "--memory-capacity", "2MiB", "--disk-path", str(workdir / "admission.cache"),
-            "--disk-capacity", "256MiB", "--disk-region-size", "8MiB", "--disk-write-rate", "0")
+            "--disk-capacity", "49MiB", "--disk-region-size", "4MiB", "--disk-write-rate", "0")
     larder = make_larder(*args, "--disk-admission", "second-hit", name="admission")
+
+    def written():
+        time.sleep(0.3)  # disk counters reach the metrics every 100 ms
+        return metric(larder, "disk_written_bytes")
+
+    # Never-used space is filled with whatever memory lets go.
+    read_all(larder, bucket, fill)
+    wait_until(lambda: metric(larder, "disk_free_regions") <= 2 and metric(larder, "disk_inflight_entries") == 0, 10,
+               "the disk filled")
+    assert written() >= 25 * MiB
+    # Full: a one-off scan is offered and refused (blocks, and the one-page notes that say
+    # which objects the disk holds), nothing written.
+    refused, before = labelled(larder, "disk_writes_dropped_total", reason="admission"), written()
     upstream.reset()
-    read_all(larder, bucket, objects)
-    assert len(upstream.seen("GET", f"/{bucket}/scan/")) == 24
-    # A one-off scan: every block (and its object's metadata note) was offered to the disk and
-    # refused, none written.
-    wait_until(lambda: labelled(larder, "disk_writes_dropped_total", reason="admission") >= 24, 5,
-               "24 blocks refused by admission")
-    assert metric(larder, "disk_writes") == 0
-    # The second pass fetches again what memory let go; those blocks were seen before: written.
+    served_scan = read_all(larder, bucket, objects)
+    assert len(upstream.seen("GET", f"/{bucket}/scan/")) == 12
+    wait_until(lambda: labelled(larder, "disk_writes_dropped_total", reason="admission") >= refused + 20, 5,
+               "the scan's blocks and notes refused")
+    # Nothing written, but for a block its own request found already in memory (the request's
+    # block lookup raced the fetch it started: rarely): that counts as read again.
+    assert written() - before <= served_scan.get("hit-memory", 0) * (MiB + 4096), served_scan
+    # The second pass fetches again what memory let go: those blocks were turned away recently
+    # (S3-FIFO's ghost), so they are written now.
     upstream.reset()
+    before = written()
     read_all(larder, bucket, objects)
     refetched = len(upstream.seen("GET", f"/{bucket}/scan/"))
-    assert refetched >= 20, refetched
-    # (Their metadata notes too: entries written count both.)
-    wait_until(lambda: metric(larder, "disk_writes") >= refetched, 5, f"{refetched} blocks written")
+    assert refetched >= 10, refetched
+    wait_until(lambda: written() - before >= (refetched - 2) * MiB, 5, "the refetched blocks written")
     larder.stop()
-    # After a restart, exactly those are served from disk, exactly right.
+    # After a restart they are served from disk, exactly right.
     again = make_larder(*args, "--disk-admission", "second-hit", name="admission-again")
     upstream.reset()
     served = read_all(again, bucket, objects)
-    assert served.get("hit-disk", 0) == refetched, served
-    assert len(upstream.seen("GET", f"/{bucket}/scan/")) == 24 - refetched
-    # The default admission writes every fetched block at once.
+    assert served.get("hit-disk", 0) >= refetched - 2, served
+    # `always` writes every block memory lets go.
     always = make_larder(*[str(workdir / "always.cache") if a.endswith("admission.cache") else a for a in args],
-                         name="admission-always")
+                         "--disk-admission", "always", name="admission-always")
     read_all(always, bucket, objects)
-    wait_until(lambda: metric(always, "disk_writes") >= 24, 5, "24 blocks written on insert")
+    wait_until(lambda: metric(always, "disk_writes") >= 10, 5, "blocks written on evict")
 
 
 def test_write_on_evict_writes_only_what_memory_lets_go(workdir, make_larder, direct, bucket, upstream):

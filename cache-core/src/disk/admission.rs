@@ -1,7 +1,7 @@
 //! What may be written to disk: the admission policy and the write-rate limit. Both answer
 //! immediately; nothing here ever waits.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 use parking_lot::Mutex;
@@ -17,27 +17,77 @@ pub enum Admission {
     /// Every block offered.
     #[default]
     Always,
-    /// Only a block offered before (recently): one-off scans do not churn the disk tier.
+    /// S3-FIFO's rule: a block read again while the memory tier held it, or one offered again
+    /// while the disk still remembers turning it away (a "ghost", remembered for about as many
+    /// offers as the disk holds entries). A one-off read then costs memory for a while, never a
+    /// disk write or disk space; while the disk still has never-used space everything is
+    /// admitted.
     SecondHit,
 }
 
-/// Remembers recently offered keys in a fixed table (a "doorkeeper"): one hash per slot, newer
-/// keys overwrite older ones. Fixed size, lock-free, so admission never allocates or blocks.
-pub(crate) struct Doorkeeper {
-    slots: Box<[AtomicU64]>,
+/// How a block comes to be offered to the disk tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Offer {
+    /// Nothing is known of its reuse (fetched, or let go by memory unread).
+    New,
+    /// Known to be worth a write: read again while the memory tier held it, or asked for (a
+    /// cache warm-up).
+    Proven,
+    /// Moved by reclaim out of a region being freed, because it was hit there.
+    Reinsert,
 }
 
-impl Doorkeeper {
-    pub(crate) fn new(slots: usize) -> Self {
+/// S3-FIFO's ghost queue: hashes of blocks turned away, the most recent `window` of them. A
+/// block offered again while remembered would have been hit had it been admitted, so it is.
+/// Holds at most `max` hashes whatever the window asks, so memory is bounded by construction.
+pub(crate) struct Ghost {
+    max: usize,
+    inner: Mutex<GhostInner>,
+}
+
+#[derive(Default)]
+struct GhostInner {
+    /// Hashes in the order remembered, with the sequence number they were remembered under;
+    /// an entry whose number no longer matches `live` was forgotten or remembered again since.
+    order: VecDeque<(u64, u64)>,
+    live: HashMap<u64, u64>,
+    next: u64,
+}
+
+impl Ghost {
+    pub(crate) fn new(max: usize) -> Self {
         Self {
-            slots: (0..slots.max(1)).map(|_| AtomicU64::new(0)).collect(),
+            max: max.max(1),
+            inner: Mutex::new(GhostInner::default()),
         }
     }
 
-    /// Whether `hash` was offered since its slot was last overwritten; records it either way.
-    pub(crate) fn seen_before(&self, hash: u64) -> bool {
-        let slot = &self.slots[(hash % self.slots.len() as u64) as usize];
-        slot.swap(hash, Ordering::Relaxed) == hash
+    /// Whether `hash` is remembered; if it is, it is forgotten (the block is being admitted).
+    pub(crate) fn take(&self, hash: u64) -> bool {
+        self.inner.lock().live.remove(&hash).is_some()
+    }
+
+    /// Remember `hash`, keeping the most recent `window` hashes (at most `max`).
+    pub(crate) fn remember(&self, hash: u64, window: usize) {
+        let window = window.clamp(1, self.max);
+        let mut g = self.inner.lock();
+        let seq = g.next;
+        g.next += 1;
+        g.live.insert(hash, seq);
+        g.order.push_back((hash, seq));
+        while g.live.len() > window || g.order.len() > 2 * window {
+            let Some((old, at)) = g.order.pop_front() else {
+                break;
+            };
+            if g.live.get(&old) == Some(&at) {
+                g.live.remove(&old);
+            }
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.inner.lock().live.len()
     }
 }
 
@@ -81,11 +131,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn doorkeeper_admits_on_second_offer() {
-        let d = Doorkeeper::new(1024);
-        assert!(!d.seen_before(42));
-        assert!(d.seen_before(42));
-        assert!(!d.seen_before(43));
+    fn ghost_remembers_the_most_recent_window() {
+        let g = Ghost::new(100);
+        assert!(!g.take(42));
+        g.remember(42, 3);
+        assert!(g.take(42), "remembered");
+        assert!(!g.take(42), "forgotten once taken");
+        for h in 1..=5 {
+            g.remember(h, 3);
+        }
+        assert_eq!(g.len(), 3);
+        assert!(!g.take(1) && !g.take(2), "older than the window");
+        assert!(g.take(3) && g.take(4) && g.take(5));
+        // Remembered again: the newer remembrance counts, the older one expires harmlessly.
+        g.remember(7, 2);
+        g.remember(7, 2);
+        g.remember(8, 2);
+        assert!(g.take(7) && g.take(8));
+        // The window never exceeds max.
+        let small = Ghost::new(2);
+        for h in 0..10 {
+            small.remember(h, 1000);
+        }
+        assert_eq!(small.len(), 2);
+        assert!(small.inner.lock().order.len() <= 4);
     }
 
     #[test]

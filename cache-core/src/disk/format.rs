@@ -11,7 +11,8 @@ pub(crate) const PAGE: usize = 4096;
 /// Values are checksummed in chunks of this size, so a range read verifies only what it reads.
 pub(crate) const CHUNK: usize = 64 * 1024;
 /// Version of everything below. A reader refuses (or, if told to, reformats) any other version.
-pub(crate) const FORMAT_VERSION: u32 = 1;
+/// 2: an entry's value follows its header directly instead of starting on the next page.
+pub(crate) const FORMAT_VERSION: u32 = 2;
 /// Where region 0 starts. The first MiB holds the superblock; keeping regions 1 MiB-aligned
 /// suits raw devices and RAID stripes.
 pub(crate) const DATA_START: u64 = 1 << 20;
@@ -261,6 +262,8 @@ pub(crate) fn summary_len(entries: usize) -> u64 {
 /// Where an entry's parts lie, computed from its key and value lengths.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct EntryLayout {
+    /// Bytes of the header (fixed part, key, chunk CRCs, its own CRC); the value follows at once,
+    /// so a small value shares its page with the header and costs its size, not a page more.
     pub(crate) header_len: usize,
     pub(crate) value_len: usize,
 }
@@ -268,16 +271,15 @@ pub(crate) struct EntryLayout {
 impl EntryLayout {
     pub(crate) fn new(key_len: usize, value_len: usize) -> Self {
         let chunks = value_len.div_ceil(CHUNK);
-        let header_len = round_up((ENTRY_FIXED + key_len + 4 * chunks + 4) as u64, PAGE as u64);
         Self {
-            header_len: header_len as usize,
+            header_len: ENTRY_FIXED + key_len + 4 * chunks + 4,
             value_len,
         }
     }
 
-    /// Bytes the entry occupies on disk: header pages, then the value padded to a page.
+    /// Bytes the entry occupies on disk: header and value, padded to a page.
     pub(crate) fn total_len(&self) -> usize {
-        self.header_len + round_up(self.value_len as u64, PAGE as u64) as usize
+        round_up((self.header_len + self.value_len) as u64, PAGE as u64) as usize
     }
 
     pub(crate) fn chunks(&self) -> usize {
@@ -317,20 +319,22 @@ pub(crate) struct EntryHeader {
 }
 
 impl EntryHeader {
-    /// Header bytes needed to decode, known from the first page alone.
+    /// Bytes to read from the entry's start to decode its header (whole pages), known from the
+    /// first page alone.
     pub(crate) fn peek_len(first_page: &[u8]) -> Result<usize, FormatError> {
         if first_page.len() < ENTRY_FIXED || u32_at(first_page, 0) != ENTRY_MAGIC {
             return Err(FormatError::Magic);
         }
         let len = u32_at(first_page, 24) as usize;
-        if len == 0 || !len.is_multiple_of(PAGE) || len > 64 * PAGE {
+        if len <= ENTRY_FIXED || len > 64 * PAGE {
             return Err(FormatError::Malformed("header length"));
         }
-        Ok(len)
+        Ok(round_up(len as u64, PAGE as u64) as usize)
     }
 
     pub(crate) fn decode(b: &[u8]) -> Result<Self, FormatError> {
-        let header_len = Self::peek_len(b)?;
+        Self::peek_len(b)?;
+        let header_len = u32_at(b, 24) as usize;
         let version = u16_at(b, 4) as u32;
         if version != FORMAT_VERSION {
             return Err(FormatError::Version { found: version });
@@ -402,10 +406,10 @@ mod tests {
         assert_eq!(Superblock::decode(&b), Ok(sb));
         b[100] ^= 1;
         assert_eq!(Superblock::decode(&b), Err(FormatError::Checksum));
-        b[8] = 2;
+        b[8] = 9;
         assert_eq!(
             Superblock::decode(&b),
-            Err(FormatError::Version { found: 2 })
+            Err(FormatError::Version { found: 9 })
         );
         assert_eq!(
             Superblock::decode(&vec![0u8; PAGE]),
@@ -461,5 +465,39 @@ mod tests {
         assert!(header.verify(&buf, 2, &bad[2 * CHUNK..]));
         buf[40] ^= 1;
         assert_eq!(EntryHeader::decode(&buf), Err(FormatError::Checksum));
+    }
+
+    #[test]
+    fn a_65_mib_region_holds_64_mib_of_any_power_of_two_block_from_1_to_64_mib() {
+        // The proxy's default region size (docs/configuration.md); keys of a few hundred bytes.
+        let region = 65u64 << 20;
+        for block in (0..7).map(|s| (1u64 << 20) << s) {
+            let entry = EntryLayout::new(300, block as usize).total_len() as u64;
+            let n = (1..)
+                .take_while(|&n| PAGE as u64 + n * entry + summary_len(n as usize) <= region)
+                .last()
+                .expect("one fits");
+            assert_eq!(n * block, 64 << 20, "{block}-byte blocks: {n} fit");
+        }
+    }
+
+    #[test]
+    fn a_small_value_costs_its_size_rounded_to_a_page() {
+        // The header (32 bytes, the key, 4 per 64 KiB chunk, its CRC) shares the value's pages.
+        assert_eq!(EntryLayout::new(40, 1000).total_len(), PAGE);
+        assert_eq!(EntryLayout::new(40, PAGE - 80).total_len(), PAGE);
+        assert_eq!(EntryLayout::new(40, PAGE).total_len(), 2 * PAGE);
+        assert_eq!(
+            EntryLayout::new(60, 8 << 20).total_len(),
+            (8 << 20) + PAGE,
+            "a block of whole pages pays one page for its header"
+        );
+        let (key, value) = (b"k", vec![7u8; 1000]);
+        let layout = EntryLayout::new(key.len(), value.len());
+        let mut buf = vec![0u8; layout.total_len()];
+        encode_entry(&mut buf, 1, key, &value);
+        let header = EntryHeader::decode(&buf).expect("valid header");
+        assert_eq!(EntryHeader::peek_len(&buf), Ok(PAGE));
+        assert!(header.verify(&buf, 0, &buf[layout.header_len..][..1000]));
     }
 }

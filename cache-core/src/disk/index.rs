@@ -11,6 +11,8 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use parking_lot::Mutex;
 
+use crate::disk::format::SummaryRecord;
+
 const SHARDS: usize = 64;
 const REGION_BITS: u32 = 24;
 const PAGE_BITS: u32 = 16;
@@ -28,6 +30,15 @@ pub(crate) struct Addr {
 pub(crate) const MAX_REGIONS: u64 = 1 << REGION_BITS;
 
 impl Addr {
+    /// Where the entry a region summary lists lives.
+    pub(crate) fn of(region: u32, rec: &SummaryRecord) -> Self {
+        Self {
+            region,
+            page: rec.page,
+            pages: rec.pages,
+        }
+    }
+
     fn pack(self) -> u64 {
         debug_assert!((self.region as u64) < MAX_REGIONS);
         debug_assert!(self.page < 1 << PAGE_BITS && self.pages < 1 << PAGE_BITS);

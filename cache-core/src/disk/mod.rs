@@ -32,6 +32,7 @@ pub use stats::{DiskStats, DropReason};
 #[cfg(target_os = "linux")]
 pub use uring::UringEngine;
 
+use admission::Offer;
 use format::{PartitionExtent, Superblock, DATA_START, FORMAT_VERSION, MAX_REGION_SIZE, PAGE};
 use store::{Store, StoreConfig};
 
@@ -85,7 +86,8 @@ pub struct DiskConfig {
     pub path: PathBuf,
     /// Bytes of the device to use.
     pub capacity: u64,
-    /// Region size: the unit of append and eviction. Default 64 MiB, at most 256 MiB.
+    /// Region size: the unit of append and eviction. Default 65 MiB (eight 8 MiB blocks and
+    /// their headers), at most 256 MiB.
     pub region_size: u64,
     /// I/O engine. Default psync: same read throughput as io_uring on our VMs with a lower p99
     /// (docs/benchmarks.md).
@@ -117,7 +119,7 @@ impl DiskConfig {
         Self {
             path: path.into(),
             capacity,
-            region_size: 64 << 20,
+            region_size: 65 << 20,
             engine: EngineKind::default(),
             io_threads: 4,
             io_depth: 64,
@@ -508,7 +510,15 @@ impl Partition {
     /// Offer `value` for a disk write; returns at once. `Err` says why it was dropped (also
     /// counted). An accepted entry is readable immediately, from memory until its write lands.
     pub fn insert(&self, key: &[u8], value: Bytes) -> Result<(), DropReason> {
-        self.store.insert(key, value, false)
+        self.store.insert(key, value, Offer::New)
+    }
+
+    /// Like [`insert`](Self::insert), for a value known to be worth a write: read again since
+    /// it was fetched (the memory tier letting go of a block it served), or asked for (a cache
+    /// warm-up). [`Admission::SecondHit`] takes that as the second hit; the rate limit and the
+    /// write buffer still apply.
+    pub fn insert_proven(&self, key: &[u8], value: Bytes) -> Result<(), DropReason> {
+        self.store.insert(key, value, Offer::Proven)
     }
 
     /// Write `value`, waiting for room in the write buffer rather than dropping it, past the
@@ -559,14 +569,7 @@ impl Partition {
     /// Reclaim the oldest region now, as if space were needed. For tests.
     #[doc(hidden)]
     pub async fn reclaim_one(&self) -> bool {
-        let victim = self.store.alloc.lock().fifo.pop_front();
-        match victim {
-            Some(r) => {
-                self.store.reclaim(r).await;
-                true
-            }
-            None => false,
-        }
+        self.store.reclaim_now().await
     }
 }
 

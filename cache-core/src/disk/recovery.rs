@@ -9,7 +9,7 @@ use futures::stream::{self, StreamExt};
 use super::format::{self, EntryHeader, FormatError, RegionHeader, SummaryRecord, PAGE};
 use super::index::Addr;
 use super::io::Priority;
-use super::store::{hash_key, Store};
+use super::store::{hash_key, Ready, Store};
 
 /// What recovery found in one store.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -73,18 +73,14 @@ pub(crate) async fn recover(store: &Arc<Store>) -> Recovered {
             .epoch
             .store(*epoch, Ordering::Release);
         for rec in records {
-            let addr = Addr {
-                region: *r,
-                page: rec.page,
-                pages: rec.pages,
-            };
+            let addr = Addr::of(*r, rec);
             store.index_insert(rec.hash, addr);
         }
         alloc.fifo.push_back(*r);
         alloc.next_epoch = alloc.next_epoch.max(epoch + 1);
     }
     free.sort_unstable();
-    alloc.free.extend(free);
+    alloc.free.extend(free.into_iter().map(Ready::empty));
     report.regions = used.len() as u64;
     report.entries = store.index.len() as u64;
     report

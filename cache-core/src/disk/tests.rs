@@ -234,12 +234,13 @@ async fn recovery_none_starts_empty_and_a_version_change_is_refused() {
 
     // A superblock of another format version: strict refuses, never misreads.
     let mut bytes = std::fs::read(&path).expect("read");
-    bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
+    bytes[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
     std::fs::write(&path, &bytes).expect("write");
     let mut cfg = small_config(&path);
     cfg.recovery = Recovery::Strict;
     let err = DiskCache::open(cfg).await.err().expect("refused");
-    assert!(err.to_string().contains("format version 2"), "{err}");
+    let other = format!("format version {}", FORMAT_VERSION + 1);
+    assert!(err.to_string().contains(&other), "{err}");
 }
 
 #[tokio::test]
@@ -273,14 +274,8 @@ async fn write_path_drops_are_bounded_and_counted() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut cfg = small_config(&dir.path().join("cache"));
     cfg.write_buffer = 256 * 1024;
-    cfg.admission = Admission::SecondHit;
     let disk = DiskCache::open(cfg).await.expect("open");
     let p = disk.partition("default").expect("default");
-    assert_eq!(
-        p.insert(b"x", value_of(b"x", 1000)),
-        Err(DropReason::Admission)
-    );
-    assert_eq!(p.insert(b"x", value_of(b"x", 1000)), Ok(()));
     assert_eq!(
         p.insert(b"big", Bytes::from(vec![0u8; 2 << 20])),
         Err(DropReason::TooLarge)
@@ -289,7 +284,6 @@ async fn write_path_drops_are_bounded_and_counted() {
     let mut budget_drops = 0;
     for i in 0..200 {
         let key = format!("burst-{i}");
-        let _ = p.insert(key.as_bytes(), value_of(key.as_bytes(), 60_000));
         if p.insert(key.as_bytes(), value_of(key.as_bytes(), 60_000)) == Err(DropReason::Budget) {
             budget_drops += 1;
         }
@@ -299,6 +293,52 @@ async fn write_path_drops_are_bounded_and_counted() {
     assert_eq!(s.dropped(DropReason::Budget), budget_drops);
     assert!(s.inflight_entries <= 5, "{s:?}");
     p.flush().await;
+}
+
+#[tokio::test]
+async fn second_hit_admits_what_is_reused_once_the_disk_is_full() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = small_config(&dir.path().join("cache"));
+    cfg.admission = Admission::SecondHit;
+    let disk = DiskCache::open(cfg).await.expect("open");
+    let p = disk.partition("default").expect("default");
+    // Never-used space is filled with whatever is offered, down to the free regions reclaim
+    // keeps for writers (two of eight).
+    let mut i = 0;
+    while p.stats().free_regions > 2 {
+        let key = format!("fill-{i}");
+        p.insert(key.as_bytes(), value_of(key.as_bytes(), 60_000))
+            .expect("admitted while the disk has never-used space");
+        p.flush().await;
+        i += 1;
+        assert!(i < 1000, "the disk never filled");
+    }
+    // Full: a first offer is turned away and remembered, the second admitted.
+    assert_eq!(
+        p.insert(b"x", value_of(b"x", 1000)),
+        Err(DropReason::Admission)
+    );
+    assert_eq!(p.insert(b"x", value_of(b"x", 1000)), Ok(()));
+    // A value the memory tier saw read again needs no second offer.
+    assert_eq!(p.insert_proven(b"y", value_of(b"y", 1000)), Ok(()));
+    // The ghost forgets: after as many other offers as the store holds entries (at least 64),
+    // a block offered once is a first offer again.
+    assert_eq!(
+        p.insert(b"z", value_of(b"z", 1000)),
+        Err(DropReason::Admission)
+    );
+    for j in 0..(p.stats().entries + 64) {
+        let key = format!("one-off-{j}");
+        let _ = p.insert(key.as_bytes(), value_of(key.as_bytes(), 1000));
+    }
+    assert_eq!(
+        p.insert(b"z", value_of(b"z", 1000)),
+        Err(DropReason::Admission)
+    );
+    assert!(p.stats().dropped(DropReason::Admission) >= 64);
+    p.flush().await;
+    assert_eq!(p.get(b"x").await, Some(value_of(b"x", 1000)));
+    assert_eq!(p.get(b"y").await, Some(value_of(b"y", 1000)));
 }
 
 mod model {

@@ -1,12 +1,12 @@
 //! One partition's store: its regions, index, write path, reads and reclaim.
 //!
 //! Regions are filled append-only, one at a time, and evicted whole in FIFO order (preferring a
-//! mostly-dead region among the oldest few). A region's life: free → open (appending; its header
-//! names a fresh epoch) → sealed (summary and header written) → reclaimed (index records removed,
-//! epoch cleared) → free. Readers never take a lock across I/O: they note the region's epoch when
-//! they look the entry up and check it again after the read, and reclaim clears the epoch only
-//! after removing the region's index records, so bytes from a reused region are never served.
-
+//! mostly-dead region among the oldest few). A region's life: ready → open (its remaining index
+//! records removed, then its header names a fresh epoch; appending) → sealed (summary and header
+//! written) → reclaimed (hit entries copied forward) → ready, its entries still readable. Readers
+//! never take a lock across I/O: they note the region's epoch when they look the entry up and
+//! check it again after the read, and the epoch changes only after the region's index records
+//! are removed, so bytes from a reused region are never served.
 //!
 //! The read path (lookups, verification, the epoch check) is in `read`, eviction in `reclaim`.
 
@@ -18,7 +18,7 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::sync::{Notify, OnceCell, OwnedSemaphorePermit, Semaphore};
 
-use crate::disk::admission::{Admission, Doorkeeper, RateLimit};
+use crate::disk::admission::{Admission, Ghost, Offer, RateLimit};
 use crate::disk::format::{
     self, EntryHeader, EntryLayout, RegionHeader, SummaryRecord, MAX_KEY_LEN, PAGE,
 };
@@ -35,7 +35,8 @@ pub(crate) fn hash_key(key: &[u8]) -> u64 {
 }
 
 pub(crate) struct RegionSlot {
-    /// Epoch of the data the region holds, 0 while free. Readers compare it before and after.
+    /// Epoch of the data the region holds, 0 if it never held any. Readers compare it before
+    /// and after.
     pub(crate) epoch: AtomicU64,
     /// Bytes of indexed entries in the region, to prefer mostly-dead victims.
     pub(crate) live: AtomicU64,
@@ -59,8 +60,34 @@ pub(crate) struct Alloc {
     active: Option<u32>,
     /// Sealed regions, oldest first.
     pub(crate) fifo: VecDeque<u32>,
-    pub(crate) free: VecDeque<u32>,
+    /// Regions ready for writing, in the order they became ready.
+    pub(crate) free: VecDeque<Ready>,
     pub(crate) next_epoch: u64,
+}
+
+/// A region ready for writing, and what it may still hold.
+pub(crate) struct Ready {
+    pub(crate) region: u32,
+    pub(crate) stale: Stale,
+}
+
+/// What a ready region still holds, readable until the region is opened for writing.
+pub(crate) enum Stale {
+    /// Nothing: never written, or of another generation.
+    Nothing,
+    /// The entries its summary lists.
+    Records(Vec<SummaryRecord>),
+    /// Unknown (the summary could not be read): the whole index is swept for it.
+    Unknown,
+}
+
+impl Ready {
+    pub(crate) fn empty(region: u32) -> Self {
+        Self {
+            region,
+            stale: Stale::Nothing,
+        }
+    }
 }
 
 struct Pending {
@@ -92,7 +119,7 @@ pub(crate) struct Store {
     inflight: Mutex<HashMap<u64, Pending>>,
     budget: Arc<Semaphore>,
     rate: RateLimit,
-    doorkeeper: Doorkeeper,
+    ghost: Ghost,
     pub(crate) counters: Counters,
     next_ticket: AtomicU64,
     region_freed: Notify,
@@ -130,7 +157,10 @@ impl Store {
         Arc::new(Self {
             rate: RateLimit::new(cfg.write_rate),
             budget: Arc::new(Semaphore::new(pages)),
-            doorkeeper: Doorkeeper::new(1 << 16),
+            // As many hashes as the store could hold entries (two pages each at the least).
+            ghost: Ghost::new(
+                (cfg.regions as u64 * cfg.region_size / (2 * PAGE as u64)).min(1 << 24) as usize,
+            ),
             cfg,
             io,
             regions,
@@ -174,25 +204,20 @@ impl Store {
         self: &Arc<Self>,
         key: &[u8],
         value: Bytes,
-        reinsert: bool,
+        offer: Offer,
     ) -> Result<(), DropReason> {
-        let r = self.admit(key, &value, reinsert);
+        let r = self.admit(key, &value, offer);
         if let Err(reason) = r {
             self.counters.dropped(reason);
         }
         r
     }
 
-    fn admit(
-        self: &Arc<Self>,
-        key: &[u8],
-        value: &Bytes,
-        reinsert: bool,
-    ) -> Result<(), DropReason> {
+    fn admit(self: &Arc<Self>, key: &[u8], value: &Bytes, offer: Offer) -> Result<(), DropReason> {
         let layout = self.fits(key, value)?;
         let hash = hash_key(key);
-        if !reinsert {
-            if self.cfg.admission == Admission::SecondHit && !self.doorkeeper.seen_before(hash) {
+        if offer != Offer::Reinsert {
+            if offer == Offer::New && !self.admits_new(hash) {
                 return Err(DropReason::Admission);
             }
             if !self.rate.try_take(layout.total_len() as u64) {
@@ -207,6 +232,23 @@ impl Store {
             .map_err(|_| DropReason::Budget)?;
         self.start_write(hash, key, value, layout, permit);
         Ok(())
+    }
+
+    /// Whether a block offered with nothing known of its reuse may be written.
+    fn admits_new(&self, hash: u64) -> bool {
+        match self.cfg.admission {
+            Admission::Always => true,
+            Admission::SecondHit => {
+                // Space never used yet costs nothing to fill; after that, a block turned away
+                // is remembered for about as many offers as the store holds entries.
+                self.alloc.lock().free.len() > reserve(self.cfg.regions)
+                    || self.ghost.take(hash)
+                    || {
+                        self.ghost.remember(hash, self.index.len().max(64));
+                        false
+                    }
+            }
+        }
     }
 
     /// Write `value`, waiting for room in the write buffer instead of dropping it, and past the
@@ -389,7 +431,9 @@ impl Store {
                     a.active = None;
                 }
                 if seal.is_none() {
-                    if let Some(r) = a.free.pop_front() {
+                    if let Some(ready) = a.free.pop_front() {
+                        self.evict(&ready);
+                        let r = ready.region;
                         let epoch = a.next_epoch;
                         a.next_epoch += 1;
                         self.regions[r as usize]

@@ -175,14 +175,15 @@ impl Store {
         let first_chunk = start / chunk;
         let data_from = first_chunk * chunk;
         let data_to = (end.div_ceil(chunk) * chunk).min(value_len);
-        let read_len = format::round_up(data_to - data_from, PAGE as u64) as usize;
+        // The value starts right after the header, not on a page: read the pages around the
+        // chunks (never past the entry, whose length is padded to a page).
+        let from = header.layout.header_len as u64 + data_from;
+        let page_from = from / PAGE as u64 * PAGE as u64;
+        let skip = (from - page_from) as usize;
+        let read_len = format::round_up(skip as u64 + data_to - data_from, PAGE as u64) as usize;
         let data = self
             .io
-            .read(
-                header_len as u64 + base + data_from,
-                read_len,
-                Priority::Demand,
-            )
+            .read(base + page_from, read_len, Priority::Demand)
             .await
             .map_err(|_| Fault::Io)?;
         self.check_epoch(addr, epoch)?;
@@ -190,11 +191,14 @@ impl Store {
         if !header.verify(
             hbuf.as_slice(),
             first_chunk as usize,
-            &data.as_slice()[..span],
+            &data.as_slice()[skip..skip + span],
         ) {
             return Err(Fault::Corrupt);
         }
-        Ok(data.freeze((start - data_from) as usize, (end - data_from) as usize))
+        Ok(data.freeze(
+            skip + (start - data_from) as usize,
+            skip + (end - data_from) as usize,
+        ))
     }
 }
 

@@ -1,15 +1,18 @@
-//! Eviction: a background task keeps free regions ahead of the writers by reclaiming whole
+//! Eviction: a background task keeps regions ready ahead of the writers by reclaiming whole
 //! regions in FIFO order (preferring a mostly-dead one among the oldest few), reinserting
-//! entries that were hit (up to half a region's worth).
+//! entries that were hit (up to half a region's worth). A ready region's entries stay indexed
+//! and readable until a writer opens it ([`Store::evict`]), so the regions kept ready cost no
+//! capacity: on a small disk (a few dozen regions) two empty ones would be several percent of it.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use crate::disk::admission::Offer;
 use crate::disk::format::{self, RegionHeader, SummaryRecord, PAGE};
 use crate::disk::index::Addr;
 use crate::disk::io::Priority;
 
-use super::{reserve, Store};
+use super::{reserve, Ready, Stale, Store};
 
 impl Store {
     /// Reclaim regions until `reserve` are free; runs until the store closes.
@@ -45,43 +48,67 @@ impl Store {
         a.fifo.remove(pos)
     }
 
-    /// Free `region`: re-insert entries that were hit (up to half a region's worth, so reclaim
-    /// always frees space), drop the rest from the index, clear the epoch, hand it back.
+    /// Ready `region` for reuse: re-insert entries that were hit (up to half a region's worth,
+    /// so reclaim always frees space) and hand it to the writers with the records of what it
+    /// still holds, which stays readable until [`evict`](Self::evict) drops it.
     pub(crate) async fn reclaim(self: &Arc<Self>, region: u32) {
         let epoch = self.regions[region as usize].epoch.load(Ordering::Acquire);
-        let records = self.read_summary(region, epoch).await;
-        let mut reinsert_budget = self.cfg.region_size / 2;
-        let mut evicted = 0u64;
-        match &records {
+        let stale = match self.read_summary(region, epoch).await {
             Some(records) => {
-                for rec in records {
-                    let addr = Addr {
-                        region,
-                        page: rec.page,
-                        pages: rec.pages,
-                    };
+                let mut reinsert_budget = self.cfg.region_size / 2;
+                for rec in &records {
+                    let addr = Addr::of(region, rec);
                     let bytes = rec.pages as u64 * PAGE as u64;
                     if bytes <= reinsert_budget && self.index.was_hit(rec.hash, addr) {
                         reinsert_budget -= bytes;
                         self.reinsert(addr, epoch).await;
                     }
-                    if self.index.remove_if(rec.hash, addr).is_some() {
-                        evicted += 1;
-                    }
                 }
+                Stale::Records(records)
             }
-            // No readable summary: sweep the index instead (slow, rare).
-            None => evicted = self.index.remove_region(region) as u64,
-        }
-        self.regions[region as usize]
-            .epoch
-            .store(0, Ordering::Release);
+            // No readable summary: the index is swept instead (slow, rare).
+            None => Stale::Unknown,
+        };
+        self.alloc.lock().free.push_back(Ready { region, stale });
+        self.region_freed.notify_waiters();
+    }
+
+    /// Drop from the index what a ready region still holds, just before it is opened for
+    /// writing. Called under the allocation lock, before the region's epoch changes: a reader
+    /// that found an entry here earlier sees the epoch change and reads a miss.
+    pub(crate) fn evict(&self, ready: &Ready) {
+        let region = ready.region;
+        let evicted = match &ready.stale {
+            Stale::Nothing => return,
+            Stale::Records(records) => records
+                .iter()
+                .filter(|rec| {
+                    self.index
+                        .remove_if(rec.hash, Addr::of(region, rec))
+                        .is_some()
+                })
+                .count(),
+            Stale::Unknown => self.index.remove_region(region),
+        };
         self.regions[region as usize]
             .live
             .store(0, Ordering::Relaxed);
-        self.counters.reclaimed(evicted);
-        self.alloc.lock().free.push_back(region);
-        self.region_freed.notify_waiters();
+        self.counters.reclaimed(evicted as u64);
+    }
+
+    /// Reclaim the oldest sealed region and drop what it holds at once, as if a writer had
+    /// opened it. For tests.
+    pub(crate) async fn reclaim_now(self: &Arc<Self>) -> bool {
+        let Some(region) = self.alloc.lock().fifo.pop_front() else {
+            return false;
+        };
+        self.reclaim(region).await;
+        let mut a = self.alloc.lock();
+        if let Some(ready) = a.free.iter_mut().find(|r| r.region == region) {
+            self.evict(ready);
+            ready.stale = Stale::Nothing;
+        }
+        true
     }
 
     async fn reinsert(self: &Arc<Self>, addr: Addr, epoch: u64) {
@@ -95,7 +122,7 @@ impl Store {
         let at = e.header.layout.header_len;
         let value_len = e.header.layout.value_len;
         let value = e.buf.freeze(at, at + value_len);
-        if self.insert(&key, value, true).is_ok() {
+        if self.insert(&key, value, Offer::Reinsert).is_ok() {
             self.counters.reinserted();
         }
     }

@@ -32,16 +32,15 @@ impl BlockStore {
         self.cache.disk().is_some() && self.cache.locate(&self.marker(object)).is_some()
     }
 
-    pub(super) async fn remember(&self, object: &ObjectId) {
+    pub(super) fn remember(&self, object: &ObjectId) {
         if self.cache.disk().is_none() {
             return;
         }
         let marker = self.marker(object);
         if self.cache.locate(&marker).is_none() {
             // Best effort, like any disk write: a dropped note only costs a block GET later.
-            self.cache
-                .insert_cold(marker, Bytes::from_static(b"1"))
-                .await;
+            // Admitted like a block (a page each: not worth it for objects read once).
+            self.cache.offer_cold(&marker, Bytes::from_static(b"1"));
         }
     }
 

@@ -175,7 +175,7 @@ impl BlockStore {
                         }
                     }
                 }
-                self.remember(&object).await;
+                self.remember(&object);
             }
             Err(e) => {
                 tracing::warn!(object = %object, block = slice.index, error = %e, "block fetch failed");

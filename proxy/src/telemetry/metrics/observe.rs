@@ -189,12 +189,12 @@ impl Metrics {
             ),
             (
                 "larder.disk.reclaimed.regions",
-                "Disk regions reclaimed",
+                "Disk regions reused, what they held evicted",
                 |s| s.reclaimed_regions,
             ),
             (
                 "larder.disk.evicted.entries",
-                "Disk entries evicted by reclaim",
+                "Disk entries evicted when their region was reused",
                 |s| s.evicted_entries,
             ),
             (
@@ -233,9 +233,11 @@ impl Metrics {
                 "Heap bytes of the disk index",
                 |s| s.index_bytes,
             ),
-            ("larder.disk.free.regions", "Disk regions free", |s| {
-                s.free_regions
-            }),
+            (
+                "larder.disk.free.regions",
+                "Disk regions ready for writing (readable until reused)",
+                |s| s.free_regions,
+            ),
         ];
         for (name, help, read) in gauges {
             let stats = stats.clone();
