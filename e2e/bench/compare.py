@@ -56,11 +56,15 @@ HERE = Path(__file__).resolve().parent
 MODES = {
     "quick": dict(seconds=2, clients=[1, 16], ttfb={1 * MiB: 20, 64 * MiB: 4}, herd_objects=2, herd_size=16 * MiB,
                   disk_sets={1 * MiB: 48, 8 * MiB: 12, 64 * MiB: 3}, zipf_objects=320, zipf_requests=6000,
-                  zipf_region="16MiB", parquet_files=4, parquet_size=64 * MiB),
+                  zipf_region="16MiB", parquet_files=4, parquet_size=64 * MiB, capped={64 * MiB: 3}),
     "full": dict(seconds=10, clients=[1, 4, 16, 64], ttfb={1 * MiB: 100, 64 * MiB: 16}, herd_objects=4,
                  herd_size=16 * MiB, disk_sets={1 * MiB: 128, 8 * MiB: 32, 64 * MiB: 6}, zipf_objects=2048,
-                 zipf_requests=40000, zipf_region="16MiB", parquet_files=16, parquet_size=64 * MiB),
+                 zipf_requests=40000, zipf_region="16MiB", parquet_files=16, parquet_size=64 * MiB,
+                 capped={64 * MiB: 8, 256 * MiB: 3}),
 }
+# What one S3 connection delivers, roughly (docs/benchmarks.md): the cap the latency proxy puts on
+# each connection for the capped cold reads.
+S3_CONNECTION_MBPS = 90
 SIZES = [1 * MiB, 8 * MiB, 64 * MiB]
 
 
@@ -512,6 +516,37 @@ class Bench:
             self.proxy.latency()
         self.results["workloads"]["cold_ttfb"] = rows
 
+    def cold_capped(self, lt, nt):
+        """Whole cold objects from an upstream that caps each connection's bandwidth as S3 does:
+        a client's single GET gets that much; a cache fetching blocks in parallel can beat it."""
+        print(f"== cold whole objects, upstream capped at {S3_CONNECTION_MBPS} MB/s per connection", flush=True)
+        self.proxy.latency(delay_ms=30, jitter_ms=0, tail_fraction=0, tail_ms=0)
+        self.proxy.control(f"limits?connection_mbps={S3_CONNECTION_MBPS}")
+        rows = []
+        try:
+            for size, n in self.cfg["capped"].items():
+                keys = [f"capped/{size}/{i}" for i in range(n)]
+                self.upload([(k, size) for k in keys])
+                for t in (self.direct(), nt, lt):
+                    r = Reader(t)
+                    r.get(f"hot/{SIZES[0]}", content(f"hot/{SIZES[0]}", SIZES[0]))  # open the connection
+                    alls, statuses = [], {}
+                    for key in keys:
+                        _, total, status = r.get(key, content(key, size))
+                        alls.append(total)
+                        statuses[status] = statuses.get(status, 0) + 1
+                    r.close()
+                    p50 = percentile(alls, 50)
+                    row = {"size": size, "target": t.name, "requests": n, "cache": statuses,
+                           "total_p50": p50 * 1000, "mb_per_s": size / p50 / 1e6}
+                    rows.append(row)
+                    print(f"  {size_name(size)} {t.name}: whole p50 {row['total_p50']:.0f} ms, "
+                          f"{row['mb_per_s']:.0f} MB/s {statuses}", flush=True)
+        finally:
+            self.proxy.control("limits?connection_mbps=0")
+            self.proxy.latency()
+        self.results["workloads"]["cold_capped"] = rows
+
     def herd(self, lt, nt, clients: int = 64):
         print("== thundering herd", flush=True)
         n, size = self.cfg["herd_objects"], self.cfg["herd_size"]
@@ -702,6 +737,7 @@ class Bench:
         larder, lt = self.larder("larder", "--memory-capacity", "2GiB")
         _, nt = self.nginx("nginx", 8 * GiB)
         steps = [("memory", lambda: self.memory_hits(larder, lt, nt)), ("ttfb", lambda: self.cold_ttfb(lt, nt)),
+                 ("capped", lambda: self.cold_capped(lt, nt)),
                  ("herd", lambda: self.herd(lt, nt)), ("parquet", lambda: self.parquet(lt, nt)),
                  ("disk", lambda: self.disk_hits(nt)), ("zipf", self.zipf)]
         for name, step in steps:
@@ -740,7 +776,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", choices=MODES, default="quick")
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--only", default="", help="comma-separated workloads: memory,ttfb,herd,parquet,disk,zipf")
+    ap.add_argument("--only", default="", help="comma-separated workloads: memory,ttfb,capped,herd,parquet,disk,zipf")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     bench = Bench(args.mode, args.out)

@@ -135,6 +135,23 @@ def markdown(res) -> str:
                                f"{r['ttfb_p90'] - d['ttfb_p90']:+.2f} | {r['ttfb_p99'] - d['ttfb_p99']:+.2f} | "
                                f"{r['total_p50'] - d['total_p50']:+.2f} | |")
         out.append("")
+    if "cold_capped" in w:
+        out += ["## Cold whole objects from an upstream that caps each connection", "",
+                "The latency proxy delivers at most 90 MB/s per connection (roughly what one S3 connection "
+                "does) after a fixed 30 ms; one request at a time, each for an object that target has not seen.", "",
+                "| object | target | requests | whole object p50 ms | MB/s | × direct | answered as |",
+                "|---|---|---|---|---|---|---|"]
+        rows = w["cold_capped"]
+        for size in sorted({r["size"] for r in rows}):
+            d = one(rows, size=size, target="direct")
+            for t in TARGETS:
+                r = one(rows, size=size, target=t)
+                if r:
+                    cache = ", ".join(f"{k} {v}" for k, v in r["cache"].items())
+                    ratio = f"{r['mb_per_s'] / d['mb_per_s']:.2f}×" if d else ""
+                    out.append(f"| {size_name(size)} | {t} | {r['requests']} | {r['total_p50']:.0f} | "
+                               f"{r['mb_per_s']:.0f} | {ratio} | {cache} |")
+        out.append("")
     if "herd" in w:
         rows = w["herd"]
         r0 = rows[0]

@@ -10,7 +10,16 @@
 //! It parses only request heads (to delay and count each request, including the ones a
 //! keep-alive connection carries one after another) and copies everything else untouched.
 //! Control requests on their own connection: `GET /__proxy/stats`, `GET /__proxy/reset`,
-//! `GET /__proxy/latency?delay_ms=20&jitter_ms=30&tail_fraction=0.01&tail_ms=200`.
+//! `GET /__proxy/latency?delay_ms=20&jitter_ms=30&tail_fraction=0.01&tail_ms=200`, and
+//! `GET /__proxy/limits?connection_mbps=90&prefix_rps=5500`.
+//!
+//! Two limits model what S3 does beyond latency, both off by default:
+//! - **per-connection bandwidth** (`--connection-mbps`, MB/s of response bytes per connection):
+//!   one S3 connection delivers roughly 80-100 MB/s, which is why the AWS CRT, Mountpoint and
+//!   the S3 connectors split large reads into parallel ranged GETs; 90 is the value to model S3;
+//! - **a request rate per prefix** (`--prefix-rps`, requests per second per bucket and first key
+//!   segment, one second of burst): S3 answers `503 SlowDown` past about 5,500 GETs per second
+//!   per prefix. A refused request is answered here, never forwarded, and counted as `SlowDown`.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -23,6 +32,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 const MAX_HEAD: usize = 64 * 1024;
+
+/// S3's answer past a prefix's request rate.
+const SLOW_DOWN_BODY: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>";
 
 /// Added latency, in microseconds (and parts per million for the tail's share).
 #[derive(Default)]
@@ -79,6 +91,110 @@ impl Rng {
     }
 }
 
+/// Most prefixes the rate limit tracks; past it the table starts over (a benchmark tool: a
+/// bound, not fairness, is what matters).
+const MAX_PREFIXES: usize = 10_000;
+
+/// What S3 limits beyond latency; 0 turns a limit off.
+#[derive(Default)]
+struct Limits {
+    /// Response bytes per second per connection.
+    connection_bps: AtomicU64,
+    /// Requests per second per prefix.
+    prefix_rps: AtomicU64,
+    /// Token buckets by prefix: (tokens, when last refilled).
+    prefixes: Mutex<std::collections::HashMap<String, (f64, std::time::Instant)>>,
+}
+
+impl Limits {
+    fn set(&self, connection_mbps: f64, prefix_rps: f64) {
+        self.connection_bps
+            .store((connection_mbps * 1e6) as u64, Ordering::Relaxed);
+        self.prefix_rps.store(prefix_rps as u64, Ordering::Relaxed);
+        self.prefixes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+
+    /// Whether a request for `target` may go on now (a token of its prefix's bucket taken).
+    fn admit(&self, target: &str, now: std::time::Instant) -> bool {
+        let rps = self.prefix_rps.load(Ordering::Relaxed) as f64;
+        if rps == 0.0 {
+            return true;
+        }
+        let mut prefixes = self.prefixes.lock().unwrap_or_else(|e| e.into_inner());
+        if prefixes.len() >= MAX_PREFIXES {
+            prefixes.clear();
+        }
+        let (tokens, last) = prefixes
+            .entry(prefix(target).to_owned())
+            .or_insert((rps, now));
+        *tokens = (*tokens + now.duration_since(*last).as_secs_f64() * rps).min(rps);
+        *last = now;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "connection_mbps": self.connection_bps.load(Ordering::Relaxed) as f64 / 1e6,
+            "prefix_rps": self.prefix_rps.load(Ordering::Relaxed),
+        })
+    }
+}
+
+/// The prefix S3 would partition a request under: its bucket and the key's first segment
+/// (`/bucket/a/b?x` → `/bucket/a`).
+fn prefix(target: &str) -> &str {
+    let path = target.split('?').next().unwrap_or("");
+    let mut slashes = path.match_indices('/').map(|(i, _)| i).skip(2);
+    match slashes.next() {
+        Some(end) => &path[..end],
+        None => path,
+    }
+}
+
+/// Paces one connection's response bytes at a rate, with a small burst so that an idle
+/// connection does not bank credit.
+struct Pacer {
+    tokens: f64,
+    last: tokio::time::Instant,
+}
+
+impl Pacer {
+    const BURST: f64 = 256.0 * 1024.0;
+
+    fn new() -> Self {
+        Self {
+            tokens: Self::BURST,
+            last: tokio::time::Instant::now(),
+        }
+    }
+
+    /// How long to wait before sending `bytes` at `rate` bytes/s (0: unlimited); takes them.
+    fn take(&mut self, bytes: usize, rate: u64) -> Duration {
+        if rate == 0 {
+            return Duration::ZERO;
+        }
+        let now = tokio::time::Instant::now();
+        let rate = rate as f64;
+        self.tokens =
+            (self.tokens + now.duration_since(self.last).as_secs_f64() * rate).min(Self::BURST);
+        self.last = now;
+        self.tokens -= bytes as f64;
+        if self.tokens >= 0.0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64(-self.tokens / rate)
+        }
+    }
+}
+
 #[derive(Default)]
 struct Stats {
     by_method: Mutex<BTreeMap<String, u64>>,
@@ -112,6 +228,7 @@ impl Stats {
 struct Proxy {
     upstream: SocketAddr,
     latency: Latency,
+    limits: Limits,
     stats: Stats,
     connections: AtomicU64,
 }
@@ -191,18 +308,41 @@ impl Proxy {
         upstream.set_nodelay(true)?;
         let (mut ur, mut uw) = upstream.into_split();
         let this = self.clone();
+        // Answers refused by the rate limit, written in order with the forwarded ones: a refused
+        // request's answer must not overtake the answer of one forwarded before it.
+        let (refusals, mut refused) = tokio::sync::mpsc::channel::<()>(1);
         let responses = tokio::spawn(async move {
             let mut chunk = vec![0u8; 256 * 1024];
+            let mut pacer = Pacer::new();
+            let slow_down = format!(
+                "HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nContent-Length: {}\r\n\r\n{SLOW_DOWN_BODY}",
+                SLOW_DOWN_BODY.len()
+            );
             loop {
-                let n = match ur.read(&mut chunk).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => n,
-                };
-                this.stats
-                    .response_bytes
-                    .fetch_add(n as u64, Ordering::Relaxed);
-                if cw.write_all(&chunk[..n]).await.is_err() {
-                    break;
+                tokio::select! {
+                    biased;
+                    r = ur.read(&mut chunk) => {
+                        let n = match r {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        this.stats
+                            .response_bytes
+                            .fetch_add(n as u64, Ordering::Relaxed);
+                        let rate = this.limits.connection_bps.load(Ordering::Relaxed);
+                        // Sent in slices of at most 64 KiB, each when the pace allows it.
+                        for part in chunk[..n].chunks(64 * 1024) {
+                            tokio::time::sleep(pacer.take(part.len(), rate)).await;
+                            if cw.write_all(part).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    Some(()) = refused.recv() => {
+                        if cw.write_all(slow_down.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
                 }
             }
             let _ = cw.shutdown().await;
@@ -211,6 +351,18 @@ impl Proxy {
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ seed.wrapping_mul(0xBF58_476D_1CE4_E5B9) | 1);
         let mut head = Some(first);
         while let Some(h) = head.take() {
+            if !self.limits.admit(&h.target, std::time::Instant::now()) {
+                // Refused: answered here, the body dropped. Only requests without a body are
+                // refused, so that the answer can follow the previous one (a keep-alive
+                // connection carries one request at a time from S3 clients, which wait).
+                if h.content_length == 0 && !h.chunked {
+                    self.stats.count("SlowDown");
+                    buf.drain(..h.len);
+                    refusals.send(()).await?;
+                    head = read_head(&mut cr, &mut buf).await?;
+                    continue;
+                }
+            }
             self.stats.count(&h.method);
             tokio::time::sleep(self.latency.sample(&mut rng)).await;
             uw.write_all(&buf[..h.len]).await?;
@@ -224,6 +376,7 @@ impl Proxy {
             copy_body(&mut cr, &mut uw, &mut buf, h.content_length).await?;
             head = read_head(&mut cr, &mut buf).await?;
         }
+        drop(refusals);
         let _ = uw.shutdown().await;
         let _ = responses.await;
         Ok(())
@@ -253,6 +406,18 @@ impl Proxy {
                     get("tail_ms"),
                 );
                 self.latency.json()
+            }
+            "/__proxy/limits" => {
+                let get = |name: &str| {
+                    query
+                        .split('&')
+                        .filter_map(|kv| kv.split_once('='))
+                        .find(|(k, _)| *k == name)
+                        .and_then(|(_, v)| v.parse::<f64>().ok())
+                        .unwrap_or(0.0)
+                };
+                self.limits.set(get("connection_mbps"), get("prefix_rps"));
+                self.limits.json()
             }
             _ => serde_json::json!({"error": "unknown control path"}),
         }
@@ -296,7 +461,7 @@ fn flag(args: &[String], name: &str) -> Option<String> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: larder-latency-proxy --listen ADDR --upstream ADDR [--delay-ms 20] [--jitter-ms 30] [--tail-fraction 0.01] [--tail-ms 200]";
+    let usage = "usage: larder-latency-proxy --listen ADDR --upstream ADDR [--delay-ms 20] [--jitter-ms 30] [--tail-fraction 0.01] [--tail-ms 200] [--connection-mbps 0] [--prefix-rps 0]";
     let listen: SocketAddr = flag(&args, "--listen").context(usage)?.parse()?;
     let upstream: SocketAddr = flag(&args, "--upstream").context(usage)?.parse()?;
     let num = |name: &str, default: f64| -> anyhow::Result<f64> {
@@ -307,6 +472,7 @@ async fn main() -> anyhow::Result<()> {
     let proxy = Arc::new(Proxy {
         upstream,
         latency: Latency::default(),
+        limits: Limits::default(),
         stats: Stats::default(),
         connections: AtomicU64::new(0),
     });
@@ -316,6 +482,9 @@ async fn main() -> anyhow::Result<()> {
         num("--tail-fraction", 0.01)?,
         num("--tail-ms", 200.0)?,
     );
+    proxy
+        .limits
+        .set(num("--connection-mbps", 0.0)?, num("--prefix-rps", 0.0)?);
     let listener = TcpListener::bind(listen).await?;
     println!("listening on {}", listener.local_addr()?);
     loop {
@@ -344,6 +513,36 @@ mod tests {
         assert_eq!((h.method.as_str(), h.target.as_str()), ("PUT", "/b/k"));
         assert_eq!((h.len, h.content_length, h.chunked), (40, 5, false));
         assert!(parse_head(&vec![b'a'; MAX_HEAD + 1]).is_err());
+    }
+
+    #[test]
+    fn prefixes_are_bucket_and_first_key_segment() {
+        assert_eq!(prefix("/b/a/b/c?x=1"), "/b/a");
+        assert_eq!(prefix("/b/key"), "/b/key");
+        assert_eq!(prefix("/b"), "/b");
+        assert_eq!(prefix("/b/?list-type=2"), "/b/");
+    }
+
+    #[test]
+    fn the_rate_limit_refuses_past_a_second_of_burst_per_prefix() {
+        let l = Limits::default();
+        let now = std::time::Instant::now();
+        assert!((0..1000).all(|_| l.admit("/b/a/x", now)), "off by default");
+        l.set(0.0, 10.0);
+        assert_eq!((0..20).filter(|_| l.admit("/b/a/x", now)).count(), 10);
+        assert!(l.admit("/b/other/x", now), "another prefix has its own bucket");
+        assert!(l.admit("/b/a/y", now + Duration::from_millis(150)), "refills");
+    }
+
+    #[test]
+    fn the_pacer_holds_a_connection_to_its_rate() {
+        let mut p = Pacer::new();
+        assert_eq!(p.take(1 << 20, 0), Duration::ZERO, "unlimited");
+        let mut p = Pacer::new();
+        let rate = 10 << 20;
+        let waited: Duration = (0..40).map(|_| p.take(256 << 10, rate)).max().unwrap();
+        // 10 MiB at 10 MiB/s, less the burst: the last slice waits most of a second.
+        assert!(waited > Duration::from_millis(900), "{waited:?}");
     }
 
     #[test]
