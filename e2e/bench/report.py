@@ -24,6 +24,14 @@ def by(rows, **kw):
     return [r for r in rows if all(r.get(k) == v for k, v in kw.items())]
 
 
+def by_size(rows):
+    """Per object size: the direct row, and each target's row present with how it was answered."""
+    for size in sorted({r["size"] for r in rows}):
+        present = [(t, r, ", ".join(f"{k} {v}" for k, v in r["cache"].items()))
+                   for t in TARGETS if (r := one(rows, size=size, target=t))]
+        yield size, one(rows, size=size, target="direct"), present
+
+
 def one(rows, **kw):
     found = by(rows, **kw)
     return found[0] if found else None
@@ -120,14 +128,10 @@ def markdown(res) -> str:
                 "| object | target | requests | TTFB p50 ms | p90 ms | p99 ms | whole object p50 ms | answered as |",
                 "|---|---|---|---|---|---|---|---|"]
         rows = w["cold_ttfb"]
-        for size in sorted({r["size"] for r in rows}):
-            d = one(rows, size=size, target="direct")
-            for t in TARGETS:
-                r = one(rows, size=size, target=t)
-                if r:
-                    cache = ", ".join(f"{k} {v}" for k, v in r["cache"].items())
-                    out.append(f"| {size_name(size)} | {t} | {r['requests']} | {r['ttfb_p50']:.2f} | {r['ttfb_p90']:.2f} | "
-                               f"{r['ttfb_p99']:.2f} | {r['total_p50']:.2f} | {cache} |")
+        for size, d, present in by_size(rows):
+            for t, r, cache in present:
+                out.append(f"| {size_name(size)} | {t} | {r['requests']} | {r['ttfb_p50']:.2f} | {r['ttfb_p90']:.2f} | "
+                           f"{r['ttfb_p99']:.2f} | {r['total_p50']:.2f} | {cache} |")
             for t in ("nginx", "Larder"):
                 r = one(rows, size=size, target=t)
                 if r and d:
@@ -141,16 +145,11 @@ def markdown(res) -> str:
                 "does) after a fixed 30 ms; one request at a time, each for an object that target has not seen.", "",
                 "| object | target | requests | whole object p50 ms | MB/s | × direct | answered as |",
                 "|---|---|---|---|---|---|---|"]
-        rows = w["cold_capped"]
-        for size in sorted({r["size"] for r in rows}):
-            d = one(rows, size=size, target="direct")
-            for t in TARGETS:
-                r = one(rows, size=size, target=t)
-                if r:
-                    cache = ", ".join(f"{k} {v}" for k, v in r["cache"].items())
-                    ratio = f"{r['mb_per_s'] / d['mb_per_s']:.2f}×" if d else ""
-                    out.append(f"| {size_name(size)} | {t} | {r['requests']} | {r['total_p50']:.0f} | "
-                               f"{r['mb_per_s']:.0f} | {ratio} | {cache} |")
+        for size, d, present in by_size(w["cold_capped"]):
+            for t, r, cache in present:
+                ratio = f"{r['mb_per_s'] / d['mb_per_s']:.2f}×" if d else ""
+                out.append(f"| {size_name(size)} | {t} | {r['requests']} | {r['total_p50']:.0f} | "
+                           f"{r['mb_per_s']:.0f} | {ratio} | {cache} |")
         out.append("")
     if "herd" in w:
         rows = w["herd"]

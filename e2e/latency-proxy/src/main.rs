@@ -332,7 +332,11 @@ impl Proxy {
                         let rate = this.limits.connection_bps.load(Ordering::Relaxed);
                         // Sent in slices of at most 64 KiB, each when the pace allows it.
                         for part in chunk[..n].chunks(64 * 1024) {
-                            tokio::time::sleep(pacer.take(part.len(), rate)).await;
+                            // A zero sleep would still wait for the timer's next tick (1 ms).
+                            let wait = pacer.take(part.len(), rate);
+                            if !wait.is_zero() {
+                                tokio::time::sleep(wait).await;
+                            }
                             if cw.write_all(part).await.is_err() {
                                 return;
                             }
@@ -391,14 +395,7 @@ impl Proxy {
                 self.stats.json()
             }
             "/__proxy/latency" => {
-                let get = |name: &str| {
-                    query
-                        .split('&')
-                        .filter_map(|kv| kv.split_once('='))
-                        .find(|(k, _)| *k == name)
-                        .and_then(|(_, v)| v.parse::<f64>().ok())
-                        .unwrap_or(0.0)
-                };
+                let get = |name| query_num(query, name);
                 self.latency.set(
                     get("delay_ms"),
                     get("jitter_ms"),
@@ -408,14 +405,7 @@ impl Proxy {
                 self.latency.json()
             }
             "/__proxy/limits" => {
-                let get = |name: &str| {
-                    query
-                        .split('&')
-                        .filter_map(|kv| kv.split_once('='))
-                        .find(|(k, _)| *k == name)
-                        .and_then(|(_, v)| v.parse::<f64>().ok())
-                        .unwrap_or(0.0)
-                };
+                let get = |name| query_num(query, name);
                 self.limits.set(get("connection_mbps"), get("prefix_rps"));
                 self.limits.json()
             }
@@ -430,6 +420,16 @@ impl Proxy {
         w.shutdown().await?;
         Ok(())
     }
+}
+
+/// The number a query string gives `name`, 0 if none.
+fn query_num(query: &str, name: &str) -> f64 {
+    query
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| *k == name)
+        .and_then(|(_, v)| v.parse::<f64>().ok())
+        .unwrap_or(0.0)
 }
 
 /// Forwards `len` body bytes: first what is already buffered, then from the client.
@@ -530,8 +530,14 @@ mod tests {
         assert!((0..1000).all(|_| l.admit("/b/a/x", now)), "off by default");
         l.set(0.0, 10.0);
         assert_eq!((0..20).filter(|_| l.admit("/b/a/x", now)).count(), 10);
-        assert!(l.admit("/b/other/x", now), "another prefix has its own bucket");
-        assert!(l.admit("/b/a/y", now + Duration::from_millis(150)), "refills");
+        assert!(
+            l.admit("/b/other/x", now),
+            "another prefix has its own bucket"
+        );
+        assert!(
+            l.admit("/b/a/y", now + Duration::from_millis(150)),
+            "refills"
+        );
     }
 
     #[test]
