@@ -235,6 +235,9 @@ def test_a_partition_keeps_its_buckets_through_a_scan_of_another(workdir, make_l
     config = workdir / "partitions.toml"
     config.write_text(f'block_size = "1MiB"\nmemory_capacity = "4MiB"\ndisk_path = "{workdir / "partitions.cache"}"\n'
                       'disk_capacity = "64MiB"\ndisk_region_size = "4MiB"\ndisk_write_rate = "0"\n'
+                      # Every block written, so that the one-off scan does fill and wrap its
+                      # partition (`second-hit` would stop writing it once the partition is full).
+                      'disk_admission = "always"\n'
                       f'[[disk_partitions]]\nname = "tables"\ncapacity = "16MiB"\nbuckets = ["{hot_bucket}"]\n')
     larder = make_larder("--config", str(config), name="partitions")
     read_all(larder, hot_bucket, hot)
