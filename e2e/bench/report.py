@@ -147,9 +147,9 @@ def markdown(res) -> str:
                 "|---|---|---|---|---|---|---|"]
         for size, d, present in by_size(w["cold_capped"]):
             for t, r, cache in present:
-                ratio = f"{r['mb_per_s'] / d['mb_per_s']:.2f}×" if d else ""
+                times = f"{r['mb_per_s'] / d['mb_per_s']:.2f}×" if d else ""
                 out.append(f"| {size_name(size)} | {t} | {r['requests']} | {r['total_p50']:.0f} | "
-                           f"{r['mb_per_s']:.0f} | {ratio} | {cache} |")
+                           f"{r['mb_per_s']:.0f} | {times} | {cache} |")
         out.append("")
     if "herd" in w:
         rows = w["herd"]
