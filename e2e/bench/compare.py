@@ -488,13 +488,21 @@ class Bench:
         self.results["disk_hits_setup"] = {"larder_memory": 8 * MiB, "objects": {str(s): n for s, n in sets.items()},
                                            "warm_seconds": p["elapsed_seconds"]}
 
-    def connected(self, t: Target) -> Reader:
-        """A reader whose connection is already open (a small GET done), so that timed requests
-        do not pay for connecting."""
+    def read_cold(self, t: Target, keys: list[str], size: int) -> tuple[list, list, dict]:
+        """Each of `keys` once through `t`, one at a time on a connection opened beforehand (a
+        small GET), every body checked: seconds to the first byte, to the last, and how each
+        was answered."""
         self.upload([("hello", KiB)])
         r = Reader(t)
         r.get("hello", content("hello", KiB))
-        return r
+        firsts, alls, statuses = [], [], {}
+        for key in keys:
+            first, total, status = r.get(key, content(key, size))
+            firsts.append(first)
+            alls.append(total)
+            statuses[status] = statuses.get(status, 0) + 1
+        r.close()
+        return firsts, alls, statuses
 
     def cold_ttfb(self, lt, nt):
         print("== cold misses: time to first byte", flush=True)
@@ -506,14 +514,8 @@ class Bench:
                 keys = [f"cold/{size}/{i}" for i in range(n)]
                 self.upload([(k, size) for k in keys])
                 for t in (self.direct(), nt, lt):
-                    r = self.connected(t)
-                    firsts, alls, statuses = [], [], {}
-                    for key in keys:
-                        first, total, status = r.get(key, content(key, size))
-                        firsts.append(first * 1000)
-                        alls.append(total * 1000)
-                        statuses[status] = statuses.get(status, 0) + 1
-                    r.close()
+                    firsts, alls, statuses = self.read_cold(t, keys, size)
+                    firsts, alls = [f * 1000 for f in firsts], [a * 1000 for a in alls]
                     row = {"size": size, "target": t.name, "requests": n, "cache": statuses,
                            "ttfb_p50": percentile(firsts, 50), "ttfb_p90": percentile(firsts, 90),
                            "ttfb_p99": percentile(firsts, 99), "total_p50": percentile(alls, 50)}
@@ -536,13 +538,7 @@ class Bench:
                 keys = [f"capped/{size}/{i}" for i in range(n)]
                 self.upload([(k, size) for k in keys])
                 for t in (self.direct(), nt, lt):
-                    r = self.connected(t)
-                    alls, statuses = [], {}
-                    for key in keys:
-                        _, total, status = r.get(key, content(key, size))
-                        alls.append(total)
-                        statuses[status] = statuses.get(status, 0) + 1
-                    r.close()
+                    _, alls, statuses = self.read_cold(t, keys, size)
                     p50 = percentile(alls, 50)
                     row = {"size": size, "target": t.name, "requests": n, "cache": statuses,
                            "total_p50": p50 * 1000, "mb_per_s": size / p50 / 1e6}

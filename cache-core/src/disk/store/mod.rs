@@ -239,14 +239,14 @@ impl Store {
         match self.cfg.admission {
             Admission::Always => true,
             Admission::SecondHit => {
-                // Space never used yet costs nothing to fill; after that, a block turned away
-                // is remembered for about as many offers as the store holds entries.
-                self.alloc.lock().free.len() > reserve(self.cfg.regions)
-                    || self.ghost.take(hash)
-                    || {
-                        self.ghost.remember(hash, self.index.len().max(64));
-                        false
-                    }
+                // Space never used yet costs nothing to fill.
+                if self.alloc.lock().free.len() > reserve(self.cfg.regions) || self.ghost.take(hash)
+                {
+                    return true;
+                }
+                // Turned away: remembered for about as many offers as the store holds entries.
+                self.ghost.remember(hash, self.index.len().max(64));
+                false
             }
         }
     }
