@@ -56,11 +56,13 @@ HERE = Path(__file__).resolve().parent
 MODES = {
     "quick": dict(seconds=2, clients=[1, 16], ttfb={1 * MiB: 20, 64 * MiB: 4}, herd_objects=2, herd_size=16 * MiB,
                   disk_sets={1 * MiB: 48, 8 * MiB: 12, 64 * MiB: 3}, zipf_objects=320, zipf_requests=6000,
-                  zipf_region="16MiB", parquet_files=4, parquet_size=64 * MiB, capped={64 * MiB: 3}),
+                  zipf_region="16MiB", parquet_files=4, parquet_size=64 * MiB, capped={64 * MiB: 3},
+                  ranges={64 * KiB: 3, 1 * MiB: 3, 4 * MiB: 3, 16 * MiB: 3}),
     "full": dict(seconds=10, clients=[1, 4, 16, 64], ttfb={1 * MiB: 100, 64 * MiB: 16}, herd_objects=4,
                  herd_size=16 * MiB, disk_sets={1 * MiB: 128, 8 * MiB: 32, 64 * MiB: 6}, zipf_objects=2048,
                  zipf_requests=40000, zipf_region="16MiB", parquet_files=16, parquet_size=64 * MiB,
-                 capped={64 * MiB: 8, 256 * MiB: 3}),
+                 capped={64 * MiB: 8, 256 * MiB: 3},
+                 ranges={64 * KiB: 10, 256 * KiB: 10, 1 * MiB: 10, 4 * MiB: 10, 16 * MiB: 6}),
 }
 # What one S3 connection delivers, roughly (docs/benchmarks.md): the cap the latency proxy puts on
 # each connection for the capped cold reads.
@@ -489,15 +491,19 @@ class Bench:
                                            "warm_seconds": p["elapsed_seconds"]}
 
     def read_cold(self, t: Target, keys: list[str], size: int) -> tuple[list, list, dict]:
-        """Each of `keys` once through `t`, one at a time on a connection opened beforehand (a
-        small GET), every body checked: seconds to the first byte, to the last, and how each
-        was answered."""
+        """Each of `keys` (objects of `size` bytes) whole, once through `t` (`read_each`)."""
+        return self.read_each(t, [(k, content(k, size), None) for k in keys])
+
+    def read_each(self, t: Target, reads: list) -> tuple[list, list, dict]:
+        """Each of `reads` (key, expected body, Range header or None) once through `t`, one at a
+        time on a connection opened beforehand (a small GET), every body checked: seconds to the
+        first byte, to the last, and how each was answered."""
         self.upload([("hello", KiB)])
         r = Reader(t)
         r.get("hello", content("hello", KiB))
         firsts, alls, statuses = [], [], {}
-        for key in keys:
-            first, total, status = r.get(key, content(key, size))
+        for key, expected, range_ in reads:
+            first, total, status = r.get(key, expected, range_)
             firsts.append(first)
             alls.append(total)
             statuses[status] = statuses.get(status, 0) + 1
@@ -549,6 +555,43 @@ class Bench:
             self.proxy.control("limits?connection_mbps=0")
             self.proxy.latency()
         self.results["workloads"]["cold_capped"] = rows
+
+    def cold_ranges(self, lt, nt):
+        """Ranges of several lengths at random offsets, each of an object that target has not read,
+        one at a time: time to the first byte and to the last, and what the upstream sent for them,
+        from an upstream adding 30 ms and from one also capping each connection as S3 does."""
+        print("== cold ranges", flush=True)
+        size, rng = 24 * MiB, random.Random(11)
+        models = (("30 ms", 0), (f"30 ms, {S3_CONNECTION_MBPS} MB/s per connection", S3_CONNECTION_MBPS))
+        plan = {(model, length): [(f"ranges/{mbps}/{length}/{i}", rng.randrange(0, size - length + 1))
+                                  for i in range(n)]
+                for model, mbps in models for length, n in self.cfg["ranges"].items()}
+        self.upload([(k, size) for reads in plan.values() for k, _ in reads])
+        self.proxy.latency(delay_ms=30, jitter_ms=0, tail_fraction=0, tail_ms=0)
+        rows = []
+        try:
+            for model, mbps in models:
+                self.proxy.control(f"limits?connection_mbps={mbps}")
+                for length in self.cfg["ranges"]:
+                    reads = [(k, content(k, size)[a:a + length], f"bytes={a}-{a + length - 1}")
+                             for k, a in plan[(model, length)]]
+                    for t in (self.direct(), nt, lt):
+                        self.proxy.control("reset")
+                        firsts, alls, statuses = self.read_each(t, reads)
+                        up = self.upstream()
+                        # The connection's opening GET of a 1 KiB object is counted upstream once.
+                        row = {"model": model, "length": length, "target": t.name, "requests": len(reads),
+                               "cache": statuses, "ttfb_p50": percentile(firsts, 50) * 1000,
+                               "total_p50": percentile(alls, 50) * 1000, "upstream_gets": up["gets"],
+                               "upstream_bytes": up["bytes"], "asked_bytes": length * len(reads)}
+                        rows.append(row)
+                        print(f"  {model} {size_name(length)} {t.name}: TTFB p50 {row['ttfb_p50']:.2f} ms, last byte "
+                              f"p50 {row['total_p50']:.2f} ms, upstream {up['bytes'] / row['asked_bytes']:.2f}x the "
+                              f"bytes asked in {up['gets']} GETs {statuses}", flush=True)
+        finally:
+            self.proxy.control("limits?connection_mbps=0")
+            self.proxy.latency()
+        self.results["workloads"]["cold_ranges"] = rows
 
     def herd(self, lt, nt, clients: int = 64):
         print("== thundering herd", flush=True)
@@ -740,7 +783,7 @@ class Bench:
         larder, lt = self.larder("larder", "--memory-capacity", "2GiB")
         _, nt = self.nginx("nginx", 8 * GiB)
         steps = [("memory", lambda: self.memory_hits(larder, lt, nt)), ("ttfb", lambda: self.cold_ttfb(lt, nt)),
-                 ("capped", lambda: self.cold_capped(lt, nt)),
+                 ("capped", lambda: self.cold_capped(lt, nt)), ("ranges", lambda: self.cold_ranges(lt, nt)),
                  ("herd", lambda: self.herd(lt, nt)), ("parquet", lambda: self.parquet(lt, nt)),
                  ("disk", lambda: self.disk_hits(nt)), ("zipf", self.zipf)]
         for name, step in steps:
@@ -779,7 +822,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", choices=MODES, default="quick")
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--only", default="", help="comma-separated workloads: memory,ttfb,capped,herd,parquet,disk,zipf")
+    ap.add_argument("--only", default="", help="comma-separated workloads: memory,ttfb,capped,ranges,herd,parquet,disk,zipf")
     ap.add_argument("--larder-args", default="", help="more `larder serve` flags for every Larder, e.g. \"--read-window 8\"")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

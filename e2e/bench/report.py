@@ -91,6 +91,17 @@ def goals(res) -> list[str]:
             out.append(f"- **Cold-miss time-to-first-byte overhead under 1 ms at p50** ({size_name(size)}): "
                        f"{'met' if over < 1 else 'NOT met'}: {over:+.2f} ms (Larder {lt['ttfb_p50']:.2f} ms, "
                        f"direct {d['ttfb_p50']:.2f} ms).")
+    ranges = w.get("cold_ranges", [])
+    for model in dict.fromkeys(r["model"] for r in ranges):
+        pairs = [(one(ranges, model=model, length=n, target="Larder"), one(ranges, model=model, length=n, target="direct"))
+                 for n in sorted({r["length"] for r in ranges})]
+        pairs = [(lt, d) for lt, d in pairs if lt and d]
+        first = sum(lt["ttfb_p50"] - d["ttfb_p50"] <= 1 for lt, d in pairs)
+        last = sum(lt["total_p50"] <= 1.1 * d["total_p50"] for lt, d in pairs)
+        fetched = sum(lt["upstream_bytes"] <= 1.5 * lt["asked_bytes"] for lt, _ in pairs)
+        out.append(f"- **Cold ranges ({model}): first byte within 1 ms of direct, last byte within 10 %, at most "
+                   f"1.5× the bytes asked from the upstream** (p50, per range length): first byte met for {first} of "
+                   f"{len(pairs)} lengths, last byte for {last}, bytes for {fetched}.")
     z = {r["target"]: r for r in w.get("zipf", [])}
     if "Larder" in z and "nginx" in z:
         ok = z["Larder"]["hit_ratio"] >= z["nginx"]["hit_ratio"]
@@ -150,6 +161,29 @@ def markdown(res) -> str:
                 times = f"{r['mb_per_s'] / d['mb_per_s']:.2f}×" if d else ""
                 out.append(f"| {size_name(size)} | {t} | {r['requests']} | {r['total_p50']:.0f} | "
                            f"{r['mb_per_s']:.0f} | {times} | {cache} |")
+        out.append("")
+    if "cold_ranges" in w:
+        out += ["## Cold ranges", "",
+                "Ranges of each length at random offsets of 24 MiB objects, each range of an object that target has "
+                "not read, one at a time on a kept-alive connection; upstream bytes counted at the latency proxy "
+                "(one 1 KiB GET opening the connection included).", "",
+                "| upstream | range | target | requests | first byte p50 ms | last byte p50 ms | upstream GETs | "
+                "upstream bytes / asked | answered as |", "|---|---|---|---|---|---|---|---|---|"]
+        rows = w["cold_ranges"]
+        for model in dict.fromkeys(r["model"] for r in rows):
+            for n in sorted({r["length"] for r in rows if r["model"] == model}):
+                for t in TARGETS:
+                    r = one(rows, model=model, length=n, target=t)
+                    if r:
+                        cache = ", ".join(f"{k} {v}" for k, v in r["cache"].items())
+                        out.append(f"| {model} | {size_name(n)} | {t} | {r['requests']} | {r['ttfb_p50']:.2f} | "
+                                   f"{r['total_p50']:.2f} | {r['upstream_gets']} | "
+                                   f"{r['upstream_bytes'] / r['asked_bytes']:.2f} | {cache} |")
+                lt, d = one(rows, model=model, length=n, target="Larder"), one(rows, model=model, length=n, target="direct")
+                if lt and d:
+                    out.append(f"| {model} | {size_name(n)} | **Larder − direct** | | "
+                               f"**{lt['ttfb_p50'] - d['ttfb_p50']:+.2f}** | **{lt['total_p50'] - d['total_p50']:+.2f} "
+                               f"({(lt['total_p50'] / d['total_p50'] - 1) * 100:+.0f} %)** | | | |")
         out.append("")
     if "herd" in w:
         rows = w["herd"]
@@ -227,6 +261,8 @@ def markdown(res) -> str:
                        f"{r['column_p50']:.1f} | {r['p99']:.1f} |")
         out.append("")
     out += ["## Plots", "", "![hits](hits.png)", "", "![cold misses, herd, Zipf, Parquet](upstream.png)", ""]
+    if "cold_ranges" in w:
+        out += ["![cold ranges](ranges.png)", ""]
     return "\n".join(out)
 
 
@@ -296,9 +332,36 @@ def plots(res, out: Path):
     plt.close(fig)
 
 
+def ranges_plot(res, out: Path):
+    import matplotlib  # noqa: PLC0415
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    rows = res["workloads"].get("cold_ranges", [])
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    if not models:
+        return
+    fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 3.8), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        lengths = sorted({r["length"] for r in rows if r["model"] == model})
+        for t in TARGETS:
+            vals = [(one(rows, model=model, length=n, target=t) or {}).get("total_p50") for n in lengths]
+            if any(v is not None for v in vals):
+                ax.plot([size_name(n) for n in lengths], vals, "o-", label=t, color=COLORS[t])
+        ax.set_yscale("log")
+        ax.set_title(f"cold ranges, {model}: last byte p50 ms", fontsize=9)
+        ax.set_xlabel("range length", fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "ranges.png", dpi=90)
+    plt.close(fig)
+
+
 def write(res, out: Path):
     (out / "results.md").write_text(markdown(res))
     plots(res, out)
+    ranges_plot(res, out)
 
 
 if __name__ == "__main__":

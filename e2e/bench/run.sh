@@ -20,7 +20,7 @@ while [ $# -gt 0 ]; do
     --full) mode=full ;;
     --out) out="$2"; shift ;;
     --only) only="$2"; shift ;;
-    *) echo "usage: $0 [--quick|--full] [--out DIR] [--only memory,ttfb,capped,herd,parquet,disk,zipf,replay]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--quick|--full] [--out DIR] [--only memory,ttfb,capped,ranges,herd,parquet,disk,zipf,replay]" >&2; exit 2 ;;
   esac
   shift
 done

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from conftest import binary
+from conftest import binary, metric, wait_until
 from threads import run_all
 
 MiB = 1 << 20
@@ -40,7 +40,63 @@ def test_32_concurrent_cold_readers_cause_one_get_per_block(larder, direct, buck
     assert heads == [], heads
 
 
-def test_a_cold_range_fetches_only_the_blocks_it_touches(larder, direct, bucket, upstream):
+def test_a_cold_range_fetches_only_the_bytes_asked_and_its_block_when_a_second_range_wants_it(larder, direct, bucket,
+                                                                                              upstream):
+    """Range-first (`cold_ranges = "exact"`, the default): a range much smaller than its block
+    costs the upstream its own bytes, not the block's; the same range again is a hit; a second
+    range of the block brings the block behind it; a range spanning two blocks takes a part of
+    each; a range covering most of its block takes the block."""
+    size = 64 * MiB
+    data = random.Random(6).randbytes(size)
+    direct.put_object(Bucket=bucket, Key="sparse.bin", Body=data)
+    etag = direct.head_object(Bucket=bucket, Key="sparse.bin")["ETag"]
+    upstream.reset()
+    client = larder.client()
+    path = f"/{bucket}/sparse.bin"
+
+    def get(first, last):
+        r = client.get_object(Bucket=bucket, Key="sparse.bin", Range=f"bytes={first}-{last}")
+        assert r["Body"].read() == data[first:last + 1]
+        return r["ResponseMetadata"]["HTTPHeaders"]["x-cache"]
+
+    def ranges():
+        return [h.get("range") for _, _, h in upstream.seen_with_headers("GET", path)]
+
+    a = 3 * BLOCK + 5
+    assert get(a, a + 9) == "miss"
+    # Cold: one GET of the 10 bytes asked, which also told Larder the size and ETag.
+    assert ranges() == [f"bytes={a}-{a + 9}"]
+    assert upstream.seen("HEAD", path) == []
+    assert get(a, a + 9) == "hit-memory"
+    assert ranges() == [f"bytes={a}-{a + 9}"]
+    # Across a boundary: a part of each block, each pinned to the version the first GET found.
+    b = 5 * BLOCK - 2
+    assert get(b, b + 3) == "miss"
+    gets = upstream.seen_with_headers("GET", path)
+    assert sorted(h.get("range") for _, _, h in gets[1:]) == sorted(
+        [f"bytes={b}-{5 * BLOCK - 1}", f"bytes={5 * BLOCK}-{b + 3}"])
+    assert [h.get("if-match") for _, _, h in gets[1:]] == [etag, etag], gets
+    # Each was signed by Larder for the upstream, not passed on from the client.
+    assert all("Credential=larder-e2e/" in h.get("authorization", "") for _, _, h in gets), gets
+    # A second range of block 3: its bytes, and block 3 whole behind the reader.
+    c = 3 * BLOCK + 1000
+    get(c, c + 99)
+    block3 = f"bytes={3 * BLOCK}-{4 * BLOCK - 1}"
+    wait_until(lambda: block3 in ranges() and "hit-memory" == get(3 * BLOCK, 4 * BLOCK - 1), 10,
+               "block 3 fetched behind the second range of it")
+    assert ranges()[3:] in ([f"bytes={c}-{c + 99}", block3], [block3, f"bytes={c}-{c + 99}"])
+    # Now any range of block 3 is a hit.
+    assert get(3 * BLOCK + 77, 3 * BLOCK + 7777) == "hit-memory"
+    # Most of a block (6 of 8 MiB): the block.
+    before = len(ranges())
+    assert get(6 * BLOCK, 6 * BLOCK + 6 * MiB - 1) == "miss"
+    assert ranges()[before:] == [f"bytes={6 * BLOCK}-{7 * BLOCK - 1}"]
+    wait_until(lambda: metric(larder, "larder_cache_lookups_total", tier="part", result="hit") >= 1, 10,
+               "the part's hit counted")
+
+
+def test_cold_ranges_block_fetches_the_blocks_a_range_touches(make_larder, direct, bucket, upstream):
+    larder = make_larder("--cold-ranges", "block")
     size = 64 * MiB
     data = random.Random(6).randbytes(size)
     direct.put_object(Bucket=bucket, Key="sparse.bin", Body=data)

@@ -1,6 +1,8 @@
 //! The cache-key schema, in one place: which bytes a cached block may be served for.
 //!
-//! A block is cached under (bucket, key, ETag, block size, index). The ETag names the bytes
+//! A block is cached under (bucket, key, ETag, block size, index). A part of a block fetched on
+//! its own (a cold range much smaller than its block) is cached under its block's key and its
+//! span within the block. The ETag names the bytes
 //! (every upstream fetch carries `If-Match: <ETag>`, so a block only ever holds bytes of the
 //! version its key names); the block size names the geometry (block 3 of 4 MiB blocks is other
 //! bytes than block 3 of 8 MiB blocks). The disk partition a bucket is cached in is decided
@@ -49,6 +51,21 @@ impl KeySchema {
         BlockId::new(object, etag, &self.layout, index, partition)
     }
 
+    /// The key of bytes `span` (relative to the block's start) of block `index` of `object` at
+    /// `etag`: a part fetched on its own, never served for any other span.
+    pub fn part(
+        &self,
+        object: &ObjectId,
+        etag: &Arc<str>,
+        index: u64,
+        span: std::ops::Range<u64>,
+    ) -> BlockId {
+        BlockId {
+            part: Some((span.start, span.end)),
+            ..self.block(object, etag, index)
+        }
+    }
+
     /// How objects are cut into blocks.
     pub fn layout(&self) -> &BlockLayout {
         &self.layout
@@ -68,6 +85,8 @@ pub struct BlockId {
     block_size: u64,
     /// Disk partition of the bucket (a function of `bucket`, so it changes nothing in equality).
     partition: Arc<str>,
+    /// For a part of the block, its span within the block; `None` for the whole block.
+    part: Option<(u64, u64)>,
 }
 
 impl BlockId {
@@ -88,6 +107,7 @@ impl BlockId {
             index,
             block_size: layout.block_size(),
             partition,
+            part: None,
         }
     }
 }
@@ -95,19 +115,69 @@ impl BlockId {
 impl CacheKey for BlockId {
     /// Length-prefixed fields, so no choice of bucket, key or ETag can make two ids collide.
     fn disk_key(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(24 + self.bucket.len() + self.key.len() + self.etag.len());
+        let mut out = Vec::with_capacity(40 + self.bucket.len() + self.key.len() + self.etag.len());
         // Schema 2 adds the block size; entries of schema 1 (no geometry) are never matched.
-        out.extend_from_slice(b"s3b2");
+        // A part has a schema tag of its own and its span after the index.
+        out.extend_from_slice(if self.part.is_some() {
+            b"s3p2"
+        } else {
+            b"s3b2"
+        });
         for part in [&self.bucket, &self.key, &self.etag] {
             out.extend_from_slice(&(part.len() as u32).to_le_bytes());
             out.extend_from_slice(part.as_bytes());
         }
         out.extend_from_slice(&self.block_size.to_le_bytes());
         out.extend_from_slice(&self.index.to_le_bytes());
+        if let Some((from, to)) = self.part {
+            out.extend_from_slice(&from.to_le_bytes());
+            out.extend_from_slice(&to.to_le_bytes());
+        }
         out
     }
 
     fn partition(&self) -> &str {
         &self.partition
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn schema(block_size: u64) -> KeySchema {
+        KeySchema::new(BlockLayout::new(block_size), HashMap::new())
+    }
+
+    fn object() -> ObjectId {
+        ObjectId {
+            bucket: "b".into(),
+            key: "k".into(),
+            version_id: None,
+        }
+    }
+
+    #[test]
+    fn a_part_is_never_its_block_nor_another_part() {
+        let (s, o, etag): (_, _, Arc<str>) = (schema(4096), object(), "\"e\"".into());
+        let block = s.block(&o, &etag, 1);
+        let part = s.part(&o, &etag, 1, 0..100);
+        let keys = [
+            block.disk_key(),
+            part.disk_key(),
+            s.part(&o, &etag, 1, 0..101).disk_key(),
+            s.part(&o, &etag, 1, 1..100).disk_key(),
+            s.part(&o, &etag, 2, 0..100).disk_key(),
+            s.part(&o, &"\"f\"".into(), 1, 0..100).disk_key(),
+            schema(8192).part(&o, &etag, 1, 0..100).disk_key(),
+        ];
+        for (i, a) in keys.iter().enumerate() {
+            for b in &keys[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+        assert_ne!(block, part);
+        assert_eq!(part, s.part(&o, &etag, 1, 0..100));
+        assert_eq!(part.partition(), block.partition());
     }
 }

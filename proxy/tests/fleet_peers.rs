@@ -204,7 +204,11 @@ async fn a_cold_object_opens_at_its_owner_with_one_upstream_get() {
     let (peer, _) = owner_replica(origin.clone()).await;
     let (store, fleet, _) = asking_replica(origin.clone(), &peer.to_string());
     let index = owned_by_peer(&fleet)[0];
-    let (meta, age) = store.open_cold(object(), index).await.unwrap().unwrap();
+    let (meta, age) = store
+        .open_cold(object(), index * BLOCK, None)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!((meta.size, meta.etag.as_str()), (SIZE as u64, "\"e1\""));
     assert!(age < Duration::from_secs(5));
     let start = index * BLOCK;

@@ -249,6 +249,155 @@ async fn upstream_fetches_never_exceed_the_cap() {
     assert_eq!(origin.most_open_bodies.load(Ordering::SeqCst), 2);
 }
 
+/// A store reading ranges range-first, over 4 blocks of 4,096 bytes.
+fn range_first(
+    prefetch: bool,
+    metrics: &Arc<Metrics>,
+) -> (Arc<BlockStore>, Arc<MemoryUpstream>, ObjectId, Arc<str>) {
+    setup_with(4 * 4096, Duration::ZERO, 4, metrics.clone(), |c| {
+        c.exact_ranges = true;
+        if prefetch {
+            c.prefetch = larder::read::prefetch::PrefetchConfig {
+                enabled: true,
+                min_window: 1,
+                max_window: 1,
+                max_inflight: 4,
+                unused_after: Duration::from_secs(60),
+            };
+        }
+    })
+}
+
+/// Bytes received from the upstream once they reach `expected` (or 5 s passed): a fetch runs
+/// on after the reader that started it has its bytes, in a task of its own.
+async fn upstream_bytes(metrics: &Metrics, expected: f64) -> f64 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let got = metrics
+            .snapshot()
+            .sum("larder_upstream_received_bytes_total", &[]);
+        if got >= expected || tokio::time::Instant::now() >= deadline {
+            return got;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_cold_range_much_smaller_than_its_block_fetches_only_its_bytes_once() {
+    let metrics = Arc::new(Metrics::default());
+    let (store, origin, id, etag) = range_first(false, &metrics);
+    let want = data(4 * 4096, 0);
+    let size = 4 * 4096;
+    for _ in 0..3 {
+        let got = collect(store.read(id.clone(), etag.clone(), 100..300, size)).await;
+        assert_eq!(got.unwrap(), want[100..300]);
+    }
+    // One GET of exactly the 200 bytes asked; the same range again is a hit on the part.
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 1);
+    assert_eq!(upstream_bytes(&metrics, 200.0).await, 200.0);
+    assert_eq!(
+        store.classify(&id, &etag, 100..300, size),
+        CacheResult::HitMemory
+    );
+    // Another range of that block is not the part: a miss, fetched exactly as well.
+    assert_eq!(
+        store.classify(&id, &etag, 100..301, size),
+        CacheResult::Miss
+    );
+    // A range spanning two blocks takes a part of each; one that covers two thirds of its
+    // block or more takes the block.
+    let got = collect(store.read(id.clone(), etag.clone(), 4000..4200, size)).await;
+    assert_eq!(got.unwrap(), want[4000..4200]);
+    assert_eq!(upstream_bytes(&metrics, 400.0).await, 400.0);
+    let got = collect(store.read(id.clone(), etag.clone(), 8192..11_000, size)).await;
+    assert_eq!(got.unwrap(), want[8192..11_000]);
+    assert_eq!(
+        upstream_bytes(&metrics, 400.0 + 4096.0).await,
+        400.0 + 4096.0
+    );
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test]
+async fn whole_blocks_when_range_first_is_off() {
+    let metrics = Arc::new(Metrics::default());
+    let (store, _, id, etag) = setup_with(4 * 4096, Duration::ZERO, 4, metrics.clone(), |_| {});
+    let got = collect(store.read(id, etag, 100..300, 4 * 4096)).await;
+    assert_eq!(got.unwrap(), data(4 * 4096, 0)[100..300]);
+    assert_eq!(upstream_bytes(&metrics, 4096.0).await, 4096.0);
+}
+
+#[tokio::test]
+async fn a_herd_on_one_cold_range_makes_one_get() {
+    let metrics = Arc::new(Metrics::default());
+    let (store, origin, id, etag) = setup_with(
+        4 * 4096,
+        Duration::from_millis(2),
+        4,
+        metrics.clone(),
+        |c| c.exact_ranges = true,
+    );
+    let readers: Vec<_> = (0..16)
+        .map(|_| {
+            tokio::spawn(collect(store.read(
+                id.clone(),
+                etag.clone(),
+                0..2500,
+                4 * 4096,
+            )))
+        })
+        .collect();
+    for r in readers {
+        assert_eq!(r.await.unwrap().unwrap(), data(4 * 4096, 0)[0..2500]);
+    }
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 1);
+    assert_eq!(upstream_bytes(&metrics, 2500.0).await, 2500.0);
+}
+
+#[tokio::test]
+async fn a_second_range_of_a_block_fetches_the_block_behind_the_reader() {
+    let metrics = Arc::new(Metrics::default());
+    let (store, origin, id, etag) = range_first(true, &metrics);
+    let want = data(4 * 4096, 0);
+    let size = 4 * 4096;
+    let got = collect(store.read(id.clone(), etag.clone(), 100..300, size)).await;
+    assert_eq!(got.unwrap(), want[100..300]);
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 1);
+    // A second, different range of block 0: its part, and the whole block behind it.
+    let got = collect(store.read(id.clone(), etag.clone(), 1000..1100, size)).await;
+    assert_eq!(got.unwrap(), want[1000..1100]);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while store.classify(&id, &etag, 0..4096, size) != CacheResult::HitMemory
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(
+        store.classify(&id, &etag, 0..4096, size),
+        CacheResult::HitMemory
+    );
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 3);
+    // Any range of it is now a hit, and the read-ahead counted as used.
+    let got = collect(store.read(id.clone(), etag.clone(), 2000..2100, size)).await;
+    assert_eq!(got.unwrap(), want[2000..2100]);
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 3);
+    let s = metrics.snapshot();
+    assert_eq!(
+        s.sum("larder_prefetch_bytes_total", &[("outcome", "used")]),
+        4096.0
+    );
+    // One range of another block only: that block stays unfetched.
+    let got = collect(store.read(id.clone(), etag.clone(), 5000..5100, size)).await;
+    assert_eq!(got.unwrap(), want[5000..5100]);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 4);
+    assert_eq!(
+        store.classify(&id, &etag, 4096..8192, size),
+        CacheResult::Miss
+    );
+}
+
 mod disk_tests {
     use super::*;
     use cache_core::disk::DiskConfig;

@@ -208,6 +208,11 @@ options! {
     /// GET's throughput from an upstream capping each connection as S3 does (4 made it 2.4
     /// times; docs/benchmarks.md).
     read_window: usize = 8;
+    /// How a range of a block nothing here holds is fetched: `exact` (range-first: a range the
+    /// whole block would bring more than 1.5 times the bytes of is fetched as asked, cached as
+    /// a part found again by the same range, and its block fetched behind the reader when a
+    /// second range of it is asked) or `block` (always the whole block). Default: `exact`.
+    cold_ranges: ColdRanges = Default::default();
     /// Most bytes of blocks all responses in flight hold at once: each holds the block it is
     /// sending and those opened ahead of it, which may have left the memory tier. A response
     /// whose next block would go over waits (counted). At least one block. Default: `1GiB`.
@@ -378,6 +383,17 @@ pub enum PrefetchMode {
     Auto,
     /// No read-ahead.
     Off,
+}
+
+/// See [`Config::cold_ranges`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum ColdRanges {
+    /// Fetch a range much smaller than its block as asked.
+    #[default]
+    Exact,
+    /// Fetch whole blocks.
+    Block,
 }
 
 /// See [`Config::upstream_transfer`].

@@ -49,6 +49,9 @@ label! {
         PeerCopy => "peer-copy",
         /// The disk tier.
         Disk => "disk",
+        /// Parts of blocks fetched on their own (a cold range much smaller than its block),
+        /// in memory or on disk: a miss is a part fetched.
+        Part => "part",
     }
 }
 

@@ -70,24 +70,22 @@ impl AppState {
             .and_then(|v| v.to_str().ok())
             .and_then(ByteRange::parse);
         // A GET of an object nothing is known of fetches its metadata together with the first
-        // block it needs (or, for a suffix range, with those last bytes): one upstream round
-        // trip before the first byte instead of two.
+        // block it needs (or the bytes asked of it, or for a suffix range those last bytes): one
+        // upstream round trip before the first byte instead of two.
         let cold = match (head, range) {
             (true, _) => None,
-            (false, None) => Some(Cold::Block(0)),
-            (false, Some(ByteRange::FromTo { first, .. })) => {
-                Some(Cold::Block(first / self.blocks.layout().block_size()))
-            }
+            (false, None) => Some(Cold::Range(0, None)),
+            (false, Some(ByteRange::FromTo { first, last })) => Some(Cold::Range(first, last)),
             (false, Some(ByteRange::Suffix(n))) => (n > 0).then_some(Cold::Tail(n)),
         }
         .filter(|_| self.metadata.is_unknown(id) && !self.blocks.known_on_disk(id));
         let opened = AtomicBool::new(false);
         let tail = Mutex::new(None);
         let fetched = match cold {
-            Some(Cold::Block(index)) => {
+            Some(Cold::Range(first, last)) => {
                 let open = async {
                     opened.store(true, Ordering::Relaxed);
-                    self.blocks.open_cold(id.clone(), index).await
+                    self.blocks.open_cold(id.clone(), first, last).await
                 };
                 self.metadata.get_or_open(id, open).await
             }
@@ -158,8 +156,13 @@ impl AppState {
             return respond(Body::from_stream(body), CacheResult::Miss.as_str());
         }
         let cache = match self.blocks.classify(id, &etag, start..end, meta.size) {
-            // This request's own GET is the flight it finds.
-            CacheResult::Coalesced if opened.load(Ordering::Relaxed) => CacheResult::Miss,
+            // This request's own GET brought its first bytes: the flight it finds, or (a small
+            // range, fetched before this look) the bytes already landed.
+            CacheResult::Coalesced | CacheResult::HitMemory | CacheResult::HitDisk
+                if opened.load(Ordering::Relaxed) =>
+            {
+                CacheResult::Miss
+            }
             other => other,
         };
         self.blocks.read_ahead(id, &etag, start..end, meta.size);
@@ -256,8 +259,9 @@ pub(super) fn declares_kms(headers: &HeaderMap) -> bool {
 
 /// How a GET of an object nothing is known of fetches its metadata.
 enum Cold {
-    /// With the block of this index.
-    Block(u64),
+    /// With the bytes asked from the first (to the last, inclusive; `None`: to the end) within
+    /// the block of the first.
+    Range(u64, Option<u64>),
     /// With the last this many bytes (a suffix range).
     Tail(u64),
 }

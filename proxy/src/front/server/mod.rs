@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::Authenticator;
 use crate::config::Config;
-use crate::config::PrefetchMode;
+use crate::config::{ColdRanges, PrefetchMode};
 use crate::fleet::auth::PeerSecret;
 use crate::fleet::client::{Info, PeerClient};
 use crate::fleet::membership::{MemberSource, Membership};
@@ -272,6 +272,7 @@ pub async fn start(
             max_inflight: config.prefetch_max_inflight,
             unused_after: crate::read::prefetch::UNUSED_AFTER,
         },
+        exact_ranges: config.cold_ranges == ColdRanges::Exact,
         fleet: fleet.as_ref().map(|f| f.fleet.clone()),
     };
     let blocks = Arc::new(BlockStore::new(

@@ -8,7 +8,7 @@ use cache_core::Tier;
 
 use crate::model::ObjectId;
 
-use super::BlockStore;
+use super::{BlockStore, Purpose};
 
 /// How a response's bytes are being found, for the `X-Cache` header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,7 +65,14 @@ impl BlockStore {
         let (mut in_memory, mut on_disk, mut missing) = (0usize, 0usize, 0usize);
         let mut first_missing = None;
         for slice in self.keys.layout().slices(range.start, range.end, size) {
-            let id = self.id(object, etag, slice.index);
+            let mut id = self.id(object, etag, slice.index);
+            // Read as a part of its own when its block is nowhere here (`part`).
+            if self.cache.locate(&id).is_none() && !self.cache.in_flight(&id) && !self.has_copy(&id)
+            {
+                if let Some((part, _)) = self.part_of(object, etag, &slice, Purpose::Demand) {
+                    id = part;
+                }
+            }
             match self.cache.locate(&id) {
                 Some(Tier::Memory) => in_memory += 1,
                 Some(_) => on_disk += 1,

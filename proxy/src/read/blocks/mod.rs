@@ -12,6 +12,7 @@
 //! - `fetch`: one block's fetch: from disk, its owner in the fleet, or the upstream,
 //!   resumed where it broke, and where the bytes then go;
 //! - `cold`: the first read of an object nothing is known of, whose GET brings its metadata;
+//! - `part`: range-first: a cold range much smaller than its block fetched exactly;
 //! - `ahead`: read-ahead and warm-up, fetches nobody is waiting for yet.
 
 use std::ops::Range;
@@ -40,6 +41,7 @@ mod ahead;
 mod classify;
 mod cold;
 mod fetch;
+mod part;
 #[cfg(test)]
 mod tests;
 
@@ -55,6 +57,15 @@ enum OpenBlock {
     /// Just the slice's bytes, read from disk.
     Part(Bytes),
     Streaming(FlightReader<UpstreamError>, Source),
+}
+
+/// What a slice is read from.
+enum Opening {
+    /// Its block, opened.
+    Block(OpenBlock),
+    /// A part of its own (key, and the part as a block): the block is nowhere here and would
+    /// bring much more than the bytes asked.
+    Part(BlockId, BlockSlice),
 }
 
 /// Blocks in memory, on disk, in flight, and the origin behind them.
@@ -81,6 +92,10 @@ pub struct BlockStore {
     /// Blocks read ahead and not yet read by anyone, with their size: read → used, evicted or
     /// expired → wasted.
     prefetched: moka::sync::Cache<BlockId, u64>,
+    /// Whether a cold range much smaller than its block is fetched exactly (`part`).
+    exact_ranges: bool,
+    /// Blocks a part of which was fetched recently: another part fetched completes the block.
+    parts_fetched: moka::sync::Cache<BlockId, ()>,
     /// The other replicas, when this one is part of a fleet.
     fleet: Option<Arc<Fleet>>,
     metrics: Arc<Metrics>,
@@ -141,12 +156,16 @@ pub struct BlockStoreConfig {
     pub bucket_partitions: std::collections::HashMap<String, String>,
     /// Read-ahead across requests.
     pub prefetch: PrefetchConfig,
+    /// Whether a cold range whose block would bring more than 1.5 times its bytes is fetched
+    /// exactly (range-first) instead of as the whole block.
+    pub exact_ranges: bool,
     /// The fleet this replica is part of, if any.
     pub fleet: Option<Arc<Fleet>>,
 }
 
 impl BlockStoreConfig {
-    /// Memory only, 4 KiB blocks, no read-ahead: what tests start from.
+    /// Memory only, 4 KiB blocks, no read-ahead, whole blocks for every range: what tests
+    /// start from.
     pub fn for_tests() -> Self {
         Self {
             layout: BlockLayout::new(4096),
@@ -159,6 +178,7 @@ impl BlockStoreConfig {
             write_policy: WritePolicy::OnInsert,
             bucket_partitions: Default::default(),
             prefetch: PrefetchConfig::off(),
+            exact_ranges: false,
             fleet: None,
         }
     }
@@ -196,6 +216,11 @@ impl BlockStore {
                     })
                     .build()
             },
+            exact_ranges: config.exact_ranges,
+            parts_fetched: moka::sync::Cache::builder()
+                .max_capacity(part::PARTS_REMEMBERED)
+                .time_to_live(config.prefetch.unused_after)
+                .build(),
             fleet: config.fleet,
             metrics,
         }
@@ -294,7 +319,7 @@ impl BlockStore {
                     // opens in order and the semaphore is fair, so a response's next block is
                     // always ahead of its later ones.
                     let permit = store.pin(slice.block_len).await?;
-                    let opened = store.open(&object, &etag, slice, purpose).await;
+                    let (slice, opened) = store.open(&object, &etag, slice, purpose).await;
                     Ok::<_, UpstreamError>((slice, opened, permit))
                 });
                 // A block at hand (the usual hit) is opened right here. One that has to wait
@@ -387,13 +412,29 @@ impl BlockStore {
         stream::once(futures::future::ready(Ok(part))).boxed()
     }
 
+    /// Open `slice`'s block, or the part of it the slice is fetched as: what to send, and the
+    /// slice of what was opened to send it from.
     async fn open(
         self: &Arc<Self>,
         object: &ObjectId,
         etag: &Arc<str>,
         slice: BlockSlice,
         purpose: Purpose,
-    ) -> OpenBlock {
+    ) -> (BlockSlice, OpenBlock) {
+        match self.open_block(object, etag, slice, purpose).await {
+            Opening::Block(block) => (slice, block),
+            Opening::Part(id, part) => (part, self.open_part(object, etag, &slice, id, part).await),
+        }
+    }
+
+    /// Open `slice`'s block from a tier or its fetch, or say which part to open instead.
+    async fn open_block(
+        self: &Arc<Self>,
+        object: &ObjectId,
+        etag: &Arc<str>,
+        slice: BlockSlice,
+        purpose: Purpose,
+    ) -> Opening {
         let id = self.id(object, etag, slice.index);
         if self.prefetch.enabled() {
             if let Some(bytes) = self.prefetched.remove(&id) {
@@ -403,14 +444,14 @@ impl BlockStore {
         let in_memory = self.cache.memory().get(&id).await;
         if let Some(bytes) = in_memory.and_then(|b| self.checked(b, &slice)) {
             self.metrics.lookup(Lookup::Memory, true);
-            return OpenBlock::Ready(bytes);
+            return Opening::Block(OpenBlock::Ready(bytes));
         }
         self.metrics.lookup(Lookup::Memory, false);
         if let Some(fleet) = &self.fleet {
             let copy = fleet.copy(&id).await;
             if let Some(bytes) = copy.and_then(|b| self.checked(b, &slice)) {
                 self.metrics.lookup(Lookup::PeerCopy, true);
-                return OpenBlock::Ready(bytes);
+                return Opening::Block(OpenBlock::Ready(bytes));
             }
             if fleet.keeps_copies() {
                 self.metrics.lookup(Lookup::PeerCopy, false);
@@ -428,14 +469,21 @@ impl BlockStore {
         {
             if let Some((part, _)) = self.cache.get_range(&id, slice.from..slice.to).await {
                 if part.len() as u64 == slice.to - slice.from {
-                    return OpenBlock::Part(part);
+                    return Opening::Block(OpenBlock::Part(part));
                 }
+            }
+        }
+        // Nowhere here and not being fetched: a slice much smaller than its block is read as
+        // a part of its own (range-first), which an earlier read may have cached.
+        if !on_disk && !self.cache.in_flight(&id) {
+            if let Some((id, part)) = self.part_of(object, etag, &slice, purpose) {
+                return Opening::Part(id, part);
             }
         }
         match self.cache.join(id.clone()) {
             Miss::Joined(reader) => {
                 self.metrics.coalesced();
-                OpenBlock::Streaming(reader, Source::Upstream)
+                Opening::Block(OpenBlock::Streaming(reader, Source::Upstream))
             }
             Miss::Fetch { fill, reader } => {
                 // A fetch may have completed between the memory lookup and the join.
@@ -443,7 +491,7 @@ impl BlockStore {
                 if let Some(bytes) = in_memory.and_then(|b| self.checked(b, &slice)) {
                     fill.push(bytes);
                     fill.deliver();
-                    return OpenBlock::Streaming(reader, Source::Memory);
+                    return Opening::Block(OpenBlock::Streaming(reader, Source::Memory));
                 }
                 let tier = match (on_disk, self.remote_owner(object, slice.index, purpose)) {
                     (true, _) => Source::Disk,
@@ -467,7 +515,7 @@ impl BlockStore {
                     }
                     .instrument(span),
                 );
-                OpenBlock::Streaming(reader, tier)
+                Opening::Block(OpenBlock::Streaming(reader, tier))
             }
         }
     }

@@ -1,0 +1,151 @@
+//! Range-first: a cold range much smaller than its block is fetched exactly, not as the whole
+//! block around it. A Parquet reader asking 256 KiB of an 8 MiB block then waits for 256 KiB,
+//! not for the block up to its range, and the upstream sends 256 KiB, not 8 MiB.
+//!
+//! The bytes fetched are cached as a part: under their block's key and their span within it
+//! (`crate::cache_key`), in memory and on disk like a block, found again only by a read of
+//! exactly that span (a query reading the same column chunk again). The whole block is fetched
+//! behind the reader, as read-ahead, when another part of it is asked for while the first is
+//! remembered: two ranges of one block predict more. A block already cached or in flight is
+//! always read as a block.
+
+use std::sync::Arc;
+
+use cache_core::{BlockSlice, Miss, Tier};
+
+use crate::cache_key::BlockId;
+use crate::model::ObjectId;
+use crate::telemetry::labels::{Lookup, Source};
+
+use super::{BlockStore, OpenBlock, Purpose};
+
+/// Blocks whose parts were fetched recently, remembered to complete the block when another
+/// part of it is asked for. Bounded: a block forgotten costs one more part fetch, not a wrong
+/// answer.
+pub(super) const PARTS_REMEMBERED: u64 = 65_536;
+
+/// Whether a slice of `len` bytes is fetched on its own rather than as its block of
+/// `block_len`: when the block would bring more than 1.5 times the bytes asked.
+pub(super) fn fetched_alone(len: u64, block_len: u64) -> bool {
+    block_len.saturating_mul(2) > len.saturating_mul(3)
+}
+
+impl BlockStore {
+    /// The key and the slice `slice` is fetched as on its own (the part as a block of its own:
+    /// its first byte, its length), when range-first reads are on, a client is reading, the
+    /// whole block would bring more than 1.5 times the bytes asked, and no other replica owns
+    /// the block (an owner caches whole blocks and is asked for them). `None`: the whole block.
+    pub(super) fn part_of(
+        &self,
+        object: &ObjectId,
+        etag: &Arc<str>,
+        slice: &BlockSlice,
+        purpose: Purpose,
+    ) -> Option<(BlockId, BlockSlice)> {
+        let len = slice.to - slice.from;
+        if !self.exact_ranges
+            || purpose != Purpose::Demand
+            || !fetched_alone(len, slice.block_len)
+            || self.remote_owner(object, slice.index, purpose).is_some()
+        {
+            return None;
+        }
+        let id = self
+            .keys
+            .part(object, etag, slice.index, slice.from..slice.to);
+        let part = BlockSlice {
+            index: slice.index,
+            block_start: slice.block_start + slice.from,
+            block_len: len,
+            from: 0,
+            to: len,
+            object_size: slice.object_size,
+        };
+        Some((id, part))
+    }
+
+    /// Open part `part` (key `id`) of the block `block` is a slice of: from memory, or joined
+    /// to its fetch, which reads the disk first and else GETs exactly the part. Fetching a part
+    /// of a block another part of which was fetched recently also fetches the block behind it.
+    pub(super) async fn open_part(
+        self: &Arc<Self>,
+        object: &ObjectId,
+        etag: &Arc<str>,
+        block: &BlockSlice,
+        id: BlockId,
+        part: BlockSlice,
+    ) -> OpenBlock {
+        let in_memory = self.cache.memory().get(&id).await;
+        if let Some(bytes) = in_memory.and_then(|b| self.checked(b, &part)) {
+            self.metrics.lookup(Lookup::Part, true);
+            return OpenBlock::Ready(bytes);
+        }
+        let on_disk = self.cache.locate(&id) == Some(Tier::Disk);
+        self.metrics.lookup(Lookup::Part, on_disk);
+        match self.cache.join(id) {
+            Miss::Joined(reader) => {
+                self.metrics.coalesced();
+                OpenBlock::Streaming(reader, Source::Upstream)
+            }
+            Miss::Fetch { fill, reader } => {
+                let tier = if on_disk {
+                    Source::Disk
+                } else {
+                    self.complete_if_predicted(object, etag, block);
+                    Source::Upstream
+                };
+                let store = self.clone();
+                let fetch = (object.clone(), etag.clone(), part);
+                let span = tracing::info_span!(
+                    "part fetch",
+                    larder.block = part.index,
+                    larder.source = tier.as_str()
+                );
+                tokio::spawn(tracing::Instrument::instrument(
+                    async move { store.fetch(fill, fetch, None, None, Purpose::Demand).await },
+                    span,
+                ));
+                OpenBlock::Streaming(reader, tier)
+            }
+        }
+    }
+
+    /// A part of `block` is being fetched: the first time, remember the block; when another
+    /// part was fetched while it was remembered, fetch the whole block behind the reader, as
+    /// read-ahead (counted as such, used or wasted, and only with a free upstream slot).
+    pub(super) fn complete_if_predicted(
+        self: &Arc<Self>,
+        object: &ObjectId,
+        etag: &Arc<str>,
+        block: &BlockSlice,
+    ) {
+        if !self.prefetch.enabled() {
+            return;
+        }
+        let id = self.id(object, etag, block.index);
+        if self.parts_fetched.remove(&id).is_some() {
+            self.prefetch(object, etag, [block.index], block.object_size);
+        } else {
+            self.parts_fetched.insert(id, ());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fetched_alone;
+
+    #[test]
+    fn a_part_is_fetched_alone_only_when_its_block_brings_over_half_as_much_again() {
+        let block = 8 << 20;
+        assert!(fetched_alone(256 << 10, block));
+        assert!(fetched_alone(5 << 20, block));
+        // 6 MiB of 8: the block is 1.33 times the bytes asked.
+        assert!(!fetched_alone(6 << 20, block));
+        assert!(!fetched_alone(block, block));
+        // Exactly 1.5 times: the block.
+        assert!(!fetched_alone(2, 3));
+        assert!(fetched_alone(1, 2));
+        assert!(!fetched_alone(u64::MAX, u64::MAX));
+    }
+}
