@@ -123,7 +123,40 @@ def test_cold_ranges_block_fetches_the_blocks_a_range_touches(make_larder, direc
     assert all("Credential=larder-e2e/" in h.get("authorization", "") for _, _, h in gets), gets
 
 
-def test_a_cold_footer_read_is_one_get_and_its_block_follows(larder, direct, bucket, upstream):
+def test_a_cold_footer_read_is_one_get_then_a_hit(larder, direct, bucket, upstream):
+    """Range-first (the default): the footer's GET brings the metadata and its bytes, cached as
+    a part of the last block; the next footer read is a hit, and no block was fetched for it."""
+    size = 20 * MiB + 123
+    data = random.Random(8).randbytes(size)
+    direct.put_object(Bucket=bucket, Key="t.parquet", Body=data)
+    upstream.reset()
+    client = larder.client()
+    path = f"/{bucket}/t.parquet"
+    r = client.get_object(Bucket=bucket, Key="t.parquet", Range="bytes=-65536")
+    assert r["Body"].read() == data[-65536:]
+    assert r["ContentRange"] == f"bytes {size - 65536}-{size - 1}/{size}"
+    assert r["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "miss"
+    # One request, which also told Larder the size and ETag: no HEAD.
+    assert upstream.seen("HEAD", path) == []
+    assert [g[2] for g in upstream.seen("GET", path)] == ["bytes=-65536"]
+    r = client.get_object(Bucket=bucket, Key="t.parquet", Range="bytes=-65536")
+    assert r["Body"].read() == data[-65536:]
+    assert r["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "hit-memory"
+    # A column chunk in the same block: the second range of it brings the block behind it.
+    a = 2 * BLOCK + 1000
+    r = client.get_object(Bucket=bucket, Key="t.parquet", Range=f"bytes={a}-{a + 99_999}")
+    assert r["Body"].read() == data[a:a + 100_000]
+    last = f"bytes={2 * BLOCK}-{size - 1}"
+    wait_until(lambda: last in [g[2] for g in upstream.seen("GET", path)], 10, "the last block fetched behind")
+    gets = [g[2] for g in upstream.seen("GET", path)]
+    assert sorted(gets) == sorted(["bytes=-65536", f"bytes={a}-{a + 99_999}", last]), gets
+    wait_until(lambda: client.get_object(Bucket=bucket, Key="t.parquet", Range="bytes=-8")["ResponseMetadata"]
+               ["HTTPHeaders"]["x-cache"] == "hit-memory", 10, "the last block in memory")
+    assert len(upstream.seen(None, path)) == 3
+
+
+def test_a_cold_footer_read_in_block_mode_is_one_get_and_its_block_follows(make_larder, direct, bucket, upstream):
+    larder = make_larder("--cold-ranges", "block")
     size = 20 * MiB + 123
     data = random.Random(8).randbytes(size)
     direct.put_object(Bucket=bucket, Key="t.parquet", Body=data)

@@ -205,7 +205,13 @@ async fn a_cold_object_opens_at_its_owner_with_one_upstream_get() {
     let (store, fleet, _) = asking_replica(origin.clone(), &peer.to_string());
     let index = owned_by_peer(&fleet)[0];
     let (meta, age) = store
-        .open_cold(object(), index * BLOCK, None)
+        .open_cold(
+            object(),
+            larder::model::ByteRange::FromTo {
+                first: index * BLOCK,
+                last: None,
+            },
+        )
         .await
         .unwrap()
         .unwrap();

@@ -398,6 +398,53 @@ async fn a_second_range_of_a_block_fetches_the_block_behind_the_reader() {
     );
 }
 
+#[tokio::test]
+async fn a_cold_range_spanning_blocks_sends_every_piece_at_once() {
+    let metrics = Arc::new(Metrics::default());
+    let (store, origin, id, _) = setup_with(
+        4 * 4096,
+        Duration::from_millis(2),
+        8,
+        metrics.clone(),
+        |c| c.exact_ranges = true,
+    );
+    // Bytes 1000..=9000: most of block 0 (its block), block 1 whole, 809 bytes of block 2 (a
+    // part): three GETs, all sent before the metadata came back.
+    let asked = larder::model::ByteRange::FromTo {
+        first: 1000,
+        last: Some(9000),
+    };
+    let (meta, _) = store.open_cold(id.clone(), asked).await.unwrap().unwrap();
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 3);
+    let etag: Arc<str> = meta.etag.as_str().into();
+    let got = collect(store.read(id.clone(), etag.clone(), 1000..9001, meta.size)).await;
+    assert_eq!(got.unwrap(), data(4 * 4096, 0)[1000..9001]);
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 3);
+    assert_eq!(
+        upstream_bytes(&metrics, 8192.0 + 809.0).await,
+        8192.0 + 809.0
+    );
+    // A suffix is one piece: a part of the last block, found again by the same suffix.
+    origin.put("k2", data(4 * 4096, 3), "\"e2\"");
+    let other = ObjectId {
+        key: "k2".into(),
+        ..id
+    };
+    let asked = larder::model::ByteRange::Suffix(100);
+    let (meta, _) = store
+        .open_cold(other.clone(), asked)
+        .await
+        .unwrap()
+        .unwrap();
+    let etag: Arc<str> = meta.etag.as_str().into();
+    let tail = 4 * 4096 - 100..4 * 4096;
+    for _ in 0..2 {
+        let got = collect(store.read(other.clone(), etag.clone(), tail.clone(), meta.size)).await;
+        assert_eq!(got.unwrap(), data(4 * 4096, 3)[tail.start as usize..]);
+    }
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 4);
+}
+
 mod disk_tests {
     use super::*;
     use cache_core::disk::DiskConfig;

@@ -74,18 +74,28 @@ impl AppState {
         // upstream round trip before the first byte instead of two.
         let cold = match (head, range) {
             (true, _) => None,
-            (false, None) => Some(Cold::Range(0, None)),
-            (false, Some(ByteRange::FromTo { first, last })) => Some(Cold::Range(first, last)),
-            (false, Some(ByteRange::Suffix(n))) => (n > 0).then_some(Cold::Tail(n)),
+            (false, None) => Some(Cold::Range(ByteRange::FromTo {
+                first: 0,
+                last: None,
+            })),
+            (false, Some(r @ ByteRange::FromTo { .. })) => Some(Cold::Range(r)),
+            (false, Some(r @ ByteRange::Suffix(n))) if n > 0 => {
+                Some(if self.blocks.opens_suffixes_as_parts() {
+                    Cold::Range(r)
+                } else {
+                    Cold::Tail(n)
+                })
+            }
+            (false, Some(ByteRange::Suffix(_))) => None,
         }
         .filter(|_| self.metadata.is_unknown(id) && !self.blocks.known_on_disk(id));
         let opened = AtomicBool::new(false);
         let tail = Mutex::new(None);
         let fetched = match cold {
-            Some(Cold::Range(first, last)) => {
+            Some(Cold::Range(asked)) => {
                 let open = async {
                     opened.store(true, Ordering::Relaxed);
-                    self.blocks.open_cold(id.clone(), first, last).await
+                    self.blocks.open_cold(id.clone(), asked).await
                 };
                 self.metadata.get_or_open(id, open).await
             }
@@ -259,10 +269,10 @@ pub(super) fn declares_kms(headers: &HeaderMap) -> bool {
 
 /// How a GET of an object nothing is known of fetches its metadata.
 enum Cold {
-    /// With the bytes asked from the first (to the last, inclusive; `None`: to the end) within
-    /// the block of the first.
-    Range(u64, Option<u64>),
-    /// With the last this many bytes (a suffix range).
+    /// With the bytes asked (or the blocks under them), the way the block store opens them.
+    Range(ByteRange),
+    /// With the last this many bytes (a suffix range), streamed to the client as they arrive,
+    /// the blocks under them fetched behind.
     Tail(u64),
 }
 

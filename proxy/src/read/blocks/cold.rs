@@ -1,13 +1,15 @@
-//! The first read of an object nothing is known of: one GET brings its metadata and its
-//! first needed block (or, for a range much smaller than its block or a suffix range, just the
-//! bytes asked), saving a HEAD round trip. The disk tier notes which objects it holds blocks of, so that after a restart they
-//! revalidate with a HEAD instead.
+//! The first read of an object nothing is known of: the GET of its first needed block (or,
+//! range-first, of the bytes asked of it, or of a suffix) brings its metadata, saving a HEAD
+//! round trip; a range spanning blocks sends each block's GET at once. The disk tier notes
+//! which objects it holds blocks of, so that after a restart they revalidate with a HEAD
+//! instead.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use cache_core::Miss;
+use cache_core::{BlockSlice, Fill, Miss};
+use futures::future;
 use futures::stream::StreamExt;
 
 use crate::cache_key::BlockId;
@@ -77,22 +79,21 @@ impl BlockStore {
         self.origin.get_with_meta(object, span).await
     }
 
-    /// Metadata of an object nothing is known of, from a GET of the bytes a client asks
-    /// (`first` to `last`, inclusive; `None`: to the end) whose body then fills the block
-    /// under `first` (or, range-first, the part of it asked: `part`), saving the HEAD round
-    /// trip; in a fleet, from the replica owning that block, which does the same (once for
+    /// Metadata of an object nothing is known of, from the GET of the bytes a client asks
+    /// (`asked`) whose body then fills what the read path will look for: the block under its
+    /// first byte, or (range-first) the part of that block asked. A range spanning blocks
+    /// sends the GET of each piece at once, so no piece waits a round trip for the metadata.
+    /// In a fleet, the block comes from the replica owning it, which does the same (once for
     /// everyone asking). With the metadata comes how long ago the upstream said it. `Ok(None)`
     /// when the answer cannot stand for a HEAD (see
-    /// [`crate::upstream::Upstream::get_with_meta`]). The fetch runs in a task of its own, like
-    /// any block fetch, so the bytes land even if the caller goes away.
+    /// [`crate::upstream::Upstream::get_with_meta`]). The fetches run in a task of their own,
+    /// like any block fetch, so the bytes land even if the caller goes away.
     pub async fn open_cold(
         self: &Arc<Self>,
         object: ObjectId,
-        first: u64,
-        last: Option<u64>,
+        asked: ByteRange,
     ) -> Result<Option<(ObjectMeta, Duration)>, UpstreamError> {
-        self.open_cold_as(object, first, last, Purpose::Demand)
-            .await
+        self.open_cold_as(object, asked, Purpose::Demand).await
     }
 
     /// [`BlockStore::open_cold`] of block `index`, for another replica: never asks a third one.
@@ -102,72 +103,113 @@ impl BlockStore {
         index: u64,
     ) -> Result<Option<(ObjectMeta, Duration)>, UpstreamError> {
         let first = index.saturating_mul(self.keys.layout().block_size());
-        self.open_cold_as(object, first, None, Purpose::Peer).await
+        let asked = ByteRange::FromTo { first, last: None };
+        self.open_cold_as(object, asked, Purpose::Peer).await
+    }
+
+    /// Whether a cold suffix read is opened like any range ([`BlockStore::open_cold`], its
+    /// bytes cached as a part of the last block) rather than streamed through
+    /// ([`BlockStore::open_tail`]): with range-first reads, outside a fleet (where the owner of
+    /// the last block, unknown until the size is, caches it).
+    pub fn opens_suffixes_as_parts(&self) -> bool {
+        self.exact_ranges && self.fleet.is_none()
     }
 
     async fn open_cold_as(
         self: &Arc<Self>,
         object: ObjectId,
-        first: u64,
-        last: Option<u64>,
+        asked: ByteRange,
         purpose: Purpose,
     ) -> Result<Option<(ObjectMeta, Duration)>, UpstreamError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let store = self.clone();
-        let span = tracing::info_span!(
-            "block fetch",
-            larder.block = first / self.keys.layout().block_size(),
-            larder.source = "upstream"
-        );
+        let span = tracing::info_span!("block fetch", larder.source = "upstream");
         tokio::spawn(
-            async move { store.fetch_cold(object, (first, last), purpose, tx).await }
-                .instrument(span),
+            async move { store.fetch_cold(object, asked, purpose, tx).await }.instrument(span),
         );
         rx.await.unwrap_or(Err(UpstreamError::Abandoned))
+    }
+
+    /// The GETs a cold read of `asked` opens with, before the object's size is known, one per
+    /// piece: the block under the first byte (or, range-first, the bytes asked of it), then
+    /// for a bounded range spanning blocks each further block's piece, up to `read_window`
+    /// pieces, except those owned by another replica (asked of it once the metadata is known).
+    /// A suffix is one piece, the suffix.
+    fn cold_spans(&self, object: &ObjectId, asked: ByteRange, purpose: Purpose) -> Vec<ByteRange> {
+        let block_size = self.keys.layout().block_size();
+        let (first, last) = match asked {
+            ByteRange::Suffix(_) => return vec![asked],
+            ByteRange::FromTo { first, last } => (first, last),
+        };
+        let index = first / block_size;
+        let pieces = last.map_or(1, |l| (l / block_size).saturating_sub(index) + 1);
+        (index..index.saturating_add(pieces.min(self.read_window as u64)))
+            .filter_map(|i| {
+                let remote = self.remote_owner(object, i, purpose).is_some();
+                if remote && i != index {
+                    return None;
+                }
+                let block = i * block_size..(i * block_size).saturating_add(block_size);
+                let end = last.map_or(block.end, |l| l.saturating_add(1).min(block.end));
+                let piece = first.max(block.start)..end;
+                let alone = self.exact_ranges
+                    && purpose == Purpose::Demand
+                    && !remote
+                    && part::fetched_alone(piece.end - piece.start, block_size);
+                Some(ByteRange::bytes(if alone { piece } else { block }))
+            })
+            .collect()
     }
 
     async fn fetch_cold(
         self: &Arc<Self>,
         object: ObjectId,
-        (first, last): (u64, Option<u64>),
+        asked: ByteRange,
         purpose: Purpose,
         tx: tokio::sync::oneshot::Sender<Result<Option<(ObjectMeta, Duration)>, UpstreamError>>,
     ) {
         let block_size = self.keys.layout().block_size();
-        let index = first / block_size;
-        let block = index * block_size..(index * block_size).saturating_add(block_size);
-        let asked = first..last.map_or(block.end, |l| l.saturating_add(1).min(block.end));
-        let owner = self.remote_owner(&object, index, purpose);
+        let first_index = match asked {
+            ByteRange::FromTo { first, .. } => Some(first / block_size),
+            ByteRange::Suffix(_) => None,
+        };
+        let owner = first_index.and_then(|i| self.remote_owner(&object, i, purpose));
         let Ok(slot) = self.slots(owner.is_some()).acquire().await else {
             let _ = tx.send(Err(UpstreamError::Abandoned));
             return;
         };
-        let at_owner = match &owner {
-            Some(peer) => self.open_at_owner(peer, &object, index).await,
-            None => None,
+        let at_owner = match (&owner, first_index) {
+            (Some(peer), Some(index)) => self.open_at_owner(peer, &object, index).await,
+            _ => None,
         };
-        // Range-first: only the bytes asked, when their block would bring more than 1.5 times
-        // them. The object's size is not known yet: below, the body is kept only if it is what
-        // the read path would fetch knowing it.
-        let span = if owner.is_none()
-            && self.exact_ranges
-            && purpose == Purpose::Demand
-            && part::fetched_alone(asked.end - asked.start, block_size)
-        {
-            asked
-        } else {
-            block
+        let mut spans = self.cold_spans(&object, asked, purpose).into_iter();
+        let Some(first_span) = spans.next() else {
+            let _ = tx.send(Ok(None));
+            return;
         };
-        let result = match at_owner {
-            Some(opened) => {
-                opened.map(|o| o.map(|(meta, age, body)| (meta, age, body, Supplier::Peer)))
+        let first = async {
+            match at_owner {
+                Some(opened) => {
+                    opened.map(|o| o.map(|(meta, age, body)| (meta, age, body, Supplier::Peer)))
+                }
+                None => self.get_cold(&object, first_span).await.map(|o| {
+                    o.map(|(meta, body)| (meta, Duration::ZERO, body, Supplier::Upstream))
+                }),
             }
-            None => self
-                .get_cold(&object, ByteRange::bytes(span.clone()))
-                .await
-                .map(|o| o.map(|(meta, body)| (meta, Duration::ZERO, body, Supplier::Upstream))),
         };
-        let (meta, age, body, supplier) = match result {
+        // The further pieces' GETs go out with the first, each holding an upstream slot. Only
+        // slots free now: waiting for one while holding the first's could deadlock, and a
+        // piece not sent here is fetched by the read path once the metadata is known.
+        let target = &object;
+        let slots: Vec<_> = spans
+            .map_while(|span| Some((span, self.upstream_slots.try_acquire().ok()?)))
+            .collect();
+        let rest = future::join_all(slots.into_iter().map(|(span, slot)| async move {
+            let (meta, body) = self.get_cold(target, span).await.ok()??;
+            Some((span, meta, body, slot))
+        }));
+        let (first, rest) = tokio::join!(first, rest);
+        let (meta, age, body, supplier) = match first {
             Ok(Some(found)) => found,
             Ok(None) => {
                 let _ = tx.send(Ok(None));
@@ -179,50 +221,68 @@ impl BlockStore {
             }
         };
         let etag: Arc<str> = meta.etag.as_str().into();
-        let got = span.start..span.end.min(meta.size);
-        let Some(slice) = self
-            .keys
-            .layout()
-            .slices(got.start, got.end, meta.size)
-            .next()
-        else {
-            let _ = tx.send(Ok(None));
-            return;
-        };
-        // What the read path will look for: the block, or the part the slice is fetched as.
-        // A body that is neither (a range in a short last block, which only the size showed to
-        // be most of its block) has served for the metadata alone.
-        let (id, fetched, block) = match self.part_of(&object, &etag, &slice, purpose) {
+        let mut fills = Vec::new();
+        if let Some(fill) = self.cold_fill(&object, &etag, meta.size, first_span, purpose) {
+            fills.push((fill, body, supplier, slot));
+        }
+        for (span, other, body, slot) in rest.into_iter().flatten() {
+            // Another version answered (the object changed between the GETs): left to the
+            // read path, which fetches it pinned to this ETag.
+            if other.etag != meta.etag || other.size != meta.size {
+                continue;
+            }
+            if let Some(fill) = self.cold_fill(&object, &etag, meta.size, span, purpose) {
+                fills.push((fill, body, Supplier::Upstream, slot));
+            }
+        }
+        // The flights were joined before the metadata is handed over, so the reader finds
+        // them in flight instead of starting its own.
+        let _ = tx.send(Ok(Some((meta, age))));
+        let fetches = fills
+            .into_iter()
+            .map(|((fill, fetched, block), body, supplier, slot)| {
+                if let Some(block) = block {
+                    self.complete_if_predicted(&object, &etag, &block);
+                }
+                let fetch = (object.clone(), etag.clone(), fetched);
+                self.fetch(fill, fetch, Some(slot), Some((body, supplier)), purpose)
+            });
+        future::join_all(fetches).await;
+    }
+
+    /// The flight a cold GET of `span` fills, of an object of `size` bytes at `etag`: what the
+    /// read path will look for (the block, or the part the slice is fetched as), joined, with
+    /// the slice fetched and, for a part, its block. `None` when the body is of no use: it is
+    /// neither (a range in a short last block, which only the size showed to be most of its
+    /// block), what it would fill is cached already (metadata forgotten for space, or a
+    /// restart with the disk tier kept; or the whole block of a part) or being fetched.
+    #[allow(clippy::type_complexity)]
+    fn cold_fill(
+        &self,
+        object: &ObjectId,
+        etag: &Arc<str>,
+        size: u64,
+        span: ByteRange,
+        purpose: Purpose,
+    ) -> Option<(Fill<BlockId, UpstreamError>, BlockSlice, Option<BlockSlice>)> {
+        let got = span.within(size);
+        let slice = self.keys.layout().slices(got.start, got.end, size).next()?;
+        let block_id = self.id(object, etag, slice.index);
+        let (id, fetched, block) = match self.part_of(object, etag, &slice, purpose) {
             Some((id, part)) => (id, part, Some(slice)),
-            None => (self.id(&object, &etag, index), slice, None),
+            None => (block_id.clone(), slice, None),
         };
         if fetched.block_start != got.start || fetched.block_len != got.end - got.start {
-            let _ = tx.send(Ok(Some((meta, age))));
-            return;
+            return None;
         }
-        // A block (or part) cached under this ETag (metadata forgotten for space, or a restart
-        // with the disk tier kept) is served from there: this body is dropped, having cost one
-        // request. So is a part whose whole block is here: the read path reads the block.
-        let block_here =
-            || block.is_some() && self.cache.locate(&self.id(&object, &etag, index)).is_some();
-        if self.cache.locate(&id).is_some() || block_here() {
-            let _ = tx.send(Ok(Some((meta, age))));
-            return;
+        if self.cache.locate(&id).is_some()
+            || (block.is_some() && self.cache.locate(&block_id).is_some())
+        {
+            return None;
         }
-        // Joined before the metadata is handed over, so the reader finds this fetch in flight
-        // instead of starting its own.
-        let fill = match self.cache.join(id) {
-            Miss::Fetch { fill, .. } => Some(fill),
+        match self.cache.join(id) {
+            Miss::Fetch { fill, .. } => Some((fill, fetched, block)),
             Miss::Joined(_) => None,
-        };
-        let _ = tx.send(Ok(Some((meta, age))));
-        if let Some(fill) = fill {
-            if let Some(block) = block {
-                self.complete_if_predicted(&object, &etag, &block);
-            }
-            let fetch = (object, etag, fetched);
-            self.fetch(fill, fetch, Some(slot), Some((body, supplier)), purpose)
-                .await;
         }
     }
 }
