@@ -209,9 +209,9 @@ options! {
     /// times; docs/benchmarks.md).
     read_window: usize = 8;
     /// How a range of a block nothing here holds is fetched: `exact` (range-first: a range the
-    /// whole block would bring more than 1.5 times the bytes of is fetched as asked, cached as
-    /// a part found again by the same range, and its block fetched behind the reader when a
-    /// second range of it is asked) or `block` (always the whole block). Default: `exact`.
+    /// whole block would bring more than 1.5 times the bytes of is fetched as asked, and cached
+    /// as a part found again by the same range) or `block` (always the whole block). Default:
+    /// `exact`: cold column chunks cost the upstream their own bytes, not their blocks'.
     cold_ranges: ColdRanges = Default::default();
     /// Most bytes of blocks all responses in flight hold at once: each holds the block it is
     /// sending and those opened ahead of it, which may have left the memory tier. A response

@@ -187,7 +187,7 @@ impl BlockStore {
             let _ = tx.send(Ok(None));
             return;
         };
-        let first = async {
+        let mut first = std::pin::pin!(async {
             match at_owner {
                 Some(opened) => {
                     opened.map(|o| o.map(|(meta, age, body)| (meta, age, body, Supplier::Peer)))
@@ -196,19 +196,27 @@ impl BlockStore {
                     o.map(|(meta, body)| (meta, Duration::ZERO, body, Supplier::Upstream))
                 }),
             }
-        };
+        });
         // The further pieces' GETs go out with the first, each holding an upstream slot. Only
         // slots free now: waiting for one while holding the first's could deadlock, and a
         // piece not sent here is fetched by the read path once the metadata is known.
         let target = &object;
-        let slots: Vec<_> = spans
+        let rest: Vec<_> = spans
             .map_while(|span| Some((span, self.upstream_slots.try_acquire().ok()?)))
             .collect();
-        let rest = future::join_all(slots.into_iter().map(|(span, slot)| async move {
-            let (meta, body) = self.get_cold(target, span).await.ok()??;
-            Some((span, meta, body, slot))
-        }));
-        let (first, rest) = tokio::join!(first, rest);
+        let mut answers =
+            std::pin::pin!(future::join_all(rest.iter().map(|&(span, _)| async move {
+                self.get_cold(target, span).await.ok().flatten()
+            })));
+        // The metadata is handed over as soon as the first piece's GET says it, not after the
+        // slowest piece's: the others' flights are joined first, and filled when they answer.
+        let mut answered = None;
+        let first = loop {
+            tokio::select! {
+                first = first.as_mut() => break first,
+                all = answers.as_mut(), if answered.is_none() => answered = Some(all),
+            }
+        };
         let (meta, age, body, supplier) = match first {
             Ok(Some(found)) => found,
             Ok(None) => {
@@ -221,42 +229,52 @@ impl BlockStore {
             }
         };
         let etag: Arc<str> = meta.etag.as_str().into();
-        let mut fills = Vec::new();
-        if let Some(fill) = self.cold_fill(&object, &etag, meta.size, first_span, purpose) {
-            fills.push((fill, body, supplier, slot));
-        }
-        for (span, other, body, slot) in rest.into_iter().flatten() {
-            // Another version answered (the object changed between the GETs): left to the
-            // read path, which fetches it pinned to this ETag.
-            if other.etag != meta.etag || other.size != meta.size {
-                continue;
-            }
-            if let Some(fill) = self.cold_fill(&object, &etag, meta.size, span, purpose) {
-                fills.push((fill, body, Supplier::Upstream, slot));
-            }
-        }
-        // The flights were joined before the metadata is handed over, so the reader finds
-        // them in flight instead of starting its own.
-        let _ = tx.send(Ok(Some((meta, age))));
-        let fetches = fills
+        let (size, version) = (meta.size, meta.etag.clone());
+        let first_fill = self.cold_fill(&object, &etag, size, first_span, purpose);
+        let rest_fills: Vec<_> = rest
             .into_iter()
-            .map(|((fill, fetched, block), body, supplier, slot)| {
-                if let Some(block) = block {
-                    self.complete_if_predicted(&object, &etag, &block);
-                }
+            .map(|(span, slot)| (self.cold_fill(&object, &etag, size, span, purpose), slot))
+            .collect();
+        // Joined before the metadata is handed over, so the reader finds them in flight
+        // instead of starting its own.
+        let _ = tx.send(Ok(Some((meta, age))));
+        let first_fetch = async {
+            if let Some((fill, fetched)) = first_fill {
                 let fetch = (object.clone(), etag.clone(), fetched);
                 self.fetch(fill, fetch, Some(slot), Some((body, supplier)), purpose)
-            });
-        future::join_all(fetches).await;
+                    .await;
+            }
+        };
+        let rest_fetches = async {
+            let answers = match answered {
+                Some(all) => all,
+                None => answers.await,
+            };
+            let fetches =
+                rest_fills
+                    .into_iter()
+                    .zip(answers)
+                    .filter_map(|((fill, slot), answer)| {
+                        let (fill, fetched) = fill?;
+                        // Another version answered (the object changed between the GETs), or none
+                        // did: fetched again, pinned to this ETag.
+                        let body = answer
+                            .filter(|(m, _)| m.etag == version && m.size == size)
+                            .map(|(_, body)| (body, Supplier::Upstream));
+                        let fetch = (object.clone(), etag.clone(), fetched);
+                        Some(self.fetch(fill, fetch, Some(slot), body, purpose))
+                    });
+            future::join_all(fetches).await;
+        };
+        tokio::join!(first_fetch, rest_fetches);
     }
 
     /// The flight a cold GET of `span` fills, of an object of `size` bytes at `etag`: what the
     /// read path will look for (the block, or the part the slice is fetched as), joined, with
-    /// the slice fetched and, for a part, its block. `None` when the body is of no use: it is
+    /// the slice fetched. `None` when the body is of no use: it is
     /// neither (a range in a short last block, which only the size showed to be most of its
     /// block), what it would fill is cached already (metadata forgotten for space, or a
     /// restart with the disk tier kept; or the whole block of a part) or being fetched.
-    #[allow(clippy::type_complexity)]
     fn cold_fill(
         &self,
         object: &ObjectId,
@@ -264,24 +282,22 @@ impl BlockStore {
         size: u64,
         span: ByteRange,
         purpose: Purpose,
-    ) -> Option<(Fill<BlockId, UpstreamError>, BlockSlice, Option<BlockSlice>)> {
+    ) -> Option<(Fill<BlockId, UpstreamError>, BlockSlice)> {
         let got = span.within(size);
         let slice = self.keys.layout().slices(got.start, got.end, size).next()?;
         let block_id = self.id(object, etag, slice.index);
-        let (id, fetched, block) = match self.part_of(object, etag, &slice, purpose) {
-            Some((id, part)) => (id, part, Some(slice)),
-            None => (block_id.clone(), slice, None),
+        let (id, fetched, part) = match self.part_of(object, etag, &slice, purpose) {
+            Some((id, part)) => (id, part, true),
+            None => (block_id.clone(), slice, false),
         };
         if fetched.block_start != got.start || fetched.block_len != got.end - got.start {
             return None;
         }
-        if self.cache.locate(&id).is_some()
-            || (block.is_some() && self.cache.locate(&block_id).is_some())
-        {
+        if self.cache.locate(&id).is_some() || (part && self.cache.locate(&block_id).is_some()) {
             return None;
         }
         match self.cache.join(id) {
-            Miss::Fetch { fill, .. } => Some((fill, fetched, block)),
+            Miss::Fetch { fill, .. } => Some((fill, fetched)),
             Miss::Joined(_) => None,
         }
     }

@@ -94,8 +94,6 @@ pub struct BlockStore {
     prefetched: moka::sync::Cache<BlockId, u64>,
     /// Whether a cold range much smaller than its block is fetched exactly (`part`).
     exact_ranges: bool,
-    /// Blocks a part of which was fetched recently: another part fetched completes the block.
-    parts_fetched: moka::sync::Cache<BlockId, ()>,
     /// The other replicas, when this one is part of a fleet.
     fleet: Option<Arc<Fleet>>,
     metrics: Arc<Metrics>,
@@ -217,10 +215,6 @@ impl BlockStore {
                     .build()
             },
             exact_ranges: config.exact_ranges,
-            parts_fetched: moka::sync::Cache::builder()
-                .max_capacity(part::PARTS_REMEMBERED)
-                .time_to_live(config.prefetch.unused_after)
-                .build(),
             fleet: config.fleet,
             metrics,
         }
@@ -423,7 +417,7 @@ impl BlockStore {
     ) -> (BlockSlice, OpenBlock) {
         match self.open_block(object, etag, slice, purpose).await {
             Opening::Block(block) => (slice, block),
-            Opening::Part(id, part) => (part, self.open_part(object, etag, &slice, id, part).await),
+            Opening::Part(id, part) => (part, self.open_part(object, etag, id, part).await),
         }
     }
 

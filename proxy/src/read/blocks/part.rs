@@ -4,10 +4,12 @@
 //!
 //! The bytes fetched are cached as a part: under their block's key and their span within it
 //! (`crate::cache_key`), in memory and on disk like a block, found again only by a read of
-//! exactly that span (a query reading the same column chunk again). The whole block is fetched
-//! behind the reader, as read-ahead, when another part of it is asked for while the first is
-//! remembered: two ranges of one block predict more. A block already cached or in flight is
-//! always read as a block.
+//! exactly that span (a query reading the same column chunk again). The block itself is
+//! fetched only when something predicts it will be read: an in-order reader's read-ahead
+//! (`prefetch`), or a read of most of it. Completing a block when a second range of it was
+//! read was tried and dropped: on the Parquet benchmark it doubled the upstream bytes of a
+//! cold query and slowed the column chunks that then waited for the block. A block already
+//! cached or in flight is always read as a block.
 
 use std::sync::Arc;
 
@@ -18,11 +20,6 @@ use crate::model::ObjectId;
 use crate::telemetry::labels::{Lookup, Source};
 
 use super::{BlockStore, OpenBlock, Purpose};
-
-/// Blocks whose parts were fetched recently, remembered to complete the block when another
-/// part of it is asked for. Bounded: a block forgotten costs one more part fetch, not a wrong
-/// answer.
-pub(super) const PARTS_REMEMBERED: u64 = 65_536;
 
 /// Whether a slice of `len` bytes is fetched on its own rather than as its block of
 /// `block_len`: when the block would bring more than 1.5 times the bytes asked.
@@ -64,14 +61,12 @@ impl BlockStore {
         Some((id, part))
     }
 
-    /// Open part `part` (key `id`) of the block `block` is a slice of: from memory, or joined
-    /// to its fetch, which reads the disk first and else GETs exactly the part. Fetching a part
-    /// of a block another part of which was fetched recently also fetches the block behind it.
+    /// Open part `part` (key `id`) of a block: from memory, or joined to its fetch, which
+    /// reads the disk first and else GETs exactly the part.
     pub(super) async fn open_part(
         self: &Arc<Self>,
         object: &ObjectId,
         etag: &Arc<str>,
-        block: &BlockSlice,
         id: BlockId,
         part: BlockSlice,
     ) -> OpenBlock {
@@ -91,7 +86,6 @@ impl BlockStore {
                 let tier = if on_disk {
                     Source::Disk
                 } else {
-                    self.complete_if_predicted(object, etag, block);
                     Source::Upstream
                 };
                 let store = self.clone();
@@ -107,26 +101,6 @@ impl BlockStore {
                 ));
                 OpenBlock::Streaming(reader, tier)
             }
-        }
-    }
-
-    /// A part of `block` is being fetched: the first time, remember the block; when another
-    /// part was fetched while it was remembered, fetch the whole block behind the reader, as
-    /// read-ahead (counted as such, used or wasted, and only with a free upstream slot).
-    pub(super) fn complete_if_predicted(
-        self: &Arc<Self>,
-        object: &ObjectId,
-        etag: &Arc<str>,
-        block: &BlockSlice,
-    ) {
-        if !self.prefetch.enabled() {
-            return;
-        }
-        let id = self.id(object, etag, block.index);
-        if self.parts_fetched.remove(&id).is_some() {
-            self.prefetch(object, etag, [block.index], block.object_size);
-        } else {
-            self.parts_fetched.insert(id, ());
         }
     }
 }
