@@ -77,14 +77,14 @@ def size_name(n: int) -> str:
 # ---------------------------------------------------------------------------------------------
 # Object contents: every object is a window into one random buffer, starting at an offset of its
 # own, so objects differ and every body is checked byte for byte without keeping them all.
-_BASE = os.urandom(64 * MiB + 4 * KiB)
+_BASE = os.urandom(256 * MiB + 4 * KiB)
 _VIEW = memoryview(_BASE)
 
 
 def content(key: str, size: int) -> memoryview:
     """The bytes of object `key` (a view: comparing and slicing it copies nothing)."""
-    if size > 64 * MiB:
-        raise ValueError("objects are at most 64 MiB")
+    if size > 256 * MiB:
+        raise ValueError("objects are at most 256 MiB")
     start = hash_key(key) % (4 * KiB)
     return _VIEW[start:start + size]
 

@@ -47,7 +47,8 @@ impl BlockStore {
     }
 
     /// The last `len` bytes of an object nothing is known of, and its metadata, from one GET
-    /// (`Range: bytes=-len`): a Parquet reader's first request. The body goes to the client as
+    /// (`Range: bytes=-len`): a Parquet reader's first request, where it is not cached as a part
+    /// ([`BlockStore::opens_suffixes_as_parts`]). The body goes to the client as
     /// it arrives, counted like a block fetch's; `Ok(None)` when the answer cannot stand for a
     /// HEAD.
     pub async fn open_tail(
@@ -271,10 +272,10 @@ impl BlockStore {
 
     /// The flight a cold GET of `span` fills, of an object of `size` bytes at `etag`: what the
     /// read path will look for (the block, or the part the slice is fetched as), joined, with
-    /// the slice fetched. `None` when the body is of no use: it is
-    /// neither (a range in a short last block, which only the size showed to be most of its
-    /// block), what it would fill is cached already (metadata forgotten for space, or a
-    /// restart with the disk tier kept; or the whole block of a part) or being fetched.
+    /// the slice fetched. `None` when the body is of no use: it is neither (a range in a short
+    /// last block, which only the size showed to be most of its block), or what it would fill
+    /// is cached already (metadata forgotten for space, a restart with the disk tier kept, or
+    /// the whole block of a part) or being fetched.
     fn cold_fill(
         &self,
         object: &ObjectId,
