@@ -223,12 +223,31 @@ class Nginx:
 class Target:
     """One thing to read from: the URL (path and query) of an object, and how hits show."""
 
-    def __init__(self, name: str, endpoint: str, presigner=None):
+    def __init__(self, name: str, endpoint: str, presigner=None, pid: int | None = None):
         self.name = name
         self.endpoint = endpoint
         u = urllib.parse.urlsplit(endpoint)
         self.host, self.port = u.hostname, u.port
         self.presigner = presigner
+        # The server's process (with its children: nginx's workers), whose CPU time is counted.
+        self.pid = pid
+
+    def cpu_seconds(self) -> float | None:
+        """User + system CPU seconds used so far by the server's processes, or None if unknown."""
+        if self.pid is None:
+            return None
+        tick, total, todo = os.sysconf("SC_CLK_TCK"), 0, [self.pid]
+        while todo:
+            pid = todo.pop()
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                fields = stat.rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])  # utime, stime
+                for task in Path(f"/proc/{pid}/task").iterdir():
+                    todo += [int(c) for c in (task / "children").read_text().split()]
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+        return total / tick
 
     def path(self, key: str) -> str:
         if self.presigner is None:
@@ -378,12 +397,12 @@ class Bench:
         l = Larder(self.work, self.proxy.endpoint, *extra, *self.larder_args, name=name)
         self.stoppers.append(l.stop)
         presigner = s3_client(l.endpoint, CLIENT_KEY, CLIENT_SECRET)
-        return l, Target("Larder", l.endpoint, presigner)
+        return l, Target("Larder", l.endpoint, presigner, pid=l.proc.pid)
 
     def nginx(self, name: str, max_size: int) -> tuple[Nginx, Target]:
         n = Nginx(self.work, self.proxy.port, max_size, name)
         self.stoppers.append(n.stop)
-        return n, Target("nginx", n.endpoint)
+        return n, Target("nginx", n.endpoint, pid=n.proc.pid)
 
     def direct(self) -> Target:
         return Target("direct", self.proxy.endpoint)
@@ -398,7 +417,10 @@ class Bench:
         paths.write_text("".join(target.path(k) + "\n" for k in keys))
         cmd = ["wrk", "-t", str(min(2, clients)), "-c", str(clients), "-d", f"{seconds}s", "--timeout", "60s",
                "-s", str(HERE / "wrk.lua"), target.endpoint, "--", str(paths)]
+        cpu = target.cpu_seconds()
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+        # The server's CPU time during the run (not the body check below), per 1,000 requests.
+        cpu = None if cpu is None else target.cpu_seconds() - cpu
         r = json.loads(out.split("WRK-JSON ", 1)[1].splitlines()[0])
         errors = sum(r[k] for k in ("connect_errors", "read_errors", "write_errors", "status_errors", "timeouts"))
         if errors:
@@ -421,6 +443,7 @@ class Bench:
             reader.close()
         secs = r["duration_us"] / 1e6
         return {"rps": r["requests"] / secs, "mib_s": r["bytes"] / secs / MiB, "requests": r["requests"],
+                **({} if cpu is None else {"cpu_ms_per_1k": cpu * 1e6 / r["requests"]}),
                 **{k: r[k] / 1000 for k in ("p50_us", "p90_us", "p99_us", "p999_us", "max_us")}}
 
     # --- workloads -------------------------------------------------------------------------
@@ -435,9 +458,10 @@ class Bench:
                     if before is not None:
                         r["cache"] = delta(metric_sum(larder.metrics(), "larder_requests_total", "cache"), before)
                     rows.append({"size": size, "clients": clients, "target": t.name, **r})
+                    cpu_note = f", CPU {r['cpu_ms_per_1k']:.0f} ms per 1k requests" if "cpu_ms_per_1k" in r else ""
                     print(f"  {tier} {size_name(size)} x{clients} {t.name}: {r['rps']:.0f} req/s, "
-                          f"{r['mib_s']:.0f} MiB/s, p50 {r['p50_us']:.2f} p99 {r['p99_us']:.2f} ms {r.get('cache', '')}",
-                          flush=True)
+                          f"{r['mib_s']:.0f} MiB/s, p50 {r['p50_us']:.2f} p99 {r['p99_us']:.2f} ms{cpu_note} "
+                          f"{r.get('cache', '')}", flush=True)
         return rows
 
     def warm_by_reading(self, target: Target, keys: list[str], sizes: dict, want: set, tries: int = 10):

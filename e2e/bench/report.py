@@ -38,23 +38,25 @@ def one(rows, **kw):
 
 
 def hits_table(rows) -> list[str]:
-    out = ["| object | clients | target | req/s | MiB/s | p50 ms | p99 ms | p99.9 ms |",
-           "|---|---|---|---|---|---|---|---|"]
+    out = ["| object | clients | target | req/s | MiB/s | p50 ms | p99 ms | p99.9 ms | CPU ms per 1k requests |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for size in sorted({r["size"] for r in rows}):
         for clients in sorted({r["clients"] for r in rows}):
             rs = {t: one(rows, size=size, clients=clients, target=t) for t in TARGETS}
             for t in TARGETS:
                 r = rs[t]
                 if r:
+                    cpu = f"{r['cpu_ms_per_1k']:.0f}" if "cpu_ms_per_1k" in r else ""
                     out.append(f"| {size_name(size)} | {clients} | {t} | {r['rps']:.0f} | {r['mib_s']:.0f} | "
-                               f"{r['p50_us']:.2f} | {r['p99_us']:.2f} | {r['p999_us']:.2f} |")
+                               f"{r['p50_us']:.2f} | {r['p99_us']:.2f} | {r['p999_us']:.2f} | {cpu} |")
             lt = rs["Larder"]
             for base in ("direct", "nginx"):
                 b = rs[base]
                 if lt and b:
+                    cpu = ratio(lt["cpu_ms_per_1k"], b["cpu_ms_per_1k"]) if "cpu_ms_per_1k" in lt and "cpu_ms_per_1k" in b else ""
                     out.append(f"| {size_name(size)} | {clients} | **Larder / {base}** | **{ratio(lt['rps'], b['rps'])}** | | "
                                f"{ratio(lt['p50_us'], b['p50_us'])} | **{ratio(lt['p99_us'], b['p99_us'])}** | "
-                               f"{ratio(lt['p999_us'], b['p999_us'])} |")
+                               f"{ratio(lt['p999_us'], b['p999_us'])} | **{cpu}** |")
     tiers: dict = {}
     for r in by(rows, target="Larder"):
         for k, v in r.get("cache", {}).items():
@@ -77,6 +79,16 @@ def goals(res) -> list[str]:
     both = sum(lt["rps"] >= nx["rps"] and lt["p99_us"] < nx["p99_us"] for lt, nx in cases)
     out.append(f"- **Memory hits at least as fast as nginx's cache hits, with lower p99**: met in {both} of "
                f"{len(cases)} cases (size × clients); throughput ≥ nginx in {faster}, p99 lower in {lower}.")
+    for tier in ("memory_hits", "disk_hits"):
+        rows = w.get(tier, [])
+        pairs = [(one(rows, size=s, clients=c, target="Larder"), one(rows, size=s, clients=c, target="nginx"))
+                 for s in sorted({r["size"] for r in rows}) for c in sorted({r["clients"] for r in rows})]
+        pairs = [(lt, nx) for lt, nx in pairs if lt and nx and "cpu_ms_per_1k" in lt and "cpu_ms_per_1k" in nx]
+        if pairs:
+            at_most = sum(lt["cpu_ms_per_1k"] <= nx["cpu_ms_per_1k"] for lt, nx in pairs)
+            spread = ", ".join(f"{ratio(lt['cpu_ms_per_1k'], nx['cpu_ms_per_1k'])}" for lt, nx in pairs)
+            out.append(f"- **{tier.replace('_', ' ').capitalize()}: CPU per request at or below nginx's**: met in "
+                       f"{at_most} of {len(pairs)} cases (Larder / nginx: {spread}).")
     herd = one(w.get("herd", []), target="Larder")
     if herd:
         ok = herd["upstream_gets"] == herd["blocks"]
