@@ -1,0 +1,87 @@
+"""Where Larder's CPU goes on memory hits: perf samples of the `larder` process while wrk reads
+one cached object, summed by function (self time) and by crate.
+
+    python3 e2e/bench/profile.py [--size 1MiB] [--clients 16] [--seconds 8] --out DIR
+
+Needs `perf` (linux-perf) and the release build with debug info (the workspace's release profile
+keeps it). Writes DIR/profile.txt (perf's report) and DIR/summary.md (the shares by crate and
+the top functions). Not part of the test suite: perf needs the kernel's permission to sample.
+"""
+
+import argparse
+import collections
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compare import MiB, Bench  # noqa: E402
+
+
+def size_arg(text: str) -> int:
+    m = re.fullmatch(r"(\d+)(KiB|MiB)", text)
+    if not m:
+        raise argparse.ArgumentTypeError("a size like 64KiB or 1MiB")
+    return int(m.group(1)) << (10 if m.group(2) == "KiB" else 20)
+
+
+def crate_of(symbol: str) -> str:
+    """The crate (or kernel, or libc) a symbol of perf's report belongs to."""
+    if symbol.startswith("[k]"):
+        return "kernel"
+    name = symbol.removeprefix("[.]").strip()
+    name = re.sub(r"^<", "", name)
+    m = re.match(r"([a-z_][a-z0-9_]*)::", name)
+    return m.group(1) if m else ("libc/other" if name else "?")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", type=size_arg, default=MiB)
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--seconds", type=int, default=8)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    bench = Bench("quick", args.out)
+    try:
+        bench.start()
+        larder, lt = bench.larder("larder", "--memory-capacity", "1GiB")
+        key = "profile/hot"
+        bench.upload([(key, args.size)])
+        bench.warm_by_reading(lt, [key], {key: args.size}, {"hit-memory"})
+        data = args.out / "perf.data"
+        perf = subprocess.Popen(["perf", "record", "-F", "499", "-g", "-o", str(data), "-p", str(larder.proc.pid),
+                                 "--", "sleep", str(args.seconds)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        r = bench.wrk(lt, [key], {key: args.size}, args.clients, args.seconds + 1)
+        perf.wait(timeout=120)
+        report = subprocess.run(["perf", "report", "-i", str(data), "--no-children", "--stdio", "--sort", "sym",
+                                 "-g", "none", "--percent-limit", "0"], capture_output=True, text=True, check=True).stdout
+        (args.out / "profile.txt").write_text(report)
+        rows = []
+        for line in report.splitlines():
+            m = re.match(r"\s+([\d.]+)%\s+(.*)$", line)
+            if m:
+                rows.append((float(m.group(1)), m.group(2).strip()))
+        by_crate = collections.Counter()
+        for share, sym in rows:
+            by_crate[crate_of(sym)] += share
+        lines = [f"# Larder memory hits: {args.size // 1024} KiB objects, {args.clients} clients, {args.seconds} s", "",
+                 f"{r['rps']:.0f} req/s, CPU {r.get('cpu_ms_per_1k', 0):.0f} ms per 1,000 requests "
+                 f"(user + system of the larder process). Shares of all perf samples of the process.", "",
+                 "| where | share of samples |", "|---|---|"]
+        lines += [f"| {c} | {v:.1f} % |" for c, v in by_crate.most_common(12)]
+        for title, pick in (("kernel", lambda sym: sym.startswith("[k]")),
+                            ("user space", lambda sym: not sym.startswith("[k]"))):
+            lines += ["", f"| {title}: function (self) | share |", "|---|---|"]
+            lines += [f"| `{sym[:110]}` | {share:.2f} % |" for share, sym in [r for r in rows if pick(r[1])][:15]]
+        (args.out / "summary.md").write_text("\n".join(lines) + "\n")
+        print("\n".join(lines))
+        data.unlink(missing_ok=True)
+    finally:
+        bench.stop()
+
+
+if __name__ == "__main__":
+    main()
