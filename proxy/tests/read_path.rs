@@ -356,36 +356,69 @@ async fn a_herd_on_one_cold_range_makes_one_get() {
 }
 
 #[tokio::test]
-async fn a_second_range_of_a_block_is_a_part_of_its_own_and_the_block_stays_unfetched() {
+async fn a_second_range_of_a_block_fetches_the_block_behind_the_reader() {
     let metrics = Arc::new(Metrics::default());
     let (store, origin, id, etag) = range_first(true, &metrics);
     let want = data(4 * 4096, 0);
     let size = 4 * 4096;
-    for (a, b) in [(100, 300), (1000, 1100), (100, 300), (1000, 1100)] {
-        let got = collect(store.read(id.clone(), etag.clone(), a..b, size)).await;
-        assert_eq!(got.unwrap(), want[a as usize..b as usize]);
-    }
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(origin.gets.load(Ordering::SeqCst), 2);
-    assert_eq!(upstream_bytes(&metrics, 300.0).await, 300.0);
-    assert_eq!(store.classify(&id, &etag, 0..4096, size), CacheResult::Miss);
-    // An in-order reader still gets the blocks ahead of it: read-ahead predicts them.
-    for i in 0..3u64 {
-        let range = 4096 + i * 2000..4096 + (i + 1) * 2000;
-        store.read_ahead(&id, &etag, range.clone(), size);
-        let got = collect(store.read(id.clone(), etag.clone(), range.clone(), size)).await;
-        assert_eq!(got.unwrap(), want[range.start as usize..range.end as usize]);
-    }
+    let got = collect(store.read(id.clone(), etag.clone(), 100..300, size)).await;
+    assert_eq!(got.unwrap(), want[100..300]);
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 1);
+    // A second, different range of block 0: its part, and the whole block behind it.
+    let got = collect(store.read(id.clone(), etag.clone(), 1000..1100, size)).await;
+    assert_eq!(got.unwrap(), want[1000..1100]);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while store.classify(&id, &etag, 2 * 4096..3 * 4096, size) != CacheResult::HitMemory
+    while store.classify(&id, &etag, 0..4096, size) != CacheResult::HitMemory
         && tokio::time::Instant::now() < deadline
     {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     assert_eq!(
-        store.classify(&id, &etag, 2 * 4096..3 * 4096, size),
+        store.classify(&id, &etag, 0..4096, size),
         CacheResult::HitMemory
     );
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 3);
+    // Any range of it is now a hit, and the read-ahead counted as used.
+    let got = collect(store.read(id.clone(), etag.clone(), 2000..2100, size)).await;
+    assert_eq!(got.unwrap(), want[2000..2100]);
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 3);
+    let s = metrics.snapshot();
+    assert_eq!(
+        s.sum("larder_prefetch_bytes_total", &[("outcome", "used")]),
+        4096.0
+    );
+    // One range of another block only: that block stays unfetched.
+    let got = collect(store.read(id.clone(), etag.clone(), 5000..5100, size)).await;
+    assert_eq!(got.unwrap(), want[5000..5100]);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 4);
+    assert_eq!(
+        store.classify(&id, &etag, 4096..8192, size),
+        CacheResult::Miss
+    );
+}
+
+#[tokio::test]
+async fn blocks_are_never_completed_from_parts_when_told_so() {
+    let metrics = Arc::new(Metrics::default());
+    let (store, origin, id, etag) = setup_with(4 * 4096, Duration::ZERO, 4, metrics.clone(), |c| {
+        c.exact_ranges = true;
+        c.complete_block_after = 0;
+        c.prefetch = larder::read::prefetch::PrefetchConfig {
+            enabled: true,
+            min_window: 1,
+            max_window: 1,
+            max_inflight: 4,
+            unused_after: Duration::from_secs(60),
+        };
+    });
+    for (a, b) in [(100, 300), (1000, 1100), (2000, 2100)] {
+        let got = collect(store.read(id.clone(), etag.clone(), a..b, 4 * 4096)).await;
+        assert_eq!(got.unwrap(), data(4 * 4096, 0)[a as usize..b as usize]);
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 3);
+    assert_eq!(upstream_bytes(&metrics, 400.0).await, 400.0);
 }
 
 #[tokio::test]

@@ -213,6 +213,12 @@ options! {
     /// as a part found again by the same range) or `block` (always the whole block). Default:
     /// `exact`: cold column chunks cost the upstream their own bytes, not their blocks'.
     cold_ranges: ColdRanges = Default::default();
+    /// With `cold_ranges = "exact"`: after this many different ranges of one block were
+    /// fetched as parts (within 10 minutes), the whole block is fetched behind the reader, as
+    /// read-ahead (needs `prefetch = "auto"`). `0` never. Default: `2`: random ranges over
+    /// hot objects then cost a block, not a GET per range; Parquet scans that read each
+    /// column chunk again exactly do better with `0` (docs/benchmarks.md).
+    complete_block_after: u32 = 2;
     /// Most bytes of blocks all responses in flight hold at once: each holds the block it is
     /// sending and those opened ahead of it, which may have left the memory tier. A response
     /// whose next block would go over waits (counted). At least one block. Default: `1GiB`.

@@ -273,6 +273,7 @@ pub async fn start(
             unused_after: crate::read::prefetch::UNUSED_AFTER,
         },
         exact_ranges: config.cold_ranges == ColdRanges::Exact,
+        complete_block_after: config.complete_block_after,
         fleet: fleet.as_ref().map(|f| f.fleet.clone()),
     };
     let blocks = Arc::new(BlockStore::new(

@@ -65,7 +65,7 @@ impl BlockStore {
 
     /// Fetch `blocks` in tasks of their own, only with an upstream slot free (never ahead of a
     /// demand fetch) and within the read-ahead budget; counted as read-ahead.
-    fn prefetch(
+    pub(super) fn prefetch(
         self: &Arc<Self>,
         object: &ObjectId,
         etag: &Arc<str>,

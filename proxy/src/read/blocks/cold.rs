@@ -277,7 +277,7 @@ impl BlockStore {
     /// is cached already (metadata forgotten for space, a restart with the disk tier kept, or
     /// the whole block of a part) or being fetched.
     fn cold_fill(
-        &self,
+        self: &Arc<Self>,
         object: &ObjectId,
         etag: &Arc<str>,
         size: u64,
@@ -298,7 +298,12 @@ impl BlockStore {
             return None;
         }
         match self.cache.join(id) {
-            Miss::Fetch { fill, .. } => Some((fill, fetched)),
+            Miss::Fetch { fill, .. } => {
+                if part {
+                    self.complete_if_predicted(object, etag, &fetched);
+                }
+                Some((fill, fetched))
+            }
             Miss::Joined(_) => None,
         }
     }

@@ -94,6 +94,10 @@ pub struct BlockStore {
     prefetched: moka::sync::Cache<BlockId, u64>,
     /// Whether a cold range much smaller than its block is fetched exactly (`part`).
     exact_ranges: bool,
+    /// Distinct parts of a block fetched before the block is fetched whole (0: never).
+    complete_block_after: u32,
+    /// Blocks parts of which were fetched recently, with how many.
+    parts_fetched: moka::sync::Cache<BlockId, u32>,
     /// The other replicas, when this one is part of a fleet.
     fleet: Option<Arc<Fleet>>,
     metrics: Arc<Metrics>,
@@ -157,6 +161,9 @@ pub struct BlockStoreConfig {
     /// Whether a cold range whose block would bring more than 1.5 times its bytes is fetched
     /// exactly (range-first) instead of as the whole block.
     pub exact_ranges: bool,
+    /// Parts of one block fetched (within `prefetch.unused_after`) after which the whole block
+    /// is fetched behind the reader, as read-ahead; 0 never.
+    pub complete_block_after: u32,
     /// The fleet this replica is part of, if any.
     pub fleet: Option<Arc<Fleet>>,
 }
@@ -177,6 +184,7 @@ impl BlockStoreConfig {
             bucket_partitions: Default::default(),
             prefetch: PrefetchConfig::off(),
             exact_ranges: false,
+            complete_block_after: 2,
             fleet: None,
         }
     }
@@ -215,6 +223,11 @@ impl BlockStore {
                     .build()
             },
             exact_ranges: config.exact_ranges,
+            complete_block_after: config.complete_block_after,
+            parts_fetched: moka::sync::Cache::builder()
+                .max_capacity(part::PARTS_REMEMBERED)
+                .time_to_live(config.prefetch.unused_after)
+                .build(),
             fleet: config.fleet,
             metrics,
         }
