@@ -251,21 +251,24 @@ async fn upstream_fetches_never_exceed_the_cap() {
 
 /// A store reading ranges range-first, over 4 blocks of 4,096 bytes.
 fn range_first(
-    prefetch: bool,
     metrics: &Arc<Metrics>,
+    tweak: impl FnOnce(&mut BlockStoreConfig),
 ) -> (Arc<BlockStore>, Arc<MemoryUpstream>, ObjectId, Arc<str>) {
     setup_with(4 * 4096, Duration::ZERO, 4, metrics.clone(), |c| {
         c.exact_ranges = true;
-        if prefetch {
-            c.prefetch = larder::read::prefetch::PrefetchConfig {
-                enabled: true,
-                min_window: 1,
-                max_window: 1,
-                max_inflight: 4,
-                unused_after: Duration::from_secs(60),
-            };
-        }
+        tweak(c);
     })
+}
+
+/// Read-ahead on, one block ahead.
+fn read_ahead(c: &mut BlockStoreConfig) {
+    c.prefetch = larder::read::prefetch::PrefetchConfig {
+        enabled: true,
+        min_window: 1,
+        max_window: 1,
+        max_inflight: 4,
+        unused_after: Duration::from_secs(60),
+    };
 }
 
 /// Bytes received from the upstream once they reach `expected` (or 5 s passed): a fetch runs
@@ -286,7 +289,7 @@ async fn upstream_bytes(metrics: &Metrics, expected: f64) -> f64 {
 #[tokio::test]
 async fn a_cold_range_much_smaller_than_its_block_fetches_only_its_bytes_once() {
     let metrics = Arc::new(Metrics::default());
-    let (store, origin, id, etag) = range_first(false, &metrics);
+    let (store, origin, id, etag) = range_first(&metrics, |_| {});
     let want = data(4 * 4096, 0);
     let size = 4 * 4096;
     for _ in 0..3 {
@@ -358,7 +361,7 @@ async fn a_herd_on_one_cold_range_makes_one_get() {
 #[tokio::test]
 async fn a_second_range_of_a_block_fetches_the_block_behind_the_reader() {
     let metrics = Arc::new(Metrics::default());
-    let (store, origin, id, etag) = range_first(true, &metrics);
+    let (store, origin, id, etag) = range_first(&metrics, read_ahead);
     let want = data(4 * 4096, 0);
     let size = 4 * 4096;
     let got = collect(store.read(id.clone(), etag.clone(), 100..300, size)).await;
@@ -401,16 +404,9 @@ async fn a_second_range_of_a_block_fetches_the_block_behind_the_reader() {
 #[tokio::test]
 async fn blocks_are_never_completed_from_parts_when_told_so() {
     let metrics = Arc::new(Metrics::default());
-    let (store, origin, id, etag) = setup_with(4 * 4096, Duration::ZERO, 4, metrics.clone(), |c| {
-        c.exact_ranges = true;
+    let (store, origin, id, etag) = range_first(&metrics, |c| {
+        read_ahead(c);
         c.complete_block_after = 0;
-        c.prefetch = larder::read::prefetch::PrefetchConfig {
-            enabled: true,
-            min_window: 1,
-            max_window: 1,
-            max_inflight: 4,
-            unused_after: Duration::from_secs(60),
-        };
     });
     for (a, b) in [(100, 300), (1000, 1100), (2000, 2100)] {
         let got = collect(store.read(id.clone(), etag.clone(), a..b, 4 * 4096)).await;

@@ -66,14 +66,18 @@ impl BlockStore {
         let mut first_missing = None;
         for slice in self.keys.layout().slices(range.start, range.end, size) {
             let mut id = self.id(object, etag, slice.index);
-            // Read as a part of its own when its block is nowhere here (`part`).
-            if self.cache.locate(&id).is_none() && !self.cache.in_flight(&id) && !self.has_copy(&id)
-            {
-                if let Some((part, _)) = self.part_of(object, etag, &slice, Purpose::Demand) {
+            let mut tier = self.cache.locate(&id);
+            // Read as a part of its own when its block is nowhere here (`part`): looked up only
+            // then, so a hit costs one lookup.
+            if tier.is_none() {
+                if let Some((part, _)) =
+                    self.part_instead(object, etag, &id, &slice, Purpose::Demand)
+                {
+                    tier = self.cache.locate(&part);
                     id = part;
                 }
             }
-            match self.cache.locate(&id) {
+            match tier {
                 Some(Tier::Memory) => in_memory += 1,
                 Some(_) => on_disk += 1,
                 None if self.has_copy(&id) => in_memory += 1,

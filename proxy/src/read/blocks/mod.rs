@@ -482,10 +482,8 @@ impl BlockStore {
         }
         // Nowhere here and not being fetched: a slice much smaller than its block is read as
         // a part of its own (range-first), which an earlier read may have cached.
-        if !on_disk && !self.cache.in_flight(&id) {
-            if let Some((id, part)) = self.part_of(object, etag, &slice, purpose) {
-                return Opening::Part(id, part);
-            }
+        if let Some((id, part)) = self.part_instead(object, etag, &id, &slice, purpose) {
+            return Opening::Part(id, part);
         }
         match self.cache.join(id.clone()) {
             Miss::Joined(reader) => {

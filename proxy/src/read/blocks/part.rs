@@ -36,6 +36,24 @@ pub(super) fn fetched_alone(len: u64, block_len: u64) -> bool {
 }
 
 impl BlockStore {
+    /// The part `slice` is read as when its block (`block`, the block's key) is nowhere here:
+    /// not in a tier, not in flight, not copied from its owner ([`BlockStore::part_of`]).
+    /// The one rule the read path and `X-Cache` both follow.
+    pub(super) fn part_instead(
+        &self,
+        object: &ObjectId,
+        etag: &Arc<str>,
+        block: &BlockId,
+        slice: &BlockSlice,
+        purpose: Purpose,
+    ) -> Option<(BlockId, BlockSlice)> {
+        if self.cache.locate(block).is_some() || self.cache.in_flight(block) || self.has_copy(block)
+        {
+            return None;
+        }
+        self.part_of(object, etag, slice, purpose)
+    }
+
     /// The key and the slice `slice` is fetched as on its own (the part as a block of its own:
     /// its first byte, its length), when range-first reads are on, a client is reading, the
     /// whole block would bring more than 1.5 times the bytes asked, and no other replica owns
