@@ -251,9 +251,15 @@ impl<K: CacheKey, E: Clone + From<Abandoned>> HybridCache<K, E> {
         if let Some(v) = self.memory.get(key).await {
             return Some((v, Tier::Memory));
         }
+        self.promote(key).await.map(|v| (v, Tier::Disk))
+    }
+
+    /// The value of `key` from disk, in one read, then promoted to memory (for a caller that
+    /// looked in memory already: a second lookup would count twice in its admission).
+    pub async fn promote(&self, key: &K) -> Option<Bytes> {
         let v = self.partition(key)?.get(&key.disk_key()).await?;
         self.memory.insert(key.clone(), v.clone()).await;
-        Some((v, Tier::Disk))
+        Some(v)
     }
 
     /// Write every value held only in memory down to disk, waiting for the disk's write
@@ -299,6 +305,13 @@ impl<K: CacheKey, E: Clone + From<Abandoned>> HybridCache<K, E> {
             .get_range(&key.disk_key(), range)
             .await?;
         Some((v, Tier::Disk))
+    }
+
+    /// The value of `key` from disk as a stream of verified pieces (see
+    /// [`Partition::stream`](crate::disk::Partition::stream)); not promoted to memory, which is
+    /// the caller's choice once the stream is whole. `None` if the disk does not hold it.
+    pub async fn disk_stream(&self, key: &K) -> Option<crate::disk::ValueStream> {
+        self.partition(key)?.stream(&key.disk_key()).await
     }
 
     /// Store `value` in memory and, under [`WritePolicy::OnInsert`], offer it to disk.

@@ -2,6 +2,7 @@
 gracefully and killed with SIGKILL; bytes checked against what was uploaded, upstream traffic
 counted by the pass-through in front of MinIO."""
 
+import mmap
 import random
 import re
 import threading
@@ -124,6 +125,33 @@ def test_sigkill_during_heavy_writes_never_serves_wrong_bytes(workdir, make_lard
     wait_until(lambda: metric(larder, "disk_hits") > 0, 5, f"disk hits ({from_disk} whole, rounds {disk_served})")
     print(f"\nrecovered entries per start {recovered}; whole bodies from disk per round {disk_served}; "
           f"objects served (partly) from disk after the last kill: {from_disk}/{len(objects)}")
+
+
+def test_a_block_failing_its_checksum_part_way_on_disk_is_served_right_the_upstream_finishing_it(
+        workdir, make_larder, direct, bucket, upstream):
+    # A disk hit alone is streamed in pieces, each sent once verified; a later piece that fails
+    # its checksum must neither reach the client nor cost the bytes already sent: the upstream
+    # sends the rest of the block, from the first piece not sent.
+    data = random.Random(13).randbytes(8 * MiB)  # one block, random so its bytes are unique
+    direct.put_object(Bucket=bucket, Key="flip.bin", Body=data)
+    first = make_larder(*disk_args(workdir, "flip"), name="flip-first")
+    assert first.client().get_object(Bucket=bucket, Key="flip.bin")["Body"].read() == data
+    first.stop()  # writes the memory tier down to disk
+    with open(workdir / "flip.cache", "r+b") as f, mmap.mmap(f.fileno(), 0) as device:
+        start = device.find(data[:4096])
+        assert start > 0, "the block is on disk"
+        device[start + 5 * MiB] ^= 0x5A
+        device.flush()
+
+    upstream.reset()
+    second = make_larder(*disk_args(workdir, "flip"), name="flip-second")
+    assert second.client().get_object(Bucket=bucket, Key="flip.bin")["Body"].read() == data
+    gets = upstream.seen("GET", f"/{bucket}/flip.bin")
+    assert len(gets) == 1, gets
+    m = re.fullmatch(r"bytes=(\d+)-(\d+)", gets[0][2] or "")
+    assert m, gets
+    assert 0 < int(m.group(1)) <= 5 * MiB and int(m.group(2)) == 8 * MiB - 1, gets
+    wait_until(lambda: metric(second, "disk_corrupt_reads") == 1, 5, "the corrupt read counted")
 
 
 def labelled(larder, name, **labels) -> int:

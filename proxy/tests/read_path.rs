@@ -468,20 +468,91 @@ mod disk_tests {
     use super::*;
     use cache_core::disk::DiskConfig;
 
+    /// `body` as object `b/k` at ETag `"e1"`.
+    fn put(origin: &MemoryUpstream, body: &Bytes) -> (ObjectId, Arc<str>) {
+        origin.put("k", body.clone(), "\"e1\"");
+        let id = ObjectId {
+            bucket: "b".into(),
+            key: "k".into(),
+            version_id: None,
+        };
+        (id, "\"e1\"".into())
+    }
+
     async fn store_over(
         path: &std::path::Path,
         origin: Arc<MemoryUpstream>,
     ) -> (Arc<BlockStore>, DiskCache) {
-        let mut cfg = DiskConfig::new(path, 9 << 20);
-        cfg.region_size = 1 << 20;
+        let metrics = Arc::new(Metrics::default());
+        store_with(path, origin, (64 * 1024, 1 << 20), metrics).await
+    }
+
+    /// A store of `block`-byte blocks over a disk of 8 `region`-byte regions.
+    async fn store_with(
+        path: &std::path::Path,
+        origin: Arc<MemoryUpstream>,
+        (block, region): (u64, u64),
+        metrics: Arc<Metrics>,
+    ) -> (Arc<BlockStore>, DiskCache) {
+        let mut cfg = DiskConfig::new(path, (1 << 20) + 8 * region);
+        cfg.region_size = region;
         let disk = DiskCache::open(cfg).await.expect("disk");
         let config = BlockStoreConfig {
-            layout: BlockLayout::new(64 * 1024),
+            layout: BlockLayout::new(block),
             disk: Some(disk.clone()),
             ..BlockStoreConfig::for_tests()
         };
-        let store = BlockStore::new(config, origin, Arc::new(Metrics::default()));
+        let store = BlockStore::new(config, origin, metrics);
         (Arc::new(store), disk)
+    }
+
+    #[tokio::test]
+    async fn a_block_failing_its_checksum_part_way_on_disk_is_finished_by_the_upstream() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("cache");
+        let origin = Arc::new(MemoryUpstream::with_delay(Duration::ZERO));
+        // One block, and no period, so its bytes are found on the device by their first 4 KiB.
+        let size = 2 << 20;
+        let body: Bytes = (0..size)
+            .map(|i: u64| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8)
+            .collect::<Vec<_>>()
+            .into();
+        let (id, etag) = put(&origin, &body);
+        let geometry = (2 << 20, 4 << 20);
+        let metrics = Arc::new(Metrics::default());
+        let (store, disk) = store_with(&path, origin.clone(), geometry, metrics).await;
+        let got = collect(store.read(id.clone(), etag.clone(), 0..size, size)).await;
+        assert_eq!(got.unwrap(), body);
+        disk.close().await;
+        drop((store, disk));
+
+        // One byte 1.5 MiB into block 0 flips: its first pieces verify, a later one does not.
+        let mut device = std::fs::read(&path).expect("read");
+        let start = device
+            .windows(4096)
+            .position(|w| w == &body[..4096])
+            .expect("block 0 is on the device");
+        device[start + (3 << 19)] ^= 0x5a;
+        std::fs::write(&path, &device).expect("write");
+
+        let gets = origin.gets.load(Ordering::SeqCst);
+        let metrics = Arc::new(Metrics::default());
+        let (store, disk) = store_with(&path, origin.clone(), geometry, metrics.clone()).await;
+        // A whole object of one block, the only disk read: streamed in pieces.
+        let got = collect(store.read(id.clone(), etag.clone(), 0..size, size)).await;
+        assert_eq!(
+            got.unwrap(),
+            body,
+            "right bytes, from disk then the upstream"
+        );
+        assert_eq!(disk.stats().corrupt, 1);
+        assert_eq!(origin.gets.load(Ordering::SeqCst), gets + 1);
+        // The upstream sent the rest of block 0 from the last verified piece, not the block.
+        let fetched = upstream_bytes(&metrics, 1.0).await;
+        assert!(
+            fetched > 0.0 && fetched < f64::from(2 << 20) * 0.75,
+            "{fetched} bytes from the upstream"
+        );
     }
 
     #[tokio::test]
@@ -493,13 +564,7 @@ mod disk_tests {
             .map(|i| (i % 241) as u8)
             .collect::<Vec<_>>()
             .into();
-        origin.put("k", body.clone(), "\"e1\"");
-        let id = ObjectId {
-            bucket: "b".into(),
-            key: "k".into(),
-            version_id: None,
-        };
-        let etag: Arc<str> = "\"e1\"".into();
+        let (id, etag) = put(&origin, &body);
         let (store, disk) = store_over(&path, origin.clone()).await;
         let got: Vec<Bytes> = store
             .read(id.clone(), etag.clone(), 0..300_000, 300_000)

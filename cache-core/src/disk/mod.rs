@@ -29,6 +29,7 @@ pub use admission::Admission;
 pub use format::FormatError;
 pub use io::{AlignedBuf, IoEngine, Priority, PsyncEngine};
 pub use stats::{DiskStats, DropReason};
+pub use store::{ReadFailed, ValueStream};
 #[cfg(target_os = "linux")]
 pub use uring::UringEngine;
 
@@ -537,6 +538,13 @@ impl Partition {
     /// range touches are read and verified.
     pub async fn get_range(&self, key: &[u8], range: Range<u64>) -> Option<Bytes> {
         self.store.get_range(key, range).await
+    }
+
+    /// The value of `key` as a stream of verified pieces, read a few at a time, so its first
+    /// byte arrives after one small read instead of the whole value's; `None` on a miss or on a
+    /// fault before the first byte. A fault later ends the stream with [`ReadFailed`].
+    pub async fn stream(&self, key: &[u8]) -> Option<ValueStream> {
+        store::stream(self.store.clone(), key).await
     }
 
     /// Whether `key` is (probably: by hash) held.

@@ -1,4 +1,5 @@
 use super::*;
+use futures::StreamExt;
 
 pub(crate) fn value_of(key: &[u8], len: usize) -> Bytes {
     let seed = store::hash_key(key);
@@ -176,6 +177,83 @@ async fn bit_flips_become_counted_misses_never_wrong_bytes() {
     let s = disk.stats();
     assert!(s.corrupt > 0, "{s:?}");
     assert_eq!(s.hits + s.misses, 120);
+}
+
+/// A disk with 4 MiB regions, for values of a few MiB.
+fn big_config(path: &std::path::Path) -> DiskConfig {
+    let mut cfg = DiskConfig::new(path, (1 << 20) + 4 * (4 << 20));
+    cfg.region_size = 4 << 20;
+    cfg.io_threads = 2;
+    cfg.io_depth = 8;
+    cfg
+}
+
+/// The pieces of `key`'s stream, each a `Result`.
+async fn stream_pieces(p: &Partition, key: &[u8]) -> Option<Vec<Result<Bytes, ReadFailed>>> {
+    let stream = p.stream(key).await?;
+    Some(stream.collect().await)
+}
+
+#[tokio::test]
+async fn a_streamed_value_arrives_in_verified_pieces_the_first_small() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let disk = DiskCache::open(big_config(&dir.path().join("cache")))
+        .await
+        .expect("open");
+    let p = disk.partition("default").expect("default");
+    // Not a whole number of chunks, so the last piece is a short tail.
+    let want = value_of(b"big", 3 * (1 << 20) + 12_345);
+    p.insert(b"big", want.clone()).expect("accepted");
+    // Still in the write buffer: one piece, the value itself.
+    let pieces = stream_pieces(&p, b"big").await.expect("held");
+    assert_eq!(pieces.len(), 1);
+    p.flush().await;
+    let stream = p.stream(b"big").await.expect("held");
+    assert_eq!(stream.len(), want.len() as u64);
+    let pieces: Vec<Bytes> = stream.map(|r| r.expect("verified")).collect().await;
+    assert!(pieces.len() >= 4, "{} pieces", pieces.len());
+    assert!(
+        pieces[0].len() <= 256 * 1024 && pieces[0].len().is_multiple_of(64 * 1024),
+        "the first piece is {} bytes",
+        pieces[0].len()
+    );
+    assert_value(Some(pieces.concat().into()), &want, "streamed");
+    assert!(p.stream(b"nope").await.is_none());
+    assert_eq!(p.stats().corrupt, 0);
+}
+
+#[tokio::test]
+async fn a_streamed_value_stops_at_a_bad_chunk_after_only_verified_bytes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("cache");
+    let disk = DiskCache::open(big_config(&path)).await.expect("open");
+    let p = disk.partition("default").expect("default");
+    let want = value_of(b"big", 3 << 20);
+    p.insert(b"big", want.clone()).expect("accepted");
+    disk.close().await;
+    drop((p, disk));
+    // Flip one byte 2 MiB into the value. The value repeats every 16 KiB, so its first
+    // occurrence on the device is its start.
+    let mut bytes = std::fs::read(&path).expect("read");
+    let start = bytes
+        .windows(4096)
+        .position(|w| w == &want[..4096])
+        .expect("the value is on the device");
+    bytes[start + (2 << 20) + 100] ^= 0x5a;
+    std::fs::write(&path, &bytes).expect("write");
+    let disk = DiskCache::open(big_config(&path)).await.expect("reopen");
+    let p = disk.partition("default").expect("default");
+    let pieces = stream_pieces(&p, b"big")
+        .await
+        .expect("the header verifies");
+    let (good, bad): (Vec<_>, Vec<_>) = pieces.into_iter().partition(Result::is_ok);
+    assert_eq!(bad, vec![Err(ReadFailed)], "one failure ends the stream");
+    let good: Vec<u8> = good.into_iter().flat_map(Result::unwrap).collect();
+    assert!(good.len() <= 2 << 20, "{} bytes given", good.len());
+    assert_eq!(&good[..], &want[..good.len()], "what was given is right");
+    assert_eq!(disk.stats().corrupt, 1);
+    // The corrupt entry is dropped, so the next reader refetches instead of failing again.
+    assert!(p.stream(b"big").await.is_none());
 }
 
 #[tokio::test]

@@ -29,6 +29,9 @@ use crate::disk::stats::{Counters, DropReason};
 mod read;
 mod reclaim;
 
+pub(crate) use read::stream;
+pub use read::{ReadFailed, ValueStream};
+
 /// Hash of a key, stable across builds and restarts (it is persisted in region summaries).
 pub(crate) fn hash_key(key: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(key)

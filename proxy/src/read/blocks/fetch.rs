@@ -2,6 +2,7 @@
 //! upstream pinned to its ETag; a body that breaks is resumed from the byte where it stopped,
 //! a peer that fails is replaced by the upstream. How it ends decides where the block goes.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -24,9 +25,49 @@ pub(super) enum Supplier {
     Upstream,
     /// All from the replica owning it, which caches it: only a brief copy is kept here.
     Peer,
-    /// Begun by a peer whose body broke, finished from S3. Served to the readers waiting, but
-    /// never cached: the peer's part was never checked against S3's bytes.
+    /// Begun by a peer or the disk whose body broke, finished from S3. Served to the readers
+    /// waiting, but never cached: a peer's part was never checked against S3's bytes (the
+    /// disk's was, but a block that failed on disk is rare enough to simply fetch again).
     Mixed,
+}
+
+/// Blocks up to this size are read from disk whole: streaming them in pieces measured no
+/// faster and cost a third more CPU (the copy into one buffer for memory).
+const STREAMED_FROM: u64 = 1 << 20;
+
+/// What the local tiers gave a fetch.
+enum Local {
+    /// The whole block, streamed from disk: promote it to memory.
+    Served,
+    /// The whole block, already in memory (or put there by the read).
+    InMemory,
+    /// The disk gave this many bytes, verified, then failed.
+    StoppedAt(u64),
+    /// Neither tier holds it.
+    Absent,
+}
+
+/// A disk read in progress, counted while it lives.
+struct DiskRead<'a> {
+    count: &'a AtomicUsize,
+    /// No other disk read was running when this one started.
+    alone: bool,
+}
+
+impl<'a> DiskRead<'a> {
+    fn start(count: &'a AtomicUsize) -> Self {
+        let before = count.fetch_add(1, Ordering::AcqRel);
+        Self {
+            count,
+            alone: before == 0,
+        }
+    }
+}
+
+impl Drop for DiskRead<'_> {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// How a fetch starts.
@@ -128,27 +169,36 @@ impl BlockStore {
         body: Option<(BodyStream, Supplier)>,
         purpose: Purpose,
     ) {
-        // Disk first: one read, verified, then promoted to memory. A disk miss (evicted since
-        // `locate`, or failed verification) falls through to the origin. Warming skips it: it
-        // only fetches what the disk does not hold, and must not promote into memory. A body
-        // already arriving (a cold open) was checked against the tiers before it came here.
+        // Memory, then disk, then the origin. Warming skips the tiers: it only fetches what the
+        // disk does not hold, and must not promote into memory. A body already arriving (a cold
+        // open) was checked against the tiers before it came here.
+        let mut resume_at = 0;
         if purpose != Purpose::Warm && body.is_none() {
-            let found = self.cache.get(fill.key()).await.map(|(bytes, _)| bytes);
-            if let Some(bytes) = found.and_then(|b| self.checked(b, &slice)) {
-                fill.push(bytes);
-                fill.deliver();
-                return;
+            match self.read_local(&fill, &slice).await {
+                Local::Served => {
+                    let id = fill.key().clone();
+                    let block = fill.deliver();
+                    self.cache.memory().insert(id, block).await;
+                    return;
+                }
+                Local::InMemory => {
+                    fill.deliver();
+                    return;
+                }
+                Local::StoppedAt(at) => resume_at = at,
+                Local::Absent => {}
             }
         }
         let first = match body {
             Some((body, supplier)) => FirstAttempt::Body(body, supplier),
+            None if resume_at > 0 => FirstAttempt::Upstream,
             None => match self.remote_owner(&object, slice.index, purpose) {
                 Some(peer) => FirstAttempt::Owner(peer),
                 None => FirstAttempt::Upstream,
             },
         };
         let result = self
-            .fetch_into(&fill, &object, &etag, slice, slot, first)
+            .fetch_into(&fill, &object, &etag, slice, slot, (first, resume_at))
             .await;
         match result {
             // The owner caches it; here only a brief copy for the next local reader (and none
@@ -192,7 +242,76 @@ impl BlockStore {
         }
     }
 
-    /// Fetch `range` of `object` at `etag` into `fill`, starting as `first` says. The upstream's
+    /// Feed `fill` from memory or the disk tier, as far as they hold it. A block on disk is
+    /// read one of two ways:
+    /// - in pieces, each pushed as soon as it is read and verified, when the block is a whole
+    ///   object larger than [`STREAMED_FROM`] and no other disk read is running: the reader's
+    ///   first byte then waits for 256 KiB instead of the block, and the device reads while the
+    ///   reader sends. Promoting it to memory copies the pieces into one buffer.
+    /// - otherwise whole, in one read. A read of many blocks already overlaps its disk reads
+    ///   with sending (the read window), a busy device gains nothing from pieces, and for all of
+    ///   those the copy costs more CPU than the pieces save (measured: docs/benchmarks.md,
+    ///   "Disk hits streamed in pieces").
+    ///
+    /// A disk read that stops part-way (a chunk failing its checksum, the region reclaimed) says
+    /// where, and the upstream finishes it.
+    async fn read_local(&self, fill: &Fill<BlockId, UpstreamError>, slice: &BlockSlice) -> Local {
+        let in_memory = self.cache.memory().get(fill.key()).await;
+        if let Some(bytes) = in_memory.and_then(|b| self.checked(b, slice)) {
+            fill.push(bytes);
+            return Local::InMemory;
+        }
+        let reading = DiskRead::start(&self.disk_reads);
+        let whole_object = slice.block_start == 0 && slice.object_size == slice.block_len;
+        if reading.alone && whole_object && slice.block_len > STREAMED_FROM {
+            let Some(disk) = self.cache.disk_stream(fill.key()).await else {
+                return Local::Absent;
+            };
+            return match self.stream_disk(fill, disk, slice).await {
+                Ok(()) => Local::Served,
+                Err(at) => Local::StoppedAt(at),
+            };
+        }
+        // One buffer, promoted as it is: no copy.
+        let found = self.cache.promote(fill.key()).await;
+        match found.and_then(|b| self.checked(b, slice)) {
+            Some(bytes) => {
+                fill.push(bytes);
+                Local::InMemory
+            }
+            None => Local::Absent,
+        }
+    }
+
+    /// Push the block `disk` streams into `fill` as each piece arrives verified. `Err` with the
+    /// bytes pushed if it stopped part-way, or (with 0) if its length is not the block's.
+    async fn stream_disk(
+        &self,
+        fill: &Fill<BlockId, UpstreamError>,
+        mut disk: cache_core::disk::ValueStream,
+        slice: &BlockSlice,
+    ) -> Result<(), u64> {
+        if !self.fits(disk.len(), slice) {
+            return Err(0);
+        }
+        let mut got = 0;
+        while let Some(piece) = disk.next().await {
+            match piece {
+                Ok(piece) => {
+                    got += piece.len() as u64;
+                    fill.push(piece);
+                }
+                Err(e) => {
+                    tracing::warn!(block = slice.index, at = got, error = %e, "the upstream finishes a block the disk could not");
+                    return Err(got);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Fetch `range` of `object` at `etag` into `fill`, starting as `first` says from byte
+    /// `from` of the block (0 unless the disk gave the bytes before it). The upstream's
     /// bodies arrive already resumed where they broke or stalled (the upstream's
     /// [`crate::upstream::resume`] layer), so their failures stand. A peer that fails, before its
     /// first byte or after, or stalls for `idle_timeout`, is replaced by the upstream from the
@@ -204,7 +323,7 @@ impl BlockStore {
         etag: &str,
         slice: BlockSlice,
         slot: Option<SemaphorePermit<'_>>,
-        first: FirstAttempt,
+        (first, from): (FirstAttempt, u64),
     ) -> Result<Supplier, UpstreamError> {
         let range = slice.block_start..slice.block_start + slice.block_len;
         let expected = range.end - range.start;
@@ -219,8 +338,9 @@ impl BlockStore {
         };
         let mut first = Some(first);
         let mut supplied = Supplier::Peer;
-        let mut got = 0u64;
-        let mut from_peer = 0u64;
+        let mut got = from;
+        // Bytes not from the upstream: a peer's, or the disk's before `from`.
+        let mut elsewhere = from;
         loop {
             let (attempt, supplier) = match first.take() {
                 Some(FirstAttempt::Body(body, supplier)) => (Ok(body), supplier),
@@ -274,7 +394,7 @@ impl BlockStore {
                                     self.metrics.upstream_received(chunk.len() as u64)
                                 }
                                 Supplier::Peer | Supplier::Mixed => {
-                                    from_peer += chunk.len() as u64;
+                                    elsewhere += chunk.len() as u64;
                                     self.metrics.peer_bytes("received", chunk.len() as u64)
                                 }
                             }
@@ -283,7 +403,7 @@ impl BlockStore {
                         // Every byte arrived: a connection that breaks after them loses nothing.
                         Some(Err(_)) | None if got == expected => {
                             return Ok(match supplied {
-                                Supplier::Upstream if from_peer > 0 => Supplier::Mixed,
+                                Supplier::Upstream if elsewhere > 0 => Supplier::Mixed,
                                 other => other,
                             })
                         }

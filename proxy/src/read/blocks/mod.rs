@@ -16,6 +16,7 @@
 //! - `ahead`: read-ahead and warm-up, fetches nobody is waiting for yet.
 
 use std::ops::Range;
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -100,6 +101,8 @@ pub struct BlockStore {
     parts_fetched: moka::sync::Cache<BlockId, u32>,
     /// The other replicas, when this one is part of a fleet.
     fleet: Option<Arc<Fleet>>,
+    /// Blocks being read from the disk tier now: one alone is streamed in pieces.
+    disk_reads: AtomicUsize,
     metrics: Arc<Metrics>,
 }
 
@@ -229,6 +232,7 @@ impl BlockStore {
                 .time_to_live(config.prefetch.unused_after)
                 .build(),
             fleet: config.fleet,
+            disk_reads: AtomicUsize::new(0),
             metrics,
         }
     }
@@ -262,18 +266,22 @@ impl BlockStore {
     /// A block of another length is never served: it was cut by another geometry or arrived
     /// truncated, and is counted and treated as a miss.
     fn checked(&self, bytes: Bytes, slice: &BlockSlice) -> Option<Bytes> {
-        if bytes.len() as u64 == slice.block_len {
-            Some(bytes)
-        } else {
-            tracing::warn!(
-                block = slice.index,
-                expected = slice.block_len,
-                found = bytes.len(),
-                "a cached block has the wrong length; fetching it again"
-            );
-            self.metrics.block_rejected(Rejected::Length);
-            None
+        self.fits(bytes.len() as u64, slice).then_some(bytes)
+    }
+
+    /// Whether a cached value of `len` bytes can be `slice`'s block (see [`Self::checked`]).
+    fn fits(&self, len: u64, slice: &BlockSlice) -> bool {
+        if len == slice.block_len {
+            return true;
         }
+        tracing::warn!(
+            block = slice.index,
+            expected = slice.block_len,
+            found = len,
+            "a cached block has the wrong length; fetching it again"
+        );
+        self.metrics.block_rejected(Rejected::Length);
+        false
     }
 
     /// The bytes `[start, end)` of `object` (of `size` bytes) at `etag`, as a stream. Up to
