@@ -78,6 +78,9 @@ enum FirstAttempt {
     Owner(Arc<str>),
     /// By asking the upstream.
     Upstream,
+    /// By asking the upstream for the rest of the block from this byte of it: the disk gave
+    /// the bytes before it, verified, then failed.
+    UpstreamFrom(u64),
 }
 
 impl BlockStore {
@@ -191,14 +194,14 @@ impl BlockStore {
         }
         let first = match body {
             Some((body, supplier)) => FirstAttempt::Body(body, supplier),
-            None if resume_at > 0 => FirstAttempt::Upstream,
+            None if resume_at > 0 => FirstAttempt::UpstreamFrom(resume_at),
             None => match self.remote_owner(&object, slice.index, purpose) {
                 Some(peer) => FirstAttempt::Owner(peer),
                 None => FirstAttempt::Upstream,
             },
         };
         let result = self
-            .fetch_into(&fill, &object, &etag, slice, slot, (first, resume_at))
+            .fetch_into(&fill, &object, &etag, slice, slot, first)
             .await;
         match result {
             // The owner caches it; here only a brief copy for the next local reader (and none
@@ -310,8 +313,8 @@ impl BlockStore {
         Ok(())
     }
 
-    /// Fetch `range` of `object` at `etag` into `fill`, starting as `first` says from byte
-    /// `from` of the block (0 unless the disk gave the bytes before it). The upstream's
+    /// Fetch `range` of `object` at `etag` into `fill`, starting as `first` says (from the
+    /// block's first byte, unless the disk gave the bytes before it). The upstream's
     /// bodies arrive already resumed where they broke or stalled (the upstream's
     /// [`crate::upstream::resume`] layer), so their failures stand. A peer that fails, before its
     /// first byte or after, or stalls for `idle_timeout`, is replaced by the upstream from the
@@ -323,7 +326,7 @@ impl BlockStore {
         etag: &str,
         slice: BlockSlice,
         slot: Option<SemaphorePermit<'_>>,
-        (first, from): (FirstAttempt, u64),
+        first: FirstAttempt,
     ) -> Result<Supplier, UpstreamError> {
         let range = slice.block_start..slice.block_start + slice.block_len;
         let expected = range.end - range.start;
@@ -335,6 +338,10 @@ impl BlockStore {
                 .acquire()
                 .await
                 .map_err(|_| UpstreamError::Abandoned)?,
+        };
+        let from = match first {
+            FirstAttempt::UpstreamFrom(at) => at,
+            _ => 0,
         };
         let mut first = Some(first);
         let mut supplied = Supplier::Peer;
@@ -356,7 +363,7 @@ impl BlockStore {
                         ),
                     }
                 }
-                Some(FirstAttempt::Upstream) | None => (
+                Some(FirstAttempt::Upstream | FirstAttempt::UpstreamFrom(_)) | None => (
                     self.origin
                         .get(object, Some(etag), Some(range.start + got..range.end))
                         .await,
