@@ -2,8 +2,11 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+
+use super::signing_key::{SigningKey, SigningKeys};
 
 /// Access a key's policy grants. Each level includes the ones before it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, Default)]
@@ -58,10 +61,33 @@ impl KeyPolicy {
 /// A known access key.
 #[derive(Clone)]
 pub struct Key {
-    /// The secret access key.
-    pub secret: String,
+    secret: Arc<str>,
     /// What the key may do; `None`: everything.
     pub policy: Option<KeyPolicy>,
+    /// SigV4 signing keys derived from `secret`. Owned with it, so they cannot outlive it.
+    signing: Arc<SigningKeys>,
+}
+
+impl Key {
+    /// A key with this secret and no policy.
+    pub fn new(secret: &str) -> Self {
+        Self {
+            secret: secret.into(),
+            policy: None,
+            signing: Arc::default(),
+        }
+    }
+
+    /// The secret access key.
+    pub fn secret(&self) -> &str {
+        &self.secret
+    }
+
+    /// The SigV4 signing key for `date` (`YYYYMMDD`) and `region`: derived once per day and
+    /// region, then kept.
+    pub(crate) fn signing_key(&self, date: &str, region: &str) -> SigningKey {
+        self.signing.get(&self.secret, date, region)
+    }
 }
 
 impl std::fmt::Debug for Key {
@@ -147,11 +173,7 @@ impl KeyStore {
                     "access key ids may hold only letters, digits, '-', '_' and '.'",
                 ));
             }
-            let key = Key {
-                secret: secret.to_owned(),
-                policy: None,
-            };
-            if keys.insert(id.to_owned(), key).is_some() {
+            if keys.insert(id.to_owned(), Key::new(secret)).is_some() {
                 return Err(bad("access key id defined twice"));
             }
         }
@@ -171,13 +193,7 @@ impl KeyStore {
     pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
         let keys = pairs
             .into_iter()
-            .map(|(id, secret)| {
-                let key = Key {
-                    secret: secret.to_owned(),
-                    policy: None,
-                };
-                (id.to_owned(), key)
-            })
+            .map(|(id, secret)| (id.to_owned(), Key::new(secret)))
             .collect();
         Self { keys }
     }
@@ -213,7 +229,7 @@ mod tests {
         let store = KeyStore::parse(text, "f", &[policy]).unwrap();
         assert_eq!(store.len(), 2);
         assert_eq!(
-            store.get("writer").unwrap().secret,
+            store.get("writer").unwrap().secret(),
             "other:secret:with:colons"
         );
         let reader = store.get("reader").unwrap().policy.clone().unwrap();

@@ -6,13 +6,15 @@
 //! `S3Service`, which dispatches each request to an `S3` trait method with the body already
 //! parsed into typed input. A pass-through proxy must instead forward the request as signed,
 //! stream its body untouched, and know which headers the signature covered; none of that is
-//! reachable from outside s3s. So the canonical request is computed by `aws-sigv4`, the AWS SDK's
-//! own signer (see [`sigv4`]), and only the parsing around it is Larder's.
+//! reachable from outside s3s. So Larder verifies itself: the canonical request is built in
+//! [`sigv4`] from the request as the client signed it, and checked against the AWS SDK's own
+//! signer (`aws-sigv4`) by a property test over random requests.
 
 pub mod chunked;
 pub mod keys;
 pub mod post_policy;
 pub mod signed;
+mod signing_key;
 pub mod sigv2;
 pub mod sigv4;
 

@@ -10,14 +10,12 @@
 
 use std::time::SystemTime;
 
-use aws_sigv4::sign::v4;
 use base64::Engine;
 use hmac::{KeyInit, Mac};
-use subtle::ConstantTimeEq;
 
 use super::keys::KeyStore;
 use super::signed::Signed;
-use super::sigv4::{parse_amz_date, parse_credential, Payload};
+use super::sigv4::{equal, parse_amz_date, parse_credential, sign, Payload};
 use super::Principal;
 use crate::s3::form::FormHead;
 use crate::s3::S3Error;
@@ -192,15 +190,19 @@ fn check_signature(head: &FormHead, policy_b64: &str, keys: &KeyStore) -> Result
                 "x-amz-credential must be <key>/<date>/<region>/s3/aws4_request".into(),
             )
         })?;
-        let time = parse_amz_date(date)
+        // The date must be well formed and the credential's, as S3 requires; the policy's
+        // own expiration is what bounds the form's life.
+        parse_amz_date(date)
             .filter(|_| date.starts_with(credential.date))
             .ok_or_else(|| S3Error::InvalidArgument("x-amz-date is malformed".into()))?;
         let key = keys
             .get(credential.access_key)
             .ok_or(S3Error::InvalidAccessKeyId)?;
-        let signing_key = v4::generate_signing_key(&key.secret, time, credential.region, "s3");
-        let expected = v4::calculate_signature(signing_key, policy_b64.as_bytes());
-        if !equal(expected.as_bytes(), signature.as_bytes()) {
+        let expected = sign(
+            &key.signing_key(credential.date, credential.region),
+            policy_b64.as_bytes(),
+        );
+        if !equal(&expected, signature.as_bytes()) {
             return Err(S3Error::SignatureDoesNotMatch);
         }
         return Ok(credential.access_key.to_owned());
@@ -213,7 +215,7 @@ fn check_signature(head: &FormHead, policy_b64: &str, keys: &KeyStore) -> Result
         ));
     };
     let key = keys.get(access_key).ok_or(S3Error::InvalidAccessKeyId)?;
-    let mut mac = hmac::Hmac::<sha1::Sha1>::new_from_slice(key.secret.as_bytes())
+    let mut mac = hmac::Hmac::<sha1::Sha1>::new_from_slice(key.secret().as_bytes())
         .map_err(|_| S3Error::InternalError)?;
     mac.update(policy_b64.as_bytes());
     let expected = base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes());
@@ -221,10 +223,6 @@ fn check_signature(head: &FormHead, policy_b64: &str, keys: &KeyStore) -> Result
         return Err(S3Error::SignatureDoesNotMatch);
     }
     Ok(access_key.to_owned())
-}
-
-fn equal(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && bool::from(a.ct_eq(b))
 }
 
 /// `2026-11-23T12:00:00Z` or `2026-11-23T12:00:00.000Z`.

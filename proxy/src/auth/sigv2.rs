@@ -8,10 +8,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use base64::Engine;
 use hmac::{KeyInit, Mac};
 use http::request::Parts;
-use subtle::ConstantTimeEq;
 
 use super::keys::{Key, KeyStore};
-use super::sigv4::MAX_PRESIGNED_EXPIRY;
+use super::sigv4::{equal, MAX_PRESIGNED_EXPIRY};
 use crate::s3::S3Error;
 
 /// The query parameters that are part of the signed resource (as botocore's `HmacV1Auth` and
@@ -159,13 +158,11 @@ pub fn verify(
             to_sign.push_str(v);
         }
     }
-    let mut mac = hmac::Hmac::<sha1::Sha1>::new_from_slice(key.secret.as_bytes())
+    let mut mac = hmac::Hmac::<sha1::Sha1>::new_from_slice(key.secret().as_bytes())
         .map_err(|_| S3Error::InternalError)?;
     mac.update(to_sign.as_bytes());
     let expected = base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes());
-    let ok = expected.len() == signature.len()
-        && bool::from(expected.as_bytes().ct_eq(signature.as_bytes()));
-    if !ok {
+    if !equal(expected.as_bytes(), signature.as_bytes()) {
         return Err(S3Error::SignatureDoesNotMatch);
     }
     Ok((access_key, key.clone()))

@@ -1,26 +1,23 @@
 //! AWS Signature Version 4 verification, header form and presigned URLs.
 //!
-//! The canonical request and signature are computed by `aws-sigv4`, the AWS SDK's own signer,
-//! fed the request exactly as the client signed it: its method, path, query, the headers named
-//! in `SignedHeaders`, its payload hash, date and credential scope. Verifying is then signing
-//! again with the key's secret and comparing in constant time. Chunk and trailer signatures of
-//! streamed uploads use the SDK's key derivation and HMAC ([`ChunkSigner`]).
+//! The canonical request is built from the request exactly as the client signed it: its method,
+//! path, query, the headers named in `SignedHeaders`, its payload hash, date and credential
+//! scope ([`canonical`]). Verifying is then signing it again with the key's signing key, derived
+//! once per day and region ([`Key::signing_key`]), and comparing in constant time. Chunk and
+//! trailer signatures of streamed uploads chain from the request's signature ([`ChunkSigner`]).
+
+mod canonical;
 
 use std::borrow::Cow;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use aws_credential_types::Credentials;
-use aws_sigv4::http_request::{
-    sign, PayloadChecksumKind, PercentEncodingMode, SignableBody, SignableRequest,
-    SignatureLocation, SigningSettings, UriPathNormalizationMode,
-};
-use aws_sigv4::sign::v4;
-use aws_smithy_runtime_api::client::identity::Identity;
 use http::request::Parts;
 use subtle::ConstantTimeEq;
 
+use self::canonical::{Canonical, Header};
 use super::keys::{Key, KeyStore};
 use super::signed::Signed;
+use super::signing_key::{hmac, SigningKey};
 use crate::s3::request::PRESIGNED_PARAMS;
 use crate::s3::S3Error;
 
@@ -68,7 +65,7 @@ pub struct Verified {
 /// previous one, starting at the request's own signature.
 #[derive(Clone)]
 pub struct ChunkSigner {
-    signing_key: Vec<u8>,
+    signing_key: SigningKey,
     date_time: String,
     scope: String,
     previous: String,
@@ -103,15 +100,24 @@ impl ChunkSigner {
     }
 
     fn check(&mut self, to_sign: &str, signature: &str) -> bool {
-        let expected = v4::calculate_signature(&self.signing_key, to_sign.as_bytes());
-        let ok = equal(&expected, signature);
-        self.previous = expected;
+        let expected = sign(&self.signing_key, to_sign.as_bytes());
+        let ok = equal(&expected, signature.as_bytes());
+        self.previous = String::from_utf8_lossy(&expected).into_owned();
         ok
     }
 }
 
-fn equal(a: &str, b: &str) -> bool {
-    a.len() == b.len() && bool::from(a.as_bytes().ct_eq(b.as_bytes()))
+/// The signature of `string_to_sign` under `signing_key`, in lowercase hex.
+pub(crate) fn sign(signing_key: &SigningKey, string_to_sign: &[u8]) -> [u8; 64] {
+    let mut hex = [0u8; 64];
+    hex::encode_to_slice(hmac(signing_key, string_to_sign), &mut hex)
+        .expect("64 hex digits for 32 bytes");
+    hex
+}
+
+/// Whether two signatures are equal, in time that does not depend on where they differ.
+pub(crate) fn equal(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && bool::from(a.ct_eq(b))
 }
 
 /// Verify the request's signature against `keys`; `now` is Larder's clock.
@@ -319,34 +325,26 @@ fn verify_header(
             )
         })?;
     let mut payload = parse_payload(hash, None)?;
-    let headers = signed_header_values(parts, &names)?;
-    let settings = settings(SignatureLocation::Headers, None);
-    let expected = candidate_paths(parts.uri.path())
-        .into_iter()
-        .map(|path| {
-            let uri = match parts.uri.query() {
-                Some(q) => format!("{path}?{q}"),
-                None => path.into_owned(),
-            };
-            signature_for(
-                parts.method.as_str(),
-                &uri,
-                &headers,
-                hash,
-                key,
-                &credential,
-                time,
-                settings.clone(),
-            )
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    if !expected.iter().any(|e| equal(e, signature)) {
-        return Err(S3Error::SignatureDoesNotMatch);
-    }
+    // The signer always signs x-amz-date in this form, whether or not the client listed it.
+    let mut headers = signed_header_values(parts, &names, "x-amz-date")?;
+    headers.push(Header {
+        name: "x-amz-date",
+        values: vec![date_value],
+    });
+    let query = form_urlencoded::parse(parts.uri.query().unwrap_or("").as_bytes());
+    let canonical = Canonical::new(parts.method.as_str(), query, headers, hash);
+    let signing_key = key.signing_key(credential.date, credential.region);
+    check(
+        &canonical,
+        parts.uri.path(),
+        date_value,
+        &credential,
+        &signing_key,
+        signature,
+    )?;
     if let Payload::SignedChunks { signer, .. } = &mut payload {
-        let signing_key = v4::generate_signing_key(&key.secret, time, credential.region, "s3");
         *signer = Some(ChunkSigner {
-            signing_key: signing_key.as_ref().to_vec(),
+            signing_key,
             date_time: date_value.to_owned(),
             scope: format!("{}/{}/s3/aws4_request", credential.date, credential.region),
             previous: signature.to_owned(),
@@ -428,35 +426,37 @@ fn verify_presigned(
     if !names.contains(&"host") {
         return Err(query_error("X-Amz-SignedHeaders must include host"));
     }
-    let headers = signed_header_values(parts, &names)?;
-    let rest = rest.join("&");
-    let settings = settings(
-        SignatureLocation::QueryParams,
-        Some(Duration::from_secs(expires)),
+    let headers = signed_header_values(parts, &names, "")?;
+    // The URL's own parameters, then the signature's (all but X-Amz-Signature), as the signer
+    // wrote them.
+    let expires = expires.to_string();
+    let credential_value = format!(
+        "{}/{}/{}/s3/aws4_request",
+        credential.access_key, credential.date, credential.region
     );
-    let expected = candidate_paths(parts.uri.path())
-        .into_iter()
-        .map(|path| {
-            let uri = if rest.is_empty() {
-                path.into_owned()
-            } else {
-                format!("{path}?{rest}")
-            };
-            signature_for(
-                parts.method.as_str(),
-                &uri,
-                &headers,
-                "UNSIGNED-PAYLOAD",
-                key,
-                &credential,
-                time,
-                settings.clone(),
-            )
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    if !expected.iter().any(|e| equal(e, &signature)) {
-        return Err(S3Error::SignatureDoesNotMatch);
-    }
+    let signed_headers = canonical::signed_header_names(sorted(&names).into_iter());
+    let signature_params = [
+        ("X-Amz-Algorithm", ALGORITHM),
+        ("X-Amz-Credential", &credential_value),
+        ("X-Amz-Date", &date),
+        ("X-Amz-Expires", &expires),
+        ("X-Amz-SignedHeaders", &signed_headers),
+    ]
+    .map(|(k, v)| (Cow::Borrowed(k), Cow::Borrowed(v)));
+    let query = rest
+        .iter()
+        .flat_map(|pair| form_urlencoded::parse(pair.as_bytes()))
+        .chain(signature_params);
+    let canonical = Canonical::new(parts.method.as_str(), query, headers, "UNSIGNED-PAYLOAD");
+    let signing_key = key.signing_key(credential.date, credential.region);
+    check(
+        &canonical,
+        parts.uri.path(),
+        &date,
+        &credential,
+        &signing_key,
+        &signature,
+    )?;
     Ok(Verified {
         access_key: credential.access_key.to_owned(),
         key: key.clone(),
@@ -465,32 +465,72 @@ fn verify_presigned(
     })
 }
 
-/// The values of the signed headers, as the client sent them. `host` may come from the URI
-/// (HTTP/2 `:authority`).
-fn signed_header_values(parts: &Parts, names: &[&str]) -> Result<Vec<(String, String)>, S3Error> {
-    let mut out = Vec::with_capacity(names.len());
-    for &name in names {
+/// The signed headers' values, as the client sent them, but for `skip` (a header the caller
+/// adds itself). `host` may come from the URI (HTTP/2 `:authority`). Each name must be
+/// lowercase and listed once.
+fn signed_header_values<'p>(
+    parts: &'p Parts,
+    names: &[&'p str],
+    skip: &str,
+) -> Result<Vec<Header<'p>>, S3Error> {
+    let mut out = Vec::with_capacity(names.len() + 1);
+    for (i, &name) in names.iter().enumerate() {
         if name.is_empty() || name.bytes().any(|b| b.is_ascii_uppercase()) {
             return Err(malformed("SignedHeaders must be lowercase header names"));
         }
-        let mut found = false;
-        for value in parts.headers.get_all(name) {
-            let value = value.to_str().map_err(|_| S3Error::SignatureDoesNotMatch)?;
-            out.push((name.to_owned(), value.to_owned()));
-            found = true;
+        if names[..i].contains(&name) {
+            return Err(malformed("SignedHeaders names a header twice"));
         }
-        if !found && name == "host" {
-            if let Some(authority) = parts.uri.authority() {
-                out.push((name.to_owned(), authority.as_str().to_owned()));
-                found = true;
-            }
+        if name == skip {
+            continue;
         }
-        if !found {
+        let mut values = parts
+            .headers
+            .get_all(name)
+            .iter()
+            .map(|v| v.to_str().map_err(|_| S3Error::SignatureDoesNotMatch))
+            .collect::<Result<Vec<_>, _>>()?;
+        if values.is_empty() && name == "host" {
+            values.extend(parts.uri.authority().map(|a| a.as_str()));
+        }
+        if values.is_empty() {
             // A signed header that is not there cannot match.
             return Err(S3Error::SignatureDoesNotMatch);
         }
+        out.push(Header { name, values });
     }
     Ok(out)
+}
+
+fn sorted<'n>(names: &[&'n str]) -> Vec<&'n str> {
+    let mut names = names.to_vec();
+    names.sort_unstable();
+    names
+}
+
+/// Whether the client's `signature` is the one `canonical` has under `signing_key`, for the
+/// path as sent or as S3 canonicalises it.
+fn check(
+    canonical: &Canonical<'_>,
+    raw_path: &str,
+    date_time: &str,
+    credential: &Credential<'_>,
+    signing_key: &SigningKey,
+    signature: &str,
+) -> Result<(), S3Error> {
+    // Every candidate is computed and compared, so the time taken does not say which matched.
+    let mut matched = false;
+    for path in candidate_paths(raw_path) {
+        let hash = canonical.hash(&path);
+        let to_sign =
+            canonical::string_to_sign(date_time, credential.date, credential.region, &hash);
+        matched |= equal(&sign(signing_key, &to_sign), signature.as_bytes());
+    }
+    if matched {
+        Ok(())
+    } else {
+        Err(S3Error::SignatureDoesNotMatch)
+    }
 }
 
 /// The path as sent, and as S3 canonicalises it (decoded, then each byte but the unreserved
@@ -503,57 +543,6 @@ fn candidate_paths(raw: &str) -> Vec<Cow<'_, str>> {
         out.push(Cow::Owned(canonical));
     }
     out
-}
-
-fn settings(location: SignatureLocation, expires_in: Option<Duration>) -> SigningSettings {
-    let mut s = SigningSettings::default();
-    s.percent_encoding_mode = PercentEncodingMode::Single;
-    s.payload_checksum_kind = PayloadChecksumKind::NoHeader;
-    s.signature_location = location;
-    s.expires_in = expires_in;
-    // Sign exactly the headers the client named, including any the SDK would leave out.
-    s.excluded_headers = Some(Vec::new());
-    s.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
-    s
-}
-
-#[allow(clippy::too_many_arguments)]
-fn signature_for(
-    method: &str,
-    uri: &str,
-    headers: &[(String, String)],
-    payload_hash: &str,
-    key: &Key,
-    credential: &Credential<'_>,
-    time: SystemTime,
-    settings: SigningSettings,
-) -> Result<String, S3Error> {
-    let identity: Identity = Credentials::new(
-        credential.access_key,
-        &key.secret,
-        None,
-        None,
-        "larder-client",
-    )
-    .into();
-    let params = v4::SigningParams::builder()
-        .identity(&identity)
-        .region(credential.region)
-        .name("s3")
-        .time(time)
-        .settings(settings)
-        .build()
-        .map_err(|_| S3Error::InternalError)?
-        .into();
-    let request = SignableRequest::new(
-        method,
-        uri,
-        headers.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-        SignableBody::Precomputed(payload_hash.to_owned()),
-    )
-    .map_err(|_| S3Error::SignatureDoesNotMatch)?;
-    let output = sign(request, &params).map_err(|_| S3Error::SignatureDoesNotMatch)?;
-    Ok(output.signature().to_owned())
 }
 
 #[cfg(test)]
