@@ -537,6 +537,13 @@ fn check(
 /// ones and `/` percent-encoded), when the two differ. Clients sign the latter; most send it too.
 fn candidate_paths(raw: &str) -> Vec<Cow<'_, str>> {
     let mut out = vec![Cow::Borrowed(raw)];
+    if raw
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"-._~/".contains(&b))
+    {
+        // Nothing to decode or encode: the canonical form is the path as sent.
+        return out;
+    }
     let decoded = percent_encoding::percent_decode_str(raw).collect::<Vec<u8>>();
     let canonical = crate::s3::request::encode_path(&decoded);
     if canonical != raw {

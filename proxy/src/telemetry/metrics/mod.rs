@@ -12,6 +12,7 @@
 //! exports the gauges read at each collection (memory, disk, fleet, buffers), and [`snapshot`]
 //! reads gathered metrics back (for the status page and tests).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::model::UpstreamOutcome;
@@ -64,7 +65,9 @@ pub struct Metrics {
     registry: prometheus::Registry,
     meter: Meter,
     prices: Prices,
-    buckets: Vec<String>,
+    /// The `bucket` label of each bucket listed in `metrics_buckets`, made once (a label's
+    /// value is shared, not copied, per request).
+    bucket_labels: Vec<(String, KeyValue)>,
     started: Instant,
     health: Mutex<UpstreamHealth>,
     requests: Counter<u64>,
@@ -106,12 +109,48 @@ fn kv(key: &'static str, value: &'static str) -> KeyValue {
     KeyValue::new(key, value)
 }
 
+/// The `status` label's value: the code as text, made once per code rather than per request.
 fn status_value(status: u16) -> opentelemetry::Value {
-    opentelemetry::Value::from(i64::from(status))
-        .to_string()
-        .into()
+    static CODES: std::sync::LazyLock<Vec<&'static str>> = std::sync::LazyLock::new(|| {
+        (100..600u16)
+            .map(|c| &*Box::leak(c.to_string().into_boxed_str()))
+            .collect()
+    });
+    match status
+        .checked_sub(100)
+        .and_then(|i| CODES.get(usize::from(i)))
+    {
+        Some(text) => (*text).into(),
+        None => status.to_string().into(),
+    }
 }
 
+/// `labels`, then the `bucket` label when buckets are labelled, as one slice on the stack: it
+/// is made on every request, so not in a `Vec`.
+fn with_bucket<const N: usize>(labels: [KeyValue; N], bucket: &Option<KeyValue>) -> LabelSet {
+    let mut set = LabelSet {
+        slots: std::array::from_fn(|_| kv("", "")),
+        len: 0,
+    };
+    for label in labels.into_iter().chain(bucket.clone()) {
+        set.slots[set.len] = label;
+        set.len += 1;
+    }
+    set
+}
+
+/// At most four labels, the most any per-request instrument takes.
+struct LabelSet {
+    slots: [KeyValue; 4],
+    len: usize,
+}
+
+impl std::ops::Deref for LabelSet {
+    type Target = [KeyValue];
+    fn deref(&self) -> &[KeyValue] {
+        &self.slots[..self.len]
+    }
+}
 impl Default for Metrics {
     fn default() -> Self {
         // Without OTLP nothing can fail.
@@ -320,7 +359,14 @@ impl Metrics {
             registry,
             meter,
             prices: options.prices,
-            buckets: options.buckets,
+            bucket_labels: options
+                .buckets
+                .into_iter()
+                .map(|b| {
+                    let label = KeyValue::new("bucket", Arc::<str>::from(b.as_str()));
+                    (b, label)
+                })
+                .collect(),
             started: Instant::now(),
             health: Mutex::new(UpstreamHealth::default()),
         })
@@ -328,14 +374,11 @@ impl Metrics {
 
     /// The label value for `bucket`, if buckets are labelled at all.
     fn bucket_label(&self, bucket: Option<&str>) -> Option<KeyValue> {
-        if self.buckets.is_empty() {
+        if self.bucket_labels.is_empty() {
             return None;
         }
-        let value = match bucket {
-            Some(b) if self.buckets.iter().any(|l| l == b) => b.to_owned(),
-            _ => "other".to_owned(),
-        };
-        Some(KeyValue::new("bucket", value))
+        let listed = bucket.and_then(|b| self.bucket_labels.iter().find(|(name, _)| name == b));
+        Some(listed.map_or_else(|| kv("bucket", "other"), |(_, label)| label.clone()))
     }
 
     /// A client request answered: its headers are on their way.
@@ -348,20 +391,18 @@ impl Metrics {
         ttfb: Duration,
     ) {
         let bucket = self.bucket_label(bucket);
-        let mut labels = vec![
+        let labels = [
             kv("operation", operation),
             KeyValue::new("status", status_value(status)),
             kv("cache", cache),
         ];
-        labels.extend(bucket.clone());
-        self.requests.add(1, &labels);
+        self.requests.add(1, &with_bucket(labels, &bucket));
         self.time_to_first_byte
             .record(ttfb.as_secs_f64(), &[kv("operation", operation)]);
         let price = self.prices.request(RequestClass::of(operation));
         if price > 0.0 {
-            let mut labels = vec![kv("kind", "requests")];
-            labels.extend(bucket);
-            self.cost_direct.add(price, &labels);
+            let labels = [kv("kind", "requests")];
+            self.cost_direct.add(price, &with_bucket(labels, &bucket));
         }
     }
 
@@ -409,14 +450,14 @@ impl Metrics {
     /// Object bytes sent to a client, from `tier`.
     pub fn served(&self, tier: Source, bucket: Option<&str>, bytes: u64) {
         let bucket = self.bucket_label(bucket);
-        let mut labels = vec![kv("tier", tier.as_str())];
-        labels.extend(bucket.clone());
-        self.served_bytes.add(bytes, &labels);
+        let labels = [kv("tier", tier.as_str())];
+        self.served_bytes.add(bytes, &with_bucket(labels, &bucket));
         if self.prices.transfer_byte > 0.0 {
-            let mut labels = vec![kv("kind", "transfer")];
-            labels.extend(bucket);
-            self.cost_direct
-                .add(bytes as f64 * self.prices.transfer_byte, &labels);
+            let labels = [kv("kind", "transfer")];
+            self.cost_direct.add(
+                bytes as f64 * self.prices.transfer_byte,
+                &with_bucket(labels, &bucket),
+            );
         }
     }
 
@@ -649,6 +690,13 @@ mod tests {
             s.sum("larder_upstream_requests_total", &[("status", "206")]),
             1.0
         );
+    }
+
+    #[test]
+    fn status_labels_are_the_code_as_text() {
+        for code in [99, 100, 200, 206, 304, 404, 503, 599, 600, 1000] {
+            assert_eq!(status_value(code).as_str(), code.to_string());
+        }
     }
 
     #[test]
