@@ -446,3 +446,24 @@ def test_browser_form_uploads_are_verified_then_re_signed(logs_world, direct, si
     time.sleep(2.1)
     status, body = _post_form(old["url"], old["fields"], "late.csv", b"late")
     assert status == 403 and b"expired" in body
+
+
+def test_a_signing_key_kept_for_one_access_key_never_verifies_another(larder, direct, bucket):
+    """Larder keeps each key's derived SigV4 signing key for the day. The holder of one key signs
+    with their own secret but names another key's id: had the kept keys been shared between access
+    keys (found by date and region alone), the first key's kept signing key would verify it, and
+    the write would land with the other key's authority."""
+    direct.put_object(Bucket=bucket, Key="k", Body=b"v")
+    reader = larder.client(READER_KEY, READER_SECRET)
+    writer = larder.client()
+    # The reader signs legitimately first, so its signing key is kept for today.
+    assert reader.get_object(Bucket=bucket, Key="k")["Body"].read() == b"v"
+    forger = larder.client(CLIENT_KEY_FOR_FORGERY, READER_SECRET)
+    assert error_of(forger.put_object, Bucket=bucket, Key="forged", Body=b"x") == (403, "SignatureDoesNotMatch")
+    presigner = larder.client(CLIENT_KEY_FOR_FORGERY, READER_SECRET, signature_version="s3v4")
+    url = presigner.generate_presigned_url("put_object", Params={"Bucket": bucket, "Key": "forged"}, ExpiresIn=60)
+    assert fetch(url, method="PUT", data=b"x")[0] == 403
+    assert not exists(direct, bucket, "forged")
+    # And both keys still verify as themselves, each with its own kept key.
+    writer.put_object(Bucket=bucket, Key="real", Body=b"w")
+    assert reader.get_object(Bucket=bucket, Key="real")["Body"].read() == b"w"

@@ -3,8 +3,10 @@
 //! A SigV4 signing key is four chained HMACs of the secret, the date, the region and the
 //! service (`s3`). It is the same for every request a key signs in one region on one day, so
 //! each [`Key`](super::keys::Key) keeps the few it derived last. The cache belongs to the key
-//! entry itself, so a reloaded credentials file (a new entry, perhaps a new secret) starts with
-//! an empty one: a cached key can never outlive the secret it came from.
+//! entry itself, beside the secret it is derived from (which is private to the entry), so a
+//! kept signing key is only ever used for the access key and secret it came from; sharing one
+//! cache between access keys would let one key's holder sign as another (the e2e attack test
+//! `test_a_signing_key_kept_for_one_access_key_never_verifies_another`).
 
 use std::sync::{Mutex, PoisonError};
 
