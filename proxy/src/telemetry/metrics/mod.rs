@@ -111,16 +111,13 @@ fn kv(key: &'static str, value: &'static str) -> KeyValue {
 
 /// The `status` label's value: the code as text, made once per code rather than per request.
 fn status_value(status: u16) -> opentelemetry::Value {
-    static CODES: std::sync::LazyLock<Vec<&'static str>> = std::sync::LazyLock::new(|| {
-        (100..600u16)
-            .map(|c| &*Box::leak(c.to_string().into_boxed_str()))
-            .collect()
-    });
+    static CODES: std::sync::LazyLock<Vec<String>> =
+        std::sync::LazyLock::new(|| (100..600u16).map(|c| c.to_string()).collect());
     match status
         .checked_sub(100)
         .and_then(|i| CODES.get(usize::from(i)))
     {
-        Some(text) => (*text).into(),
+        Some(text) => text.as_str().into(),
         None => status.to_string().into(),
     }
 }
@@ -151,6 +148,7 @@ impl std::ops::Deref for LabelSet {
         &self.slots[..self.len]
     }
 }
+
 impl Default for Metrics {
     fn default() -> Self {
         // Without OTLP nothing can fail.
