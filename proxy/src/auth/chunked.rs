@@ -290,13 +290,17 @@ impl Decoder {
                 if self.signer.is_some() && self.chunk_signature.is_none() {
                     return Err(ChunkError::Framing("a chunk has no signature"));
                 }
-                self.decoded += size;
-                if self.decoded > self.expected {
-                    return Err(ChunkError::Length {
-                        got: self.decoded,
-                        expected: self.expected,
-                    });
-                }
+                // Checked: a size near u64::MAX must not wrap the count back under the
+                // announced length (found by the `chunked` fuzz target).
+                self.decoded = match self.decoded.checked_add(size) {
+                    Some(total) if total <= self.expected => total,
+                    _ => {
+                        return Err(ChunkError::Length {
+                            got: self.decoded.saturating_add(size),
+                            expected: self.expected,
+                        })
+                    }
+                };
                 self.hasher = Sha256::new();
                 if size == 0 {
                     self.verify_chunk()?;
@@ -461,6 +465,7 @@ where
 
 #[cfg(test)]
 mod tests {
+
     use super::*;
 
     fn frame(chunks: &[&[u8]], trailer: Option<&str>) -> Vec<u8> {
@@ -569,5 +574,16 @@ mod tests {
         }
         let long = vec![b'1'; MAX_LINE + 10];
         assert!(run(&long, 100, false, 5).is_err());
+    }
+
+    #[test]
+    fn a_chunk_size_that_would_wrap_the_decoded_count_is_refused() {
+        // 16 bytes, then a size that adds up to 2^64: wrapped, the count would be 0 again and
+        // the huge chunk would pass as within the announced length.
+        let body = b"10\r\n0123456789abcdef\r\nfffffffffffffff0\r\nmore\r\n0\r\n\r\n";
+        assert!(matches!(
+            run(body, 7, false, 100),
+            Err(ChunkError::Length { .. })
+        ));
     }
 }
