@@ -255,6 +255,35 @@ class Larder:
         self.proc.wait(timeout=30)
 
 
+class LatencyProxy:
+    """The Rust pass-through that stands in for S3's latency (e2e/latency-proxy)."""
+
+    def __init__(self, workdir: Path, upstream_port: int):
+        self.port = free_port()
+        self.log = open(workdir / "latency-proxy.log", "wb")
+        self.proc = subprocess.Popen([binary("larder-latency-proxy"), "--listen", f"127.0.0.1:{self.port}",
+                                      "--upstream", f"127.0.0.1:{upstream_port}"],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        wait_http(f"{self.endpoint}/__proxy/stats")
+
+    def control(self, path: str) -> dict:
+        with urllib.request.urlopen(f"{self.endpoint}/__proxy/{path}", timeout=10) as r:
+            return json.loads(r.read())
+
+    def limits(self, connection_mbps=0.0, prefix_rps=0.0) -> dict:
+        return self.control(f"limits?connection_mbps={connection_mbps}&prefix_rps={prefix_rps}")
+
+    def latency(self, delay_ms=20.0, jitter_ms=30.0, tail_fraction=0.01, tail_ms=200.0) -> dict:
+        return self.control(f"latency?delay_ms={delay_ms}&jitter_ms={jitter_ms}"
+                            f"&tail_fraction={tail_fraction}&tail_ms={tail_ms}")
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        self.log.close()
+
+
 @pytest.fixture(scope="session")
 def workdir():
     d = Path(tempfile.mkdtemp(prefix="larder-e2e-"))

@@ -41,8 +41,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from conftest import (CLIENT_KEY, CLIENT_SECRET, ROOT, Larder, Listener, Minio, binary, free_port,  # noqa: E402
-                      s3_client, wait_http)
+from conftest import (CLIENT_KEY, CLIENT_SECRET, ROOT, Larder, LatencyProxy, Listener, Minio, binary,  # noqa: E402
+                      free_port, s3_client, wait_http)
 from threads import run_all  # noqa: E402
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -94,33 +94,6 @@ def hash_key(key: str) -> int:
     for b in key.encode():
         h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
     return h
-
-
-# ---------------------------------------------------------------------------------------------
-class LatencyProxy:
-    """The Rust pass-through that stands in for S3's latency (e2e/latency-proxy)."""
-
-    def __init__(self, workdir: Path, upstream_port: int):
-        self.port = free_port()
-        self.log = open(workdir / "latency-proxy.log", "wb")
-        self.proc = subprocess.Popen([binary("larder-latency-proxy"), "--listen", f"127.0.0.1:{self.port}",
-                                      "--upstream", f"127.0.0.1:{upstream_port}"],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        wait_http(f"{self.endpoint}/__proxy/stats")
-
-    def control(self, path: str) -> dict:
-        with urllib.request.urlopen(f"{self.endpoint}/__proxy/{path}", timeout=10) as r:
-            return json.loads(r.read())
-
-    def latency(self, delay_ms=20.0, jitter_ms=30.0, tail_fraction=0.01, tail_ms=200.0) -> dict:
-        return self.control(f"latency?delay_ms={delay_ms}&jitter_ms={jitter_ms}"
-                            f"&tail_fraction={tail_fraction}&tail_ms={tail_ms}")
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
-        self.log.close()
 
 
 NGINX_CONF = """

@@ -276,8 +276,9 @@ options! {
     upstream_connect_timeout: HumanDuration = HumanDuration::secs(5);
     /// Longest wait for an upstream response's headers, per attempt. Default: `30s`.
     upstream_first_byte_timeout: HumanDuration = HumanDuration::secs(30);
-    /// Attempts per upstream request (block GETs and HEADs) on 5xx, SlowDown, throttling and
-    /// connection faults, with exponential backoff and jitter; 1 disables retries. Default: `3`.
+    /// Attempts per upstream request (block GETs and HEADs) on 5xx and connection faults, with
+    /// exponential backoff and jitter, and on SlowDown (503) or 429 after the throttled
+    /// prefix's pace (`upstream/throttle.rs`); 1 disables retries. Default: `3`.
     upstream_max_attempts: u32 = 3;
     /// Times an upstream body (a block's, or a cold suffix read's) that breaks or stalls
     /// mid-stream is resumed from the byte where it stopped (a new ranged GET pinned to the same

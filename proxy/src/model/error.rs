@@ -69,6 +69,16 @@ impl UpstreamError {
         }
     }
 
+    /// Whether the upstream asked Larder to slow down: `503` (S3's `SlowDown`, and HEAD's
+    /// bodiless 503) or `429` (S3-compatible stores that throttle with it). The throttle layer
+    /// (`upstream::throttle`) backs off per prefix on these, and the S3 client leaves them to it.
+    pub fn is_throttled(&self) -> bool {
+        match self {
+            UpstreamError::Service { status, .. } => is_throttling_status(*status),
+            _ => false,
+        }
+    }
+
     /// Whether a body that broke this way may be asked for again from where it stopped (on the
     /// same ETag): the connection failed, not the upstream's answer.
     pub fn is_resumable(&self) -> bool {
@@ -93,6 +103,12 @@ impl UpstreamError {
             UpstreamError::Internal(_) => UpstreamOutcome::Failed("internal"),
         }
     }
+}
+
+/// Whether an HTTP status from the upstream means "slow down" (see
+/// [`UpstreamError::is_throttled`]).
+pub fn is_throttling_status(status: u16) -> bool {
+    matches!(status, 429 | 503)
 }
 
 /// How an upstream request ended.

@@ -9,6 +9,6 @@ mod error;
 mod object;
 pub mod range;
 
-pub use error::{BodyStream, UpstreamError, UpstreamOutcome};
+pub use error::{is_throttling_status, BodyStream, UpstreamError, UpstreamOutcome};
 pub use object::{ObjectId, ObjectMeta};
 pub use range::ByteRange;

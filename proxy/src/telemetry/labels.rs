@@ -98,6 +98,21 @@ label! {
     }
 }
 
+label! {
+    /// What the per-prefix throttle did (`event` of `larder_upstream_throttle_total`).
+    ThrottleEvent {
+        /// A prefix was throttled for the first time (since its limit was last lifted): its
+        /// requests are paced from now on.
+        Limited => "limited",
+        /// A paced prefix was throttled again: its rate was cut.
+        Cut => "cut",
+        /// A paced prefix grew to twice the rate it was throttled at: no longer paced.
+        Lifted => "lifted",
+        /// A request waited for its prefix's pace before it was sent.
+        Delayed => "delayed",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -115,6 +130,7 @@ mod tests {
         assert!(distinct(PrefetchBlock::ALL.iter().map(|v| v.as_str())));
         assert!(distinct(PrefetchBytes::ALL.iter().map(|v| v.as_str())));
         assert!(distinct(WriteDropped::ALL.iter().map(|v| v.as_str())));
+        assert!(distinct(ThrottleEvent::ALL.iter().map(|v| v.as_str())));
         assert_eq!(PrefetchBlock::ALL.len(), 3);
         assert_eq!(Source::Upstream.as_str(), "upstream");
     }

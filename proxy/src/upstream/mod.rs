@@ -3,7 +3,8 @@
 //! [`Upstream`] is the seam between Larder's read path and the upstream S3 API: the real
 //! implementation is [`s3::S3Upstream`] (aws-sdk-s3); unit tests plug in fakes. Concerns of
 //! every request are layers implementing the same trait, each in its own file and composed in
-//! [`layered`]: [`instrument`] (spans and metrics), [`hedge`] and [`resume`]. The in-memory
+//! [`layered`]: [`instrument`] (spans and metrics), [`throttle`] (per-prefix back-off on
+//! `SlowDown`), [`hedge`] and [`resume`]. The in-memory
 //! upstream ([`memory`]) stands in for S3 in tests; `tests/upstream_conformance.rs` holds both
 //! to one behaviour. Everything the
 //! cache does not serve passes through [`forward::Forwarder`], re-signed. [`Clients`] holds both,
@@ -15,6 +16,7 @@ pub mod instrument;
 pub mod memory;
 pub mod resume;
 pub mod s3;
+pub mod throttle;
 
 use std::ops::Range;
 
@@ -26,20 +28,28 @@ use forward::{ForwardError, Forwarder};
 use s3::{S3Upstream, S3UpstreamConfig};
 
 /// The stack the read path reads through, in one place: `inner` (S3) traced and counted
-/// ([`instrument::Instrumented`], so every request is one metric sample); then, for block GETs,
-/// hedged ([`hedge::Hedged`], each attempt counted) after the `hedge_quantile` of recent
+/// ([`instrument::Instrumented`], so every request, each throttled attempt too, is one metric
+/// sample); then paced per prefix once the upstream throttles it, a throttled request sent again
+/// up to `max_attempts` times in all ([`throttle::Throttled`]: below the hedge, so a hedge waits
+/// for its prefix's pace like any request); then, for block GETs, hedged ([`hedge::Hedged`], each attempt counted) after the `hedge_quantile` of recent
 /// latencies (`None`: never); then bodies pinned to a version resumed where they break
 /// ([`resume::Resuming`]: each resume a request through the layers below, counted and hedged
 /// like any other).
 pub fn layered(
     inner: Arc<dyn Upstream>,
+    max_attempts: u32,
     hedge_quantile: Option<f64>,
     resume: resume::ResumePolicy,
     metrics: Arc<Metrics>,
 ) -> Arc<dyn Upstream> {
     let counted = Arc::new(instrument::Instrumented::new(inner, metrics.clone()));
-    let hedged = Arc::new(hedge::Hedged::new(
+    let paced = Arc::new(throttle::Throttled::new(
         counted,
+        max_attempts,
+        metrics.clone(),
+    ));
+    let hedged = Arc::new(hedge::Hedged::new(
+        paced,
         hedge::HedgePolicy::new(hedge_quantile),
         metrics.clone(),
     ));

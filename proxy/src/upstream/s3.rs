@@ -15,12 +15,18 @@ use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::operation::head_object::HeadObjectOutput;
 use aws_sdk_s3::Client;
 use aws_smithy_runtime_api::box_error::BoxError;
+use aws_smithy_runtime_api::client::interceptors::context::InterceptorContext;
+use aws_smithy_runtime_api::client::retries::classifiers::{
+    ClassifyRetry, RetryAction, RetryClassifierPriority,
+};
 use aws_smithy_runtime_api::client::retries::RequestAttempts;
 use futures::StreamExt;
 use http::{HeaderName, HeaderValue};
 
 use super::Upstream;
-use crate::model::{BodyStream, ByteRange, ObjectId, ObjectMeta, UpstreamError};
+use crate::model::{
+    is_throttling_status, BodyStream, ByteRange, ObjectId, ObjectMeta, UpstreamError,
+};
 
 /// How to reach the upstream.
 #[derive(Debug, Clone)]
@@ -87,6 +93,30 @@ impl Intercept for CountRetries {
     }
 }
 
+/// Leaves throttling answers (503, 429) to the per-prefix throttle layer (`throttle.rs`): the
+/// client's own backoff is per request, so it would keep every other request of the prefix
+/// coming, and it would hide from the layer that the prefix was throttled at all. Runs after
+/// the SDK's classifiers, so its verdict is the last word.
+#[derive(Debug)]
+struct LeaveThrottlingToTheLayer;
+
+impl ClassifyRetry for LeaveThrottlingToTheLayer {
+    fn name(&self) -> &'static str {
+        "LeaveThrottlingToTheLayer"
+    }
+
+    fn classify_retry(&self, ctx: &InterceptorContext) -> RetryAction {
+        match ctx.response() {
+            Some(r) if is_throttling_status(r.status().as_u16()) => RetryAction::RetryForbidden,
+            _ => RetryAction::NoActionIndicated,
+        }
+    }
+
+    fn priority(&self) -> RetryClassifierPriority {
+        RetryClassifierPriority::run_after(RetryClassifierPriority::transient_error_classifier())
+    }
+}
+
 impl S3Upstream {
     /// Build a client, loading credentials from the standard AWS chain.
     pub async fn new(config: &S3UpstreamConfig) -> Self {
@@ -102,9 +132,11 @@ impl S3Upstream {
         let retries = Arc::new(AtomicU64::new(0));
         let s3 = aws_sdk_s3::config::Builder::from(&shared)
             .interceptor(CountRetries(retries.clone()))
+            .retry_classifier(LeaveThrottlingToTheLayer)
             .force_path_style(config.path_style)
-            // Standard retries (backoff with jitter) cover 5xx, SlowDown, throttling and resets
-            // before the first byte; a body that breaks later is resumed by the block store.
+            // Standard retries (backoff with jitter) cover 5xx and resets before the first
+            // byte; a body that breaks later is resumed by the block store, and SlowDown is
+            // left to the throttle layer (`LeaveThrottlingToTheLayer`).
             .retry_config(RetryConfig::standard().with_max_attempts(config.max_attempts))
             .timeout_config(
                 TimeoutConfig::builder()
@@ -429,45 +461,69 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    /// A server on loopback that answers 503 SlowDown to the first request and 200 to the rest.
-    async fn flaky_server() -> (String, tokio::task::JoinHandle<()>) {
+    /// A server on loopback that answers `first` (a status line) to the first request and 200
+    /// to the rest, `requests` in all.
+    async fn flaky_server(
+        first: &'static str,
+        requests: usize,
+    ) -> (String, tokio::task::JoinHandle<()>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let task = tokio::spawn(async move {
-            for n in 0..2 {
+            for n in 0..requests {
                 let (mut conn, _) = listener.accept().await.unwrap();
                 let mut buf = vec![0u8; 8192];
                 let _ = conn.read(&mut buf).await.unwrap();
-                let reply: &[u8] = if n == 0 {
-                    b"HTTP/1.1 503 Slow Down\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                let reply = if n == 0 {
+                    format!("HTTP/1.1 {first}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
                 } else {
-                    b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\netag: \"abc\"\r\nconnection: close\r\n\r\n"
+                    "HTTP/1.1 200 OK\r\ncontent-length: 5\r\netag: \"abc\"\r\nconnection: close\r\n\r\n".to_owned()
                 };
-                conn.write_all(reply).await.unwrap();
+                conn.write_all(reply.as_bytes()).await.unwrap();
             }
         });
         (url, task)
     }
 
-    #[tokio::test]
-    async fn retries_are_counted() {
-        let (url, server) = flaky_server().await;
-        let origin = S3Upstream::new(&S3UpstreamConfig {
+    async fn origin(url: String) -> S3Upstream {
+        S3Upstream::new(&S3UpstreamConfig {
             endpoint: Some(url),
             region: "us-east-1".into(),
             path_style: true,
             credentials: Some(Credentials::new("k", "s", None, None, "test")),
             ..Default::default()
         })
-        .await;
-        let id = ObjectId {
+        .await
+    }
+
+    fn id() -> ObjectId {
+        ObjectId {
             bucket: "b".into(),
             key: "k".into(),
             version_id: None,
-        };
-        let meta = origin.head(&id).await.unwrap();
+        }
+    }
+
+    #[tokio::test]
+    async fn retries_are_counted() {
+        let (url, server) = flaky_server("500 Internal Server Error", 2).await;
+        let origin = origin(url).await;
+        let meta = origin.head(&id()).await.unwrap();
         assert_eq!((meta.size, meta.etag.as_str()), (5, "\"abc\""));
         assert_eq!(origin.retries(), 1);
         server.await.unwrap();
+    }
+
+    /// SlowDown is the throttle layer's to retry, per prefix: the client gives it back at once.
+    #[tokio::test]
+    async fn throttling_is_not_retried_by_the_client() {
+        for status in ["503 Slow Down", "429 Too Many Requests"] {
+            let (url, server) = flaky_server(status, 1).await;
+            let origin = origin(url).await;
+            let err = origin.head(&id()).await.unwrap_err();
+            assert!(err.is_throttled(), "{status}: {err:?}");
+            assert_eq!(origin.retries(), 0, "{status}");
+            server.await.unwrap();
+        }
     }
 }

@@ -244,6 +244,7 @@ pub async fn start(
     };
     let origin = crate::upstream::layered(
         origin,
+        config.upstream_max_attempts,
         (config.upstream_hedge_quantile > 0.0).then_some(config.upstream_hedge_quantile),
         ResumePolicy {
             max_resumes: config.upstream_max_resumes,

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant, SystemTime};
 use crate::model::UpstreamOutcome;
 use crate::telemetry::labels::{
     EventOutcome, Lookup, NoticeOutcome, PrefetchBlock, PrefetchBytes, Rejected, Source,
-    WriteDropped,
+    ThrottleEvent, WriteDropped,
 };
 use opentelemetry::metrics::{Counter, Histogram, Meter, MeterProvider as _};
 use opentelemetry::KeyValue;
@@ -86,6 +86,7 @@ pub struct Metrics {
     cost_upstream: Counter<f64>,
     resumes: Counter<u64>,
     hedges: Counter<u64>,
+    throttle: Counter<u64>,
     prefetch_blocks: Counter<u64>,
     prefetch_bytes: Counter<u64>,
     warm_jobs: Counter<u64>,
@@ -224,6 +225,13 @@ impl Metrics {
             "larder.upstream.hedges",
             "Hedged block GETs sent (outcome=sent) and those that answered first (outcome=won)",
         );
+        let throttle = counter(
+            "larder.upstream.throttle",
+            "The per-prefix throttle, by event: limited (a prefix answered SlowDown and is paced), cut (answered it again), lifted (no longer paced), delayed (a request waited for its prefix's pace)",
+        );
+        for event in ThrottleEvent::ALL {
+            throttle.add(0, &[kv("event", event.as_str())]);
+        }
         let prefetch_blocks = counter(
             "larder.prefetch.blocks",
             "Read-ahead blocks by outcome: issued, skipped_busy (no free upstream slot), skipped_budget",
@@ -296,6 +304,7 @@ impl Metrics {
             fleet_changes,
             resumes,
             hedges,
+            throttle,
             prefetch_blocks,
             prefetch_bytes,
             warm_jobs,
@@ -468,6 +477,11 @@ impl Metrics {
     pub fn hedged(&self, won: bool) {
         let outcome = if won { "won" } else { "sent" };
         self.hedges.add(1, &[kv("outcome", outcome)]);
+    }
+
+    /// The per-prefix throttle did `event`.
+    pub fn throttle(&self, event: ThrottleEvent) {
+        self.throttle.add(1, &[kv("event", event.as_str())]);
     }
 
     /// A read-ahead block issued or skipped.
