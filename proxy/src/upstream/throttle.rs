@@ -78,15 +78,6 @@ struct Limit {
     epoch: u64,
 }
 
-/// What an answer did to its prefix's limit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Change {
-    None,
-    Limited,
-    Cut,
-    Lifted,
-}
-
 impl Prefix {
     fn new(now: f64) -> Self {
         Self {
@@ -138,11 +129,15 @@ impl Prefix {
         Ok(epoch)
     }
 
-    /// The upstream answered a request sent under `epoch`: throttled or not.
-    fn answered(&mut self, now: f64, throttled: bool, epoch: Option<u64>) -> Change {
+    /// The upstream answered a request sent under `epoch`, throttled or not: what that did to
+    /// the prefix's limit (`None`: nothing), as the metrics count it.
+    fn answered(&mut self, now: f64, throttled: bool, epoch: Option<u64>) -> Option<ThrottleEvent> {
+        if self.limit.is_none() && !throttled {
+            return None;
+        }
         let sent = self.sent_rate(now);
         match (&mut self.limit, throttled) {
-            (None, false) => Change::None,
+            (None, false) => None,
             (None, true) => {
                 let rate = (BETA * sent).max(MIN_RATE);
                 self.limit = Some(Limit {
@@ -153,7 +148,7 @@ impl Prefix {
                     throttled_at: now,
                     epoch: 0,
                 });
-                Change::Limited
+                Some(ThrottleEvent::Limited)
             }
             (Some(l), true) if epoch == Some(l.epoch) => {
                 let before = l.rate.min(sent.max(MIN_RATE));
@@ -162,10 +157,10 @@ impl Prefix {
                 l.tokens = l.tokens.min(0.0);
                 l.throttled_at = now;
                 l.epoch += 1;
-                Change::Cut
+                Some(ThrottleEvent::Cut)
             }
             // An answer to a request sent before the last cut: that cut already counted it.
-            (Some(_), true) => Change::None,
+            (Some(_), true) => None,
             (Some(l), false) => {
                 // The cubic curve through (throttled_at, BETA × last_max), back at last_max
                 // after `k` seconds.
@@ -174,10 +169,10 @@ impl Prefix {
                 let rate = SCALE * t * t * t + l.last_max;
                 if rate >= 2.0 * l.last_max {
                     self.limit = None;
-                    return Change::Lifted;
+                    return Some(ThrottleEvent::Lifted);
                 }
                 l.rate = rate.max(MIN_RATE);
-                Change::None
+                None
             }
         }
     }
@@ -261,12 +256,9 @@ impl Throttled {
             }
             let result = send().await;
             let throttled = matches!(&result, Err(e) if e.is_throttled());
-            let change = prefix.lock().answered(self.now(), throttled, epoch);
-            match change {
-                Change::Limited => self.metrics.throttle(ThrottleEvent::Limited),
-                Change::Cut => self.metrics.throttle(ThrottleEvent::Cut),
-                Change::Lifted => self.metrics.throttle(ThrottleEvent::Lifted),
-                Change::None => {}
+            let event = prefix.lock().answered(self.now(), throttled, epoch);
+            if let Some(event) = event {
+                self.metrics.throttle(event);
             }
             if throttled && attempt < self.max_attempts {
                 attempt += 1;

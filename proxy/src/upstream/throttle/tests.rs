@@ -241,17 +241,17 @@ fn one_bursts_answers_cut_once_and_the_rate_grows_back_until_lifted() {
         "unlimited until throttled"
     );
     // 100 requests in 0.1 s (167 a second over the window), all refused together.
-    assert_eq!(p.answered(0.11, true, None), Change::Limited);
+    assert_eq!(p.answered(0.11, true, None), Some(ThrottleEvent::Limited));
     let rate = p.limit.as_ref().unwrap().rate;
     assert!((110.0..125.0).contains(&rate), "{rate}");
     for _ in 0..99 {
-        assert_eq!(p.answered(0.11, true, None), Change::None);
+        assert_eq!(p.answered(0.11, true, None), None);
     }
     assert_eq!(p.limit.as_ref().unwrap().rate, rate, "one burst, one cut");
     // The tokens start empty: the next request waits for one.
     assert!(p.admit(0.11).is_err());
     let epoch = p.admit(0.2).expect("a token is due after 1/rate");
-    assert_eq!(p.answered(0.21, true, epoch), Change::Cut);
+    assert_eq!(p.answered(0.21, true, epoch), Some(ThrottleEvent::Cut));
     let cut = p.limit.as_ref().unwrap().rate;
     assert!(cut < rate * 0.75, "{cut} after {rate}");
     // Successes grow it back along the curve, past where it was, and then lift it.
@@ -259,7 +259,7 @@ fn one_bursts_answers_cut_once_and_the_rate_grows_back_until_lifted() {
     let mut lifted = false;
     while now < 60.0 {
         if let Ok(e) = p.admit(now) {
-            if p.answered(now, false, e) == Change::Lifted {
+            if p.answered(now, false, e) == Some(ThrottleEvent::Lifted) {
                 lifted = true;
                 break;
             }
