@@ -173,6 +173,17 @@ impl<K: CacheKey, E: Clone + From<Abandoned>> Fill<K, E> {
         self.writer.finish()
     }
 
+    /// The value is complete but not to be cached, nor wanted in one buffer: the waiters get
+    /// its end (they have its chunks), and nothing is copied.
+    pub fn end(mut self) {
+        self.writer.end();
+    }
+
+    /// Another reader of the value being fetched, from its first chunk.
+    pub fn reader(&self) -> FlightReader<E> {
+        self.writer.reader()
+    }
+
     /// The fetch failed: every waiter gets `error`, and the next caller starts a new fetch.
     pub fn fail(self, error: E) {
         self.writer.fail(error);

@@ -147,6 +147,21 @@ impl<K: Hash + Eq, E: Clone> FlightWriter<K, E> {
         self.flight.progress.notify_waiters();
     }
 
+    /// Another reader of this flight, seeing every chunk from the first.
+    pub fn reader(&self) -> FlightReader<E> {
+        FlightReader {
+            flight: self.flight.clone(),
+            next: 0,
+        }
+    }
+
+    /// Complete the flight without building its bytes into one buffer: for a value that is
+    /// not cached, whose readers have the chunks.
+    pub fn end(&mut self) {
+        self.flight.state.lock().outcome = Some(Ok(()));
+        self.flight.progress.notify_waiters();
+    }
+
     /// Complete the flight and return all its bytes as one buffer, ready to be cached.
     ///
     /// The flight stays joinable (as a finished flight) until the writer is dropped, so the
@@ -420,5 +435,22 @@ mod tests {
         drop(writer);
         assert_eq!(read_all(late).await.unwrap(), b"done");
         assert!(matches!(table.join("k"), Joined::Leader { .. }));
+    }
+
+    #[tokio::test]
+    async fn an_ended_flight_reaches_every_reader_and_another_reader_sees_it_all() {
+        let table = Table::new();
+        let Joined::Leader { mut writer, reader } = table.join("k") else {
+            panic!("expected leader")
+        };
+        writer.push(Bytes::from_static(b"ab"));
+        // A reader made after the first chunk still sees it.
+        let second = writer.reader();
+        writer.push(Bytes::from_static(b"cd"));
+        writer.end();
+        drop(writer);
+        assert_eq!(read_all(reader).await.unwrap(), b"abcd");
+        assert_eq!(read_all(second).await.unwrap(), b"abcd");
+        assert_eq!(table.in_flight(), 0);
     }
 }

@@ -427,17 +427,18 @@ async fn a_cold_range_spanning_blocks_sends_every_piece_at_once() {
         metrics.clone(),
         |c| c.exact_ranges = true,
     );
-    // Bytes 1000..=9000: most of block 0 (its block), block 1 whole, 809 bytes of block 2 (a
-    // part): three GETs, all sent before the metadata came back.
+    // Bytes 0..=9000: blocks 0 and 1 whole, 809 bytes of block 2 (a part): three GETs, all
+    // sent before the metadata came back. (A range from inside block 0 opens with its tail:
+    // `a_cold_range_from_inside_its_block_opens_with_its_tail`.)
     let asked = larder::model::ByteRange::FromTo {
-        first: 1000,
+        first: 0,
         last: Some(9000),
     };
     let (meta, _) = store.open_cold(id.clone(), asked).await.unwrap().unwrap();
     assert_eq!(origin.gets.load(Ordering::SeqCst), 3);
     let etag: Arc<str> = meta.etag.as_str().into();
-    let got = collect(store.read(id.clone(), etag.clone(), 1000..9001, meta.size)).await;
-    assert_eq!(got.unwrap(), data(4 * 4096, 0)[1000..9001]);
+    let got = collect(store.read(id.clone(), etag.clone(), 0..9001, meta.size)).await;
+    assert_eq!(got.unwrap(), data(4 * 4096, 0)[0..9001]);
     assert_eq!(origin.gets.load(Ordering::SeqCst), 3);
     assert_eq!(
         upstream_bytes(&metrics, 8192.0 + 809.0).await,
@@ -462,6 +463,222 @@ async fn a_cold_range_spanning_blocks_sends_every_piece_at_once() {
         assert_eq!(got.unwrap(), data(4 * 4096, 3)[tail.start as usize..]);
     }
     assert_eq!(origin.gets.load(Ordering::SeqCst), 4);
+}
+
+/// The in-memory upstream, recording the span of every GET (`true`: one that brought the
+/// metadata of a cold read), and holding GETs from byte 0 until `held` is released, or failing
+/// them when `fail_held` is set.
+struct Recording {
+    inner: MemoryUpstream,
+    gets: parking_lot::Mutex<Vec<(bool, std::ops::Range<u64>)>>,
+    held: tokio::sync::Semaphore,
+    fail_held: std::sync::atomic::AtomicBool,
+}
+
+impl Recording {
+    fn new(size: usize) -> Arc<Self> {
+        let inner = MemoryUpstream::default();
+        inner.put("k", data(size, 0), "\"e1\"");
+        Arc::new(Self {
+            inner,
+            gets: Default::default(),
+            held: tokio::sync::Semaphore::new(0),
+            fail_held: Default::default(),
+        })
+    }
+
+    fn gets(&self) -> Vec<(bool, std::ops::Range<u64>)> {
+        let mut gets = self.gets.lock().clone();
+        gets.sort_by_key(|(_, r)| (r.start, r.end));
+        gets
+    }
+}
+
+#[async_trait::async_trait]
+impl larder::upstream::Upstream for Recording {
+    async fn head(&self, object: &ObjectId) -> Result<larder::model::ObjectMeta, UpstreamError> {
+        self.inner.head(object).await
+    }
+
+    async fn get(
+        &self,
+        object: &ObjectId,
+        if_match: Option<&str>,
+        range: Option<std::ops::Range<u64>>,
+    ) -> Result<larder::model::BodyStream, UpstreamError> {
+        let range = range.unwrap_or(0..u64::MAX);
+        self.gets.lock().push((false, range.clone()));
+        if range.start == 0 {
+            if self.fail_held.load(Ordering::SeqCst) {
+                return Err(UpstreamError::Transport("connection reset".into()));
+            }
+            let _ = self.held.acquire().await.unwrap();
+        }
+        self.inner.get(object, if_match, Some(range)).await
+    }
+
+    async fn get_with_meta(
+        &self,
+        object: &ObjectId,
+        span: larder::model::ByteRange,
+    ) -> Result<Option<(larder::model::ObjectMeta, larder::model::BodyStream)>, UpstreamError> {
+        let within = span.within(self.inner.head(object).await?.size);
+        self.gets.lock().push((true, within));
+        self.inner.get_with_meta(object, span).await
+    }
+
+    async fn list(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        token: Option<String>,
+    ) -> Result<(Vec<(String, u64)>, Option<String>), UpstreamError> {
+        self.inner.list(bucket, prefix, token).await
+    }
+}
+
+/// A range-first store over [`Recording`] (4 blocks of 4,096 bytes).
+fn over_recording(metrics: &Arc<Metrics>) -> (Arc<BlockStore>, Arc<Recording>, ObjectId, Arc<str>) {
+    let origin = Recording::new(4 * 4096);
+    let config = BlockStoreConfig {
+        exact_ranges: true,
+        ..BlockStoreConfig::for_tests()
+    };
+    let store = Arc::new(BlockStore::new(config, origin.clone(), metrics.clone()));
+    let id = ObjectId {
+        bucket: "b".into(),
+        key: "k".into(),
+        version_id: None,
+    };
+    (store, origin, id, "\"e1\"".into())
+}
+
+/// Wait (at most 5 s) for `range` of the object to be a memory hit.
+async fn until_in_memory(
+    store: &BlockStore,
+    id: &ObjectId,
+    etag: &Arc<str>,
+    range: std::ops::Range<u64>,
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while store.classify(id, etag, range.clone(), 4 * 4096) != CacheResult::HitMemory
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_range_from_inside_its_block_is_read_before_the_bytes_before_it_arrive() {
+    // Bytes 1000..4096 are three quarters of block 0: the block is fetched, tail first. The
+    // GET of the head (from byte 0) is held, and the reader must still get its bytes: fetched
+    // from the block's start, as before, they waited for the head.
+    let metrics = Arc::new(Metrics::default());
+    let (store, origin, id, etag) = over_recording(&metrics);
+    let want = data(4 * 4096, 0);
+    let read = collect(store.read(id.clone(), etag.clone(), 1000..4096, 4 * 4096));
+    let got = tokio::time::timeout(Duration::from_secs(5), read).await;
+    assert_eq!(
+        got.expect("the tail waited for the head").unwrap(),
+        want[1000..4096]
+    );
+    // The head comes, and the block is cached whole: each of its bytes fetched once.
+    origin.held.add_permits(1);
+    until_in_memory(&store, &id, &etag, 0..4096).await;
+    assert_eq!(
+        store.classify(&id, &etag, 0..4096, 4 * 4096),
+        CacheResult::HitMemory
+    );
+    assert_eq!(origin.gets(), vec![(false, 0..1000), (false, 1000..4096)]);
+    assert_eq!(upstream_bytes(&metrics, 4096.0).await, 4096.0);
+    let got = collect(store.read(id.clone(), etag.clone(), 0..4096, 4 * 4096)).await;
+    assert_eq!(got.unwrap(), want[0..4096]);
+    assert_eq!(origin.gets().len(), 2);
+}
+
+#[tokio::test]
+async fn a_cold_range_from_inside_its_block_opens_with_its_tail() {
+    // The first read of the object: the tail's GET brings the metadata, the other pieces go
+    // with it, and the head (held) follows once the metadata is known.
+    let metrics = Arc::new(Metrics::default());
+    let (store, origin, id, _) = over_recording(&metrics);
+    let asked = larder::model::ByteRange::FromTo {
+        first: 1000,
+        last: Some(9000),
+    };
+    let (meta, _) = store.open_cold(id.clone(), asked).await.unwrap().unwrap();
+    let etag: Arc<str> = meta.etag.as_str().into();
+    let read = collect(store.read(id.clone(), etag.clone(), 1000..9001, meta.size));
+    let got = tokio::time::timeout(Duration::from_secs(5), read).await;
+    assert_eq!(
+        got.expect("the tail waited for the head").unwrap(),
+        data(4 * 4096, 0)[1000..9001]
+    );
+    origin.held.add_permits(1);
+    until_in_memory(&store, &id, &etag, 0..4096).await;
+    assert_eq!(
+        origin.gets(),
+        vec![
+            (false, 0..1000),
+            (true, 1000..4096),
+            (true, 4096..8192),
+            (true, 8192..9001)
+        ]
+    );
+    assert_eq!(
+        upstream_bytes(&metrics, 8192.0 + 809.0).await,
+        8192.0 + 809.0
+    );
+}
+
+#[tokio::test]
+async fn a_herd_on_a_range_read_tail_first_makes_one_get_of_each_half() {
+    let metrics = Arc::new(Metrics::default());
+    let (store, origin, id, etag) = over_recording(&metrics);
+    origin.held.add_permits(64);
+    let readers: Vec<_> = (0..16)
+        .map(|i| {
+            // Half of them read the tail's range, half the whole block.
+            let range = if i % 2 == 0 { 1000..4096 } else { 0..4096 };
+            let read = collect(store.read(id.clone(), etag.clone(), range.clone(), 4 * 4096));
+            tokio::spawn(async move { (range, read.await) })
+        })
+        .collect();
+    let want = data(4 * 4096, 0);
+    for r in readers {
+        let (range, got) = r.await.unwrap();
+        assert_eq!(got.unwrap(), want[range.start as usize..range.end as usize]);
+    }
+    until_in_memory(&store, &id, &etag, 0..4096).await;
+    assert_eq!(origin.gets(), vec![(false, 0..1000), (false, 1000..4096)]);
+}
+
+#[tokio::test]
+async fn a_head_that_fails_costs_the_reader_nothing_and_caches_nothing() {
+    let metrics = Arc::new(Metrics::default());
+    let (store, origin, id, etag) = over_recording(&metrics);
+    origin.fail_held.store(true, Ordering::SeqCst);
+    let got = collect(store.read(id.clone(), etag.clone(), 1000..4096, 4 * 4096)).await;
+    assert_eq!(got.unwrap(), data(4 * 4096, 0)[1000..4096]);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // The block failed (counted as a dropped write), so nothing claims to hold it.
+    assert_eq!(
+        store.classify(&id, &etag, 0..4096, 4 * 4096),
+        CacheResult::Miss
+    );
+    let s = metrics.snapshot();
+    assert_eq!(
+        s.sum(
+            "larder_cache_writes_dropped_total",
+            &[("reason", "fetch_failed")]
+        ),
+        1.0
+    );
+    // The next read of the block fetches it again, and gets it.
+    origin.fail_held.store(false, Ordering::SeqCst);
+    origin.held.add_permits(8);
+    let got = collect(store.read(id.clone(), etag.clone(), 0..4096, 4 * 4096)).await;
+    assert_eq!(got.unwrap(), data(4 * 4096, 0)[0..4096]);
 }
 
 mod disk_tests {

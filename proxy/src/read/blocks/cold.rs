@@ -11,6 +11,7 @@ use bytes::Bytes;
 use cache_core::{BlockSlice, Fill, Miss};
 use futures::future;
 use futures::stream::StreamExt;
+use tokio::sync::SemaphorePermit;
 
 use crate::cache_key::BlockId;
 use crate::model::{BodyStream, ByteRange, ObjectId, ObjectMeta, UpstreamError};
@@ -18,7 +19,17 @@ use crate::telemetry::labels::Source;
 use tracing::Instrument;
 
 use super::fetch::Supplier;
+use super::split::Split;
 use super::{part, BlockStore, Purpose};
+
+/// What a cold GET's body fills.
+enum ColdFill {
+    /// A block, or a part fetched as a block of its own: the flight, and what it fetches.
+    /// (Both variants boxed: a flight's handle is 400 bytes.)
+    Whole(Box<Fill<BlockId, UpstreamError>>, BlockSlice),
+    /// The tail of a block fetched tail first.
+    TailFirst(Box<Split>),
+}
 
 impl BlockStore {
     /// The disk tier's note that blocks of `object` were cached: a tiny entry under a block
@@ -153,11 +164,16 @@ impl BlockStore {
                 let block = i * block_size..(i * block_size).saturating_add(block_size);
                 let end = last.map_or(block.end, |l| l.saturating_add(1).min(block.end));
                 let piece = first.max(block.start)..end;
-                let alone = self.exact_ranges
-                    && purpose == Purpose::Demand
-                    && !remote
-                    && part::fetched_alone(piece.end - piece.start, block_size);
-                Some(ByteRange::bytes(if alone { piece } else { block }))
+                let exact = self.exact_ranges && purpose == Purpose::Demand && !remote;
+                let span = if exact && part::fetched_alone(piece.end - piece.start, block_size) {
+                    piece
+                } else if exact && piece.start > block.start {
+                    // Tail first (`split`): the head is asked once the metadata is known.
+                    piece.start..block.end
+                } else {
+                    block
+                };
+                Some(ByteRange::bytes(span))
             })
             .collect()
     }
@@ -240,9 +256,9 @@ impl BlockStore {
         // instead of starting its own.
         let _ = tx.send(Ok(Some((meta, age))));
         let first_fetch = async {
-            if let Some((fill, fetched)) = first_fill {
-                let fetch = (object.clone(), etag.clone(), fetched);
-                self.fetch(fill, fetch, Some(slot), Some((body, supplier)), purpose)
+            if let Some(fill) = first_fill {
+                let body = Some((body, supplier));
+                self.fetch_cold_fill(fill, (&object, &etag), Some(slot), body, purpose)
                     .await;
             }
         };
@@ -256,26 +272,44 @@ impl BlockStore {
                     .into_iter()
                     .zip(answers)
                     .filter_map(|((fill, slot), answer)| {
-                        let (fill, fetched) = fill?;
                         // Another version answered (the object changed between the GETs), or none
                         // did: fetched again, pinned to this ETag.
                         let body = answer
                             .filter(|(m, _)| m.etag == version && m.size == size)
                             .map(|(_, body)| (body, Supplier::Upstream));
-                        let fetch = (object.clone(), etag.clone(), fetched);
-                        Some(self.fetch(fill, fetch, Some(slot), body, purpose))
+                        let target = (&object, &etag);
+                        Some(self.fetch_cold_fill(fill?, target, Some(slot), body, purpose))
                     });
             future::join_all(fetches).await;
         };
         tokio::join!(first_fetch, rest_fetches);
     }
 
+    /// Fetch what a cold GET's body fills (`body`, or asked again when none).
+    async fn fetch_cold_fill(
+        &self,
+        fill: ColdFill,
+        (object, etag): (&ObjectId, &Arc<str>),
+        slot: Option<SemaphorePermit<'_>>,
+        body: Option<(BodyStream, Supplier)>,
+        purpose: Purpose,
+    ) {
+        let target = (object.clone(), etag.clone());
+        match fill {
+            ColdFill::Whole(fill, fetched) => {
+                let fetch = (target.0, target.1, fetched);
+                self.fetch(*fill, fetch, slot, body, purpose).await
+            }
+            ColdFill::TailFirst(split) => self.fetch_split(*split, target, body, slot).await,
+        }
+    }
+
     /// The flight a cold GET of `span` fills, of an object of `size` bytes at `etag`: what the
-    /// read path will look for (the block, or the part the slice is fetched as), joined, with
-    /// the slice fetched. `None` when the body is of no use: it is neither (a range in a short
-    /// last block, which only the size showed to be most of its block), or what it would fill
-    /// is cached already (metadata forgotten for space, a restart with the disk tier kept, or
-    /// the whole block of a part) or being fetched.
+    /// read path will look for (the block, the part the slice is fetched as, or the tail of a
+    /// block fetched tail first), joined. `None` when the body is of no use: it is none of
+    /// those (a range in a short last block, which only the size showed to be most of its
+    /// block), or what it would fill is cached already (metadata forgotten for space, a
+    /// restart with the disk tier kept, or the whole block of a part) or being fetched.
     fn cold_fill(
         self: &Arc<Self>,
         object: &ObjectId,
@@ -283,10 +317,19 @@ impl BlockStore {
         size: u64,
         span: ByteRange,
         purpose: Purpose,
-    ) -> Option<(Fill<BlockId, UpstreamError>, BlockSlice)> {
+    ) -> Option<ColdFill> {
         let got = span.within(size);
         let slice = self.keys.layout().slices(got.start, got.end, size).next()?;
         let block_id = self.id(object, etag, slice.index);
+        if self.tail_first(object, &slice, purpose) {
+            if got.end != slice.block_start + slice.block_len
+                || self.cache.locate(&block_id).is_some()
+            {
+                return None;
+            }
+            let (split, _) = self.split(object, etag, block_id, &slice)?;
+            return Some(ColdFill::TailFirst(Box::new(split)));
+        }
         let (id, fetched, part) = match self.part_of(object, etag, &slice, purpose) {
             Some((id, part)) => (id, part, true),
             None => (block_id.clone(), slice, false),
@@ -302,7 +345,7 @@ impl BlockStore {
                 if part {
                     self.complete_if_predicted(object, etag, &fetched);
                 }
-                Some((fill, fetched))
+                Some(ColdFill::Whole(Box::new(fill), fetched))
             }
             Miss::Joined(_) => None,
         }

@@ -71,7 +71,7 @@ impl Drop for DiskRead<'_> {
 }
 
 /// How a fetch starts.
-enum FirstAttempt {
+pub(super) enum FirstAttempt {
     /// With a body already arriving.
     Body(BodyStream, Supplier),
     /// By asking the block's owner.
@@ -203,6 +203,20 @@ impl BlockStore {
         let result = self
             .fetch_into(&fill, &object, &etag, slice, slot, first)
             .await;
+        self.settle(fill, result, &object, slice.index, purpose)
+            .await;
+    }
+
+    /// End the fetch of block `index` of `object` into `fill` as `result` and `purpose` say:
+    /// cached here, cold, only kept as a brief copy (a peer's block), or failed.
+    pub(super) async fn settle(
+        &self,
+        fill: Fill<BlockId, UpstreamError>,
+        result: Result<Supplier, UpstreamError>,
+        object: &ObjectId,
+        index: u64,
+        purpose: Purpose,
+    ) {
         match result {
             // The owner caches it; here only a brief copy for the next local reader (and none
             // for a warm-up, whose point is the owner's disk).
@@ -228,10 +242,10 @@ impl BlockStore {
                         }
                     }
                 }
-                self.remember(&object);
+                self.remember(object);
             }
             Err(e) => {
-                tracing::warn!(object = %object, block = slice.index, error = %e, "block fetch failed");
+                tracing::warn!(object = %object, block = index, error = %e, "block fetch failed");
                 // A changed or deleted object is the upstream answering correctly.
                 if !matches!(e, UpstreamError::Changed) && !e.is_not_found() {
                     self.metrics.upstream_failed(&e);
@@ -319,7 +333,7 @@ impl BlockStore {
     /// [`crate::upstream::resume`] layer), so their failures stand. A peer that fails, before its
     /// first byte or after, or stalls for `idle_timeout`, is replaced by the upstream from the
     /// byte where it stopped. Says who supplied the bytes.
-    async fn fetch_into(
+    pub(super) async fn fetch_into(
         &self,
         fill: &Fill<BlockId, UpstreamError>,
         object: &ObjectId,

@@ -43,6 +43,7 @@ mod classify;
 mod cold;
 mod fetch;
 mod part;
+mod split;
 #[cfg(test)]
 mod tests;
 
@@ -67,6 +68,9 @@ enum Opening {
     /// A part of its own (key, and the part as a block): the block is nowhere here and would
     /// bring much more than the bytes asked.
     Part(BlockId, BlockSlice),
+    /// The tail of its block from the slice's first byte, opened (`split`), and the slice of
+    /// it to send.
+    Tail(BlockSlice, OpenBlock),
 }
 
 /// Blocks in memory, on disk, in flight, and the origin behind them.
@@ -439,6 +443,7 @@ impl BlockStore {
         match self.open_block(object, etag, slice, purpose).await {
             Opening::Block(block) => (slice, block),
             Opening::Part(id, part) => (part, self.open_part(object, etag, id, part).await),
+            Opening::Tail(tail, opened) => (tail, opened),
         }
     }
 
@@ -492,6 +497,13 @@ impl BlockStore {
         // a part of its own (range-first), which an earlier read may have cached.
         if let Some((id, part)) = self.part_instead(object, etag, &id, &slice, purpose) {
             return Opening::Part(id, part);
+        }
+        // Nowhere here either, but most of the block from inside it: the block is fetched
+        // tail first, the reader reading the tail.
+        if !on_disk && self.tail_first(object, &slice, purpose) && !self.has_copy(&id) {
+            if let Some(opening) = self.open_tail_first(object, etag, &id, &slice) {
+                return opening;
+            }
         }
         match self.cache.join(id.clone()) {
             Miss::Joined(reader) => {

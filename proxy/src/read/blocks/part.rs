@@ -73,18 +73,28 @@ impl BlockStore {
         {
             return None;
         }
-        let id = self
-            .keys
-            .part(object, etag, slice.index, slice.from..slice.to);
+        Some(self.part_at(object, etag, slice, slice.from..slice.to))
+    }
+
+    /// Bytes `span` of `slice`'s block as a part: its key, and the part as a block of its own
+    /// (its first byte, its length), all of it.
+    pub(super) fn part_at(
+        &self,
+        object: &ObjectId,
+        etag: &Arc<str>,
+        slice: &BlockSlice,
+        span: std::ops::Range<u64>,
+    ) -> (BlockId, BlockSlice) {
+        let len = span.end - span.start;
         let part = BlockSlice {
             index: slice.index,
-            block_start: slice.block_start + slice.from,
+            block_start: slice.block_start + span.start,
             block_len: len,
             from: 0,
             to: len,
             object_size: slice.object_size,
         };
-        Some((id, part))
+        (self.keys.part(object, etag, slice.index, span), part)
     }
 
     /// Open part `part` (key `id`) of a block: from memory, or joined to its fetch, which
