@@ -9,6 +9,7 @@ are refused and change nothing."""
 
 import base64
 import json
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -16,7 +17,7 @@ import urllib.request
 import pytest
 from botocore.exceptions import ClientError
 
-from conftest import ElasticMQ, FleetOf, Larder, Listener, Minio, free_port, metric, s3_client
+from conftest import ElasticMQ, FleetOf, Larder, LatencyProxy, Listener, Minio, free_port, metric, s3_client
 
 TOKEN = "events-token-for-e2e-0123456789"
 BUCKET = "events"
@@ -185,6 +186,59 @@ def test_listings_and_missing_keys_cost_nothing_until_a_write_straight_to_the_bu
     print(f"404 then written: visible after {marker_lag * 1000:.0f} ms; listing after a write "
           f"{listing_lag * 1000:.0f} ms, after a delete {delete_lag * 1000:.0f} ms")
     assert max(marker_lag, listing_lag, delete_lag) < 1.0
+
+
+def test_an_event_arriving_while_the_first_read_is_in_flight_keeps_the_version_it_announces(workdir):
+    """An object written straight to the bucket and read at once through Larder: the write's event
+    reaches Larder while that first read's GET is still in flight. Here the upstream holds every
+    request 400 ms and MinIO's webhook reaches Larder through a relay that holds each event 150 ms,
+    so the event lands in the middle of the GET every time. The GET brings the very version the
+    event announces, so Larder keeps it: the next read is a memory hit with no upstream request.
+    (Larder used to drop whatever a fetch brought across any change, so the next read was a GET
+    again; the heartbeat test below failed that way when its event raced its first read.) An
+    overwrite, announced while nothing is in flight, is still seen at once."""
+    token_file = workdir / "events-token-inflight"
+    token_file.write_text(TOKEN + "\n")
+    minio_port = free_port()
+    proxy = LatencyProxy(workdir, minio_port)
+    proxy.latency(delay_ms=400, jitter_ms=0, tail_fraction=0)
+    larder = Larder(workdir, proxy.endpoint, "--metadata-ttl", "1h", "--events-token-file", str(token_file),
+                    name="larder-inflight")
+
+    def forward(body: bytes):
+        req = urllib.request.Request(f"{larder.admin}/v1/events", data=body, method="POST",
+                                     headers={"Authorization": f"Bearer {TOKEN}"})
+        urllib.request.urlopen(req, timeout=10).close()
+
+    relay = Listener(on_post=lambda body: threading.Timer(0.15, forward, [body]).start())
+    minio, direct = notifying_minio(workdir, "minio-inflight", minio_port, larder, "inflight", endpoint=relay.url)
+    client = larder.client()
+
+    def not_cached() -> float:
+        return metric(larder, "larder_events_total", outcome="not_cached")
+
+    def upstream_gets() -> int:
+        return proxy.control("stats")["by_method"].get("GET", 0)
+
+    try:
+        events = not_cached()
+        direct.put_object(Bucket="inflight", Key="obj", Body=b"v1")
+        assert not_cached() == events, "the event came before the read: the relay did not hold it"
+        assert client.get_object(Bucket="inflight", Key="obj")["Body"].read() == b"v1"
+        assert not_cached() == events + 1, "the event did not arrive while the read was in flight"
+        gets, heads = upstream_gets(), upstream_requests(larder, "HeadObject")
+        again = client.get_object(Bucket="inflight", Key="obj")
+        assert again["Body"].read() == b"v1"
+        assert again["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "hit-memory"
+        assert (upstream_gets(), upstream_requests(larder, "HeadObject")) == (gets, heads)
+        # Overwritten: the event (nothing in flight now) drops v1, and v2 is read.
+        direct.put_object(Bucket="inflight", Key="obj", Body=b"v2")
+        seen_within(lambda: client.get_object(Bucket="inflight", Key="obj")["Body"].read(), b"v2", 5.0)
+    finally:
+        larder.stop()
+        minio.stop()
+        proxy.stop()
+        relay.close()
 
 
 @pytest.fixture(scope="module")

@@ -108,9 +108,15 @@ impl Freshness {
 
     /// `id` changed: drop what is held of it (and tell the fleet unless a peer told us).
     pub async fn object_changed(&self, id: &ObjectId, learnt: Learnt) {
-        self.metadata.changed(&id.latest()).await;
+        self.object_changed_to(id, None, learnt).await;
+    }
+
+    /// [`Freshness::object_changed`], by a change that says which version it made (an S3
+    /// event's ETag, without quotes): a read fetching that very version now keeps it.
+    async fn object_changed_to(&self, id: &ObjectId, etag: Option<&str>, learnt: Learnt) {
+        self.metadata.changed_to(&id.latest(), etag).await;
         if id.version_id.is_some() {
-            self.metadata.changed(id).await;
+            self.metadata.changed_to(id, etag).await;
         }
         if let Some(listings) = &self.listings {
             listings.changed(&id.bucket, &id.key);
@@ -157,10 +163,15 @@ impl Freshness {
                 _ => EventOutcome::Applied,
             };
             // Not cached still counts as a change: a fetch in flight when the event arrived
-            // must not keep what it brings, a named version may be cached when the latest is
-            // not, and listings may show the key.
+            // must not keep what it brings (unless it brings the version announced), a named
+            // version may be cached when the latest is not, and listings may show the key.
             if outcome != EventOutcome::Unchanged {
-                self.object_changed(&change.object, Learnt::Event).await;
+                let etag = match &change.kind {
+                    ChangeKind::Created(etag) => etag.as_deref(),
+                    ChangeKind::Removed => None,
+                };
+                self.object_changed_to(&change.object, etag, Learnt::Event)
+                    .await;
             } else {
                 // The other replicas may still hold the old version: they hear of it anyway.
                 self.tell(

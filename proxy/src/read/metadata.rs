@@ -78,8 +78,12 @@ pub struct MetadataCache {
     seen: Option<moka::sync::Cache<ObjectId, ()>>,
     /// Change counters, one per slot of keys (a fixed table: bounded whatever the key count).
     /// [`MetadataCache::changed`] bumps a key's slot; a fetch that saw its slot move while it
-    /// ran does not stay cached, so metadata read just before a change cannot outlive it.
+    /// ran does not stay cached, so metadata read just before a change cannot outlive it...
     changes: Box<[AtomicU64]>,
+    /// ...unless it brought the version the slot's latest change announced (an event's ETag,
+    /// as [`MetadataCache::version`] hashes it with its key; [`UNKNOWN`] when the change named
+    /// none): then nothing newer is known, and dropping it would only cost the next read a GET.
+    announced: Box<[AtomicU64]>,
     hasher: std::collections::hash_map::RandomState,
     origin: Arc<dyn Upstream>,
 }
@@ -99,6 +103,8 @@ where
 
 /// Slots of [`MetadataCache::changes`]. Keys sharing a slot only cost each other a refetch.
 const CHANGE_SLOTS: usize = 4096;
+/// A change that did not say which version it made (a write, a delete, a peer's notice).
+const UNKNOWN: u64 = 0;
 
 /// Where metadata came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,21 +157,41 @@ impl MetadataCache {
                     .build()
             }),
             changes: (0..CHANGE_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            announced: (0..CHANGE_SLOTS).map(|_| AtomicU64::new(UNKNOWN)).collect(),
             hasher: Default::default(),
             origin,
         }
     }
 
-    /// The change counter of `id`'s key (every version of it shares one).
-    fn slot(&self, id: &ObjectId) -> &AtomicU64 {
+    /// The slot of `id`'s key in the change tables (every version of it shares one).
+    fn slot(&self, id: &ObjectId) -> usize {
         let hash = self.hasher.hash_one((&id.bucket, &id.key));
-        &self.changes[hash as usize % CHANGE_SLOTS]
+        hash as usize % CHANGE_SLOTS
+    }
+
+    /// `id`'s key at the version whose ETag is `etag` (quoted or not), as a change announces
+    /// it: never [`UNKNOWN`].
+    fn version(&self, id: &ObjectId, etag: &str) -> u64 {
+        self.hasher
+            .hash_one((&id.bucket, &id.key, etag.trim_matches('"')))
+            .max(1)
     }
 
     /// `id` changed upstream (a write through Larder, an S3 event, another replica's word):
     /// forget it, including what a fetch running now brings back.
     pub async fn changed(&self, id: &ObjectId) {
-        self.slot(id).fetch_add(1, Ordering::AcqRel);
+        self.changed_to(id, None).await;
+    }
+
+    /// [`MetadataCache::changed`], by a change that says it made the version whose ETag is
+    /// `etag` (an S3 event's): a fetch running now that brings that very version is kept.
+    pub async fn changed_to(&self, id: &ObjectId, etag: Option<&str>) {
+        let slot = self.slot(id);
+        let version = etag.map_or(UNKNOWN, |etag| self.version(id, etag));
+        // Announced before the count moves: a fetch that sees the count move then reads this
+        // announcement or a later one, never an earlier one.
+        self.announced[slot].store(version, Ordering::Release);
+        self.changes[slot].fetch_add(1, Ordering::AcqRel);
         self.invalidate(id).await;
     }
 
@@ -267,7 +293,8 @@ impl MetadataCache {
             }
         }
         // Read only on a miss: a hit needs no change counter (nor the hash that finds it).
-        let before = self.slot(id).load(Ordering::Acquire);
+        let slot = self.slot(id);
+        let before = self.changes[slot].load(Ordering::Acquire);
         let fetched = match &self.cache {
             None => fetch.await,
             Some(cache) => cache
@@ -299,9 +326,19 @@ impl MetadataCache {
             }
         }
         // Changed while the fetch ran: what it brought may predate the change. This reader
-        // may use it (the two were concurrent); the cache must not keep it.
-        if self.slot(id).load(Ordering::Acquire) != before {
-            self.invalidate(id).await;
+        // may use it (the two were concurrent); the cache must not keep it, unless it is the
+        // version the latest change announced.
+        if self.changes[slot].load(Ordering::Acquire) != before {
+            let announced = match &answer {
+                Ok((entry, Source::Fetched)) => {
+                    self.announced[slot].load(Ordering::Acquire)
+                        == self.version(id, &entry.meta.etag)
+                }
+                _ => false,
+            };
+            if !announced {
+                self.invalidate(id).await;
+            }
         }
         answer
     }
@@ -485,6 +522,41 @@ mod tests {
         // Fetched with no change in between, it is kept.
         cache.get(&id).await.unwrap();
         assert_eq!(cache.cached_etag(&id).await.as_deref(), Some("\"e1\""));
+    }
+
+    #[tokio::test]
+    async fn metadata_fetched_across_an_event_announcing_its_own_version_is_kept() {
+        // A write straight to the bucket, read at once through Larder: the write's event often
+        // arrives while that first read's GET is in flight. What the GET brings is the version
+        // the event announces, so it stays cached; any other version is dropped as before.
+        let (origin, cache, id) =
+            one_object(b"v1", "\"e1\"", Duration::from_secs(3600), Duration::ZERO);
+        let meta = origin.head(&id).await.unwrap();
+        let across = |announced: Option<&'static str>| {
+            let (cache, meta) = (&cache, meta.clone());
+            let id = id.clone();
+            async move {
+                cache.invalidate(&id).await;
+                let open = async {
+                    cache.changed_to(&id, announced).await;
+                    Ok(Some((meta.clone(), Duration::ZERO)))
+                };
+                let (_, source) = cache.get_or_open(&id, open).await.unwrap();
+                assert_eq!(source, Source::Fetched);
+                cache.cached_etag(&id).await
+            }
+        };
+        assert_eq!(across(Some("e1")).await.as_deref(), Some("\"e1\""));
+        assert_eq!(across(Some("\"e1\"")).await.as_deref(), Some("\"e1\""));
+        assert_eq!(across(Some("e2")).await, None, "another version announced");
+        assert_eq!(across(None).await, None, "a change naming no version");
+        // A version is its key's: the same ETag announced for another key (which may share
+        // the slot) is not this key's version.
+        let other = ObjectId {
+            key: "other".into(),
+            ..id.clone()
+        };
+        assert_ne!(cache.version(&id, "e1"), cache.version(&other, "e1"));
     }
 
     #[tokio::test]

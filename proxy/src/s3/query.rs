@@ -1,0 +1,74 @@
+//! A request's query string, split and decoded once for everything that reads it: the
+//! authenticator (is it presigned, with which parameters, and the canonical query its signature
+//! covers) and the router (sub-resources, `versionId`, `response-*` overrides).
+//!
+//! Why one parse: a presigned GET's query was decoded five times (twice to see which signature
+//! form it carries, once to pick the signature's parameters, once more for the canonical query,
+//! and by the router), a twentieth of a small hit's CPU (docs/benchmarks.md, "SigV4
+//! verification"). Decoding borrows from the request wherever a parameter has nothing to
+//! decode, so a typical query allocates one `Vec` and its escaped values.
+
+use std::borrow::Cow;
+
+/// The parameters of a query, decoded (`+` is a space, `%XX` a byte, invalid UTF-8 replaced),
+/// in the order sent. A parameter without `=` has an empty value; empty pairs (`a&&b`) are
+/// skipped, as S3 and the SDKs' signers skip them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Query<'a> {
+    params: Vec<(Cow<'a, str>, Cow<'a, str>)>,
+}
+
+impl<'a> Query<'a> {
+    /// Split and decode a raw query string (`None`: no query).
+    pub fn parse(raw: Option<&'a str>) -> Self {
+        Self {
+            params: form_urlencoded::parse(raw.unwrap_or("").as_bytes()).collect(),
+        }
+    }
+
+    /// Every `(name, value)`, decoded, in the order sent.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> + '_ {
+        self.params.iter().map(|(k, v)| (k.as_ref(), v.as_ref()))
+    }
+
+    /// Whether a parameter of this (decoded) name is present.
+    pub fn contains(&self, name: &str) -> bool {
+        self.params.iter().any(|(k, _)| k == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameters_are_decoded_in_order_and_borrowed_when_plain() {
+        let q = Query::parse(Some("b=2&a=x+y%2Fz&&flag&c=%E2%82%AC"));
+        let pairs: Vec<_> = q.iter().collect();
+        assert_eq!(
+            pairs,
+            [("b", "2"), ("a", "x y/z"), ("flag", ""), ("c", "€")]
+        );
+        assert!(matches!(q.params[0].0, Cow::Borrowed(_)));
+        assert!(matches!(q.params[1].1, Cow::Owned(_)));
+        assert!(q.contains("flag") && !q.contains("x"));
+        assert_eq!(Query::parse(None), Query::default());
+    }
+
+    #[test]
+    fn the_same_pairs_as_form_urlencoded() {
+        // The parse every reader used before: one decoder, so verification and routing agree.
+        for raw in [
+            "", "&", "=", "a=1&a=2", "%zz=%4", "x=%E2%82", "k=v=w", "+=+",
+        ] {
+            let ours: Vec<_> = Query::parse(Some(raw))
+                .iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect();
+            let theirs: Vec<_> = form_urlencoded::parse(raw.as_bytes())
+                .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                .collect();
+            assert_eq!(ours, theirs, "{raw}");
+        }
+    }
+}
