@@ -8,7 +8,8 @@ It starts MinIO (the real S3 server), the latency proxy in front of it (every re
 20-50 ms, 1 % of them 200 ms more, counted where it lands), Larder and nginx, both reading
 through that proxy, and drives all three targets with the same workloads:
 
-- memory hits and disk hits of 1 / 8 / 64 MiB objects at 1-64 connections (wrk);
+- memory hits of 4 KiB / 1 / 8 / 64 MiB objects and disk hits of 1 / 8 / 64 MiB objects at 1-64
+  connections (wrk), with each server's CPU time per request;
 - cold misses: time to first byte, one request at a time, over direct;
 - a thundering herd of 64 clients on the same cold objects: upstream GETs and bytes;
 - Zipf reads over a working set 10x Larder's memory and 2x its disk, nginx given the same
@@ -67,7 +68,8 @@ MODES = {
 # What one S3 connection delivers, roughly (docs/benchmarks.md): the cap the latency proxy puts on
 # each connection for the capped cold reads.
 S3_CONNECTION_MBPS = 90
-SIZES = [1 * MiB, 8 * MiB, 64 * MiB]
+# Memory hits from 4 KiB, where the request path, not moving bytes, is what a hit costs.
+MEMORY_SIZES = [4 * KiB, 1 * MiB, 8 * MiB, 64 * MiB]
 
 
 def size_name(n: int) -> str:
@@ -424,8 +426,7 @@ class Bench:
     # --- workloads -------------------------------------------------------------------------
     def hits(self, tier: str, larder: Larder, targets: list[Target], keys_by_size: dict):
         rows = []
-        for size in SIZES:
-            keys = keys_by_size[size]
+        for size, keys in sorted(keys_by_size.items()):
             for clients in self.cfg["clients"]:
                 for t in targets:
                     before = metric_sum(larder.metrics(), "larder_requests_total", "cache") if t.name == "Larder" else None
@@ -455,8 +456,8 @@ class Bench:
 
     def memory_hits(self, larder, lt, nt):
         print("== memory hits", flush=True)
-        keys = {s: [f"hot/{s}"] for s in SIZES}
-        sizes = {f"hot/{s}": s for s in SIZES}
+        keys = {s: [f"hot/{s}"] for s in MEMORY_SIZES}
+        sizes = {f"hot/{s}": s for s in MEMORY_SIZES}
         self.upload(sizes.items())
         self.warm_by_reading(lt, list(sizes), sizes, {"hit-memory"})
         self.warm_by_reading(nt, list(sizes), sizes, {"HIT"})

@@ -5,6 +5,7 @@
 use std::time::{Duration, UNIX_EPOCH};
 
 use larder::auth::{sigv2, sigv4, KeyStore};
+use larder::s3::query::Query;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -29,7 +30,8 @@ fuzz_target!(|data: &[u8]| {
     )]);
     // The date of the AWS documentation's examples, which seed the corpus.
     let now = UNIX_EPOCH + Duration::from_secs(1_369_353_600);
-    let _ = sigv4::verify(&parts, &keys, now);
+    let query = Query::parse(parts.uri.query());
+    let _ = sigv4::verify(&parts, &query, &keys, now);
     let _ = sigv4::payload_of(&parts);
-    let _ = sigv2::verify(&parts, parts.uri.path(), &keys, now);
+    let _ = sigv2::verify(&parts, &query, parts.uri.path(), &keys, now);
 });

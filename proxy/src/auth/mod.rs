@@ -28,6 +28,7 @@ pub use signed::Signed;
 pub use sigv4::Payload;
 
 use crate::s3::copy_source::CopySource;
+use crate::s3::query::Query;
 use crate::s3::request::{self, Target};
 use crate::s3::S3Error;
 
@@ -81,17 +82,18 @@ impl Authenticator {
         }
     }
 
-    /// Authenticate a request; `base_domain` tells a virtual-hosted request's bucket, which a
-    /// SigV2 presigned URL signs. A request carrying an `x-amz-*` header its signature does not
-    /// cover is refused, as S3 refuses it.
+    /// Authenticate a request whose query is `query` (its own, parsed); `base_domain` tells a
+    /// virtual-hosted request's bucket, which a SigV2 presigned URL signs. A request carrying
+    /// an `x-amz-*` header its signature does not cover is refused, as S3 refuses it.
     pub fn authenticate(
         &self,
         parts: &Parts,
+        query: &Query<'_>,
         base_domain: Option<&str>,
     ) -> Result<Principal, S3Error> {
         let principal = match self {
             Authenticator::SigV4(keys)
-                if sigv2::is_presigned_v2(parts.uri.query().unwrap_or(""))
+                if sigv2::is_presigned_v2(query)
                     && !parts.headers.contains_key(http::header::AUTHORIZATION) =>
             {
                 // The bucket signed is the bucket routed: both come from the same host.
@@ -100,7 +102,8 @@ impl Authenticator {
                     Some(bucket) => format!("/{bucket}{}", parts.uri.path()),
                     None => parts.uri.path().to_owned(),
                 };
-                let (access_key, key) = sigv2::verify(parts, &resource, keys, SystemTime::now())?;
+                let (access_key, key) =
+                    sigv2::verify(parts, query, &resource, keys, SystemTime::now())?;
                 Principal {
                     access_key: Some(access_key),
                     policy: key.policy,
@@ -109,7 +112,7 @@ impl Authenticator {
                 }
             }
             Authenticator::SigV4(keys) => {
-                let v = sigv4::verify(parts, keys, SystemTime::now())?;
+                let v = sigv4::verify(parts, query, keys, SystemTime::now())?;
                 Principal {
                     access_key: Some(v.access_key),
                     policy: v.key.policy,

@@ -11,6 +11,7 @@ use http::request::Parts;
 
 use super::keys::{Key, KeyStore};
 use super::sigv4::{equal, MAX_PRESIGNED_EXPIRY};
+use crate::s3::query::Query;
 use crate::s3::S3Error;
 
 /// The query parameters that are part of the signed resource (as botocore's `HmacV1Auth` and
@@ -54,35 +55,28 @@ const SUB_RESOURCES: &[&str] = &[
 ];
 
 /// Whether the query carries a SigV2 presigned signature.
-pub fn is_presigned_v2(query: &str) -> bool {
-    let mut found = (false, false);
-    for (k, _) in form_urlencoded::parse(query.as_bytes()) {
-        match k.as_ref() {
-            "AWSAccessKeyId" => found.0 = true,
-            "Signature" => found.1 = true,
-            _ => {}
-        }
-    }
-    found == (true, true)
+pub fn is_presigned_v2(query: &Query<'_>) -> bool {
+    query.contains("AWSAccessKeyId") && query.contains("Signature")
 }
 
-/// Verify a SigV2 presigned URL. `bucket_path` is the signed resource's path: the raw path for
-/// path-style requests, `/<bucket>` + the raw path for virtual-hosted ones.
+/// Verify a SigV2 presigned URL whose query is `query` (the request's, parsed).
+/// `bucket_path` is the signed resource's path: the raw path for path-style requests,
+/// `/<bucket>` + the raw path for virtual-hosted ones.
 pub fn verify(
     parts: &Parts,
+    query: &Query<'_>,
     bucket_path: &str,
     keys: &KeyStore,
     now: SystemTime,
 ) -> Result<(String, Key), S3Error> {
-    let query = parts.uri.query().unwrap_or("");
     let (mut access_key, mut signature, mut expires) = (None, None, None);
     let mut sub = Vec::new();
-    for (k, v) in form_urlencoded::parse(query.as_bytes()) {
-        match k.as_ref() {
-            "AWSAccessKeyId" => access_key = Some(v.into_owned()),
-            "Signature" => signature = Some(v.into_owned()),
-            "Expires" => expires = Some(v.into_owned()),
-            name if SUB_RESOURCES.contains(&name) => sub.push((k.into_owned(), v.into_owned())),
+    for (k, v) in query.iter() {
+        match k {
+            "AWSAccessKeyId" => access_key = Some(v),
+            "Signature" => signature = Some(v),
+            "Expires" => expires = Some(v),
+            name if SUB_RESOURCES.contains(&name) => sub.push((k, v)),
             // The SDKs' routing hint; S3 and Larder ignore it.
             "x-id" => {}
             // SigV2 signs only the sub-resources above. Larder re-signs what it forwards with
@@ -105,7 +99,7 @@ pub fn verify(
     let expires_at: u64 = expires.parse().map_err(|_| {
         S3Error::AccessDenied("Invalid date (should be seconds since epoch)".into())
     })?;
-    let key = keys.get(&access_key).ok_or(S3Error::InvalidAccessKeyId)?;
+    let key = keys.get(access_key).ok_or(S3Error::InvalidAccessKeyId)?;
     let expires_at = UNIX_EPOCH + Duration::from_secs(expires_at);
     if now > expires_at {
         return Err(S3Error::AccessDenied("Request has expired".into()));
@@ -165,7 +159,7 @@ pub fn verify(
     if !equal(expected.as_bytes(), signature.as_bytes()) {
         return Err(S3Error::SignatureDoesNotMatch);
     }
-    Ok((access_key, key.clone()))
+    Ok((access_key.to_owned(), key.clone()))
 }
 
 #[cfg(test)]
@@ -180,6 +174,16 @@ mod tests {
         http::Request::get(uri).body(()).unwrap().into_parts().0
     }
 
+    /// Verify as the authenticator does, with the request's own query.
+    fn verify(
+        p: &Parts,
+        bucket_path: &str,
+        keys: &KeyStore,
+        now: SystemTime,
+    ) -> Result<(String, Key), S3Error> {
+        super::verify(p, &Query::parse(p.uri.query()), bucket_path, keys, now)
+    }
+
     fn keys() -> KeyStore {
         KeyStore::from_pairs([(
             "AKIAIOSFODNN7EXAMPLE",
@@ -190,7 +194,7 @@ mod tests {
     #[test]
     fn the_aws_example_verifies_until_it_expires() {
         let p = parts(URL);
-        assert!(is_presigned_v2(p.uri.query().unwrap()));
+        assert!(is_presigned_v2(&Query::parse(p.uri.query())));
         let before = UNIX_EPOCH + Duration::from_secs(1_175_139_000);
         let (id, _) = verify(&p, p.uri.path(), &keys(), before).unwrap();
         assert_eq!(id, "AKIAIOSFODNN7EXAMPLE");

@@ -18,6 +18,7 @@ use self::canonical::{Canonical, Header};
 use super::keys::{Key, KeyStore};
 use super::signed::Signed;
 use super::signing_key::{hmac, SigningKey};
+use crate::s3::query::Query;
 use crate::s3::request::PRESIGNED_PARAMS;
 use crate::s3::S3Error;
 
@@ -120,18 +121,21 @@ pub(crate) fn equal(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && bool::from(a.ct_eq(b))
 }
 
-/// Verify the request's signature against `keys`; `now` is Larder's clock.
-pub fn verify(parts: &Parts, keys: &KeyStore, now: SystemTime) -> Result<Verified, S3Error> {
+/// Verify the request's signature against `keys`; `query` is the request's query, parsed;
+/// `now` is Larder's clock.
+pub fn verify(
+    parts: &Parts,
+    query: &Query<'_>,
+    keys: &KeyStore,
+    now: SystemTime,
+) -> Result<Verified, S3Error> {
     if let Some(auth) = parts.headers.get(http::header::AUTHORIZATION) {
         let auth = auth
             .to_str()
             .map_err(|_| malformed("the Authorization header is not ASCII"))?;
-        return verify_header(parts, auth, keys, now);
+        return verify_header(parts, query, auth, keys, now);
     }
-    let query = parts.uri.query().unwrap_or("");
-    let presigned = form_urlencoded::parse(query.as_bytes())
-        .any(|(k, _)| k == "X-Amz-Signature" || k == "X-Amz-Credential");
-    if presigned {
+    if query.contains("X-Amz-Signature") || query.contains("X-Amz-Credential") {
         return verify_presigned(parts, query, keys, now);
     }
     Err(S3Error::AccessDenied(
@@ -247,6 +251,7 @@ fn parse_payload(value: &str, signer: Option<ChunkSigner>) -> Result<Payload, S3
 
 fn verify_header(
     parts: &Parts,
+    query: &Query<'_>,
     auth: &str,
     keys: &KeyStore,
     now: SystemTime,
@@ -331,8 +336,7 @@ fn verify_header(
         name: "x-amz-date",
         values: vec![date_value],
     });
-    let query = form_urlencoded::parse(parts.uri.query().unwrap_or("").as_bytes());
-    let canonical = Canonical::new(parts.method.as_str(), query, headers, hash);
+    let canonical = Canonical::new(parts.method.as_str(), query.iter(), headers, hash);
     let signing_key = key.signing_key(credential.date, credential.region);
     check(
         &canonical,
@@ -360,29 +364,20 @@ fn verify_header(
 
 fn verify_presigned(
     parts: &Parts,
-    query: &str,
+    query: &Query<'_>,
     keys: &KeyStore,
     now: SystemTime,
 ) -> Result<Verified, S3Error> {
-    let mut values: [Option<String>; 6] = Default::default();
+    let mut values: [Option<&str>; 6] = Default::default();
     let mut rest = Vec::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let raw_name = pair.split('=').next().unwrap_or("");
-        let name: String = form_urlencoded::parse(raw_name.as_bytes())
-            .next()
-            .map(|(k, _)| k.into_owned())
-            .unwrap_or_default();
+    for (name, value) in query.iter() {
         match PRESIGNED_PARAMS.iter().position(|p| *p == name) {
             Some(i) => {
-                let value = form_urlencoded::parse(pair.as_bytes())
-                    .next()
-                    .map(|(_, v)| v.into_owned())
-                    .unwrap_or_default();
                 if values[i].replace(value).is_some() {
                     return Err(query_error("a presigned URL parameter appears twice"));
                 }
             }
-            None => rest.push(pair),
+            None => rest.push((name, value)),
         }
     }
     let [Some(algorithm), Some(credential), Some(date), Some(expires), Some(signed_headers), Some(signature)] =
@@ -397,10 +392,10 @@ fn verify_presigned(
             "X-Amz-Algorithm only supports \"AWS4-HMAC-SHA256\"",
         ));
     }
-    let credential = parse_credential(&credential).ok_or_else(|| {
+    let credential = parse_credential(credential).ok_or_else(|| {
         query_error("X-Amz-Credential must be <key>/<yyyymmdd>/<region>/s3/aws4_request")
     })?;
-    let time = parse_amz_date(&date)
+    let time = parse_amz_date(date)
         .filter(|_| date.starts_with(credential.date))
         .ok_or_else(|| {
             query_error("X-Amz-Date must be in ISO8601 basic form and match the credential date")
@@ -438,24 +433,20 @@ fn verify_presigned(
     let signature_params = [
         ("X-Amz-Algorithm", ALGORITHM),
         ("X-Amz-Credential", &credential_value),
-        ("X-Amz-Date", &date),
+        ("X-Amz-Date", date),
         ("X-Amz-Expires", &expires),
         ("X-Amz-SignedHeaders", &signed_headers),
-    ]
-    .map(|(k, v)| (Cow::Borrowed(k), Cow::Borrowed(v)));
-    let query = rest
-        .iter()
-        .flat_map(|pair| form_urlencoded::parse(pair.as_bytes()))
-        .chain(signature_params);
+    ];
+    let query = rest.into_iter().chain(signature_params);
     let canonical = Canonical::new(parts.method.as_str(), query, headers, "UNSIGNED-PAYLOAD");
     let signing_key = key.signing_key(credential.date, credential.region);
     check(
         &canonical,
         parts.uri.path(),
-        &date,
+        date,
         &credential,
         &signing_key,
-        &signature,
+        signature,
     )?;
     Ok(Verified {
         access_key: credential.access_key.to_owned(),

@@ -8,6 +8,7 @@ pub mod error;
 pub mod form;
 pub mod headers;
 pub mod operation;
+pub mod query;
 pub mod request;
 
 pub use error::S3Error;

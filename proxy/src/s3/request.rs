@@ -3,6 +3,7 @@
 use percent_encoding::percent_decode_str;
 
 use super::error::S3Error;
+use super::query::Query;
 
 /// Longest key S3 accepts, in bytes of UTF-8.
 pub const MAX_KEY_LEN: usize = 1024;
@@ -183,11 +184,16 @@ const OVERRIDES: &[(&str, &str)] = &[
 impl ObjectQuery {
     /// Parse a raw query string.
     pub fn parse(query: Option<&str>) -> Self {
+        Self::of(&Query::parse(query))
+    }
+
+    /// The parameters of an already parsed query.
+    pub fn of(query: &Query<'_>) -> Self {
         let mut q = ObjectQuery::default();
-        for (name, value) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
-            match name.as_ref() {
-                "versionId" => q.version_id = Some(value.into_owned()),
-                "partNumber" => q.part_number = Some(value.into_owned()),
+        for (name, value) in query.iter() {
+            match name {
+                "versionId" => q.version_id = Some(value.to_owned()),
+                "partNumber" => q.part_number = Some(value.to_owned()),
                 // Added by the AWS SDKs for routing; not a sub-resource.
                 "x-id" => {}
                 // A presigned URL's own signature. Any other `x-amz-*` parameter is a header
@@ -203,7 +209,7 @@ impl ObjectQuery {
                 // A SigV2 presigned URL's signature.
                 "AWSAccessKeyId" | "Signature" | "Expires" => {}
                 n => match OVERRIDES.iter().find(|(p, _)| *p == n) {
-                    Some((_, header)) => q.overrides.push((header, value.into_owned())),
+                    Some((_, header)) => q.overrides.push((header, value.to_owned())),
                     None => q.other.push(n.to_owned()),
                 },
             }

@@ -39,8 +39,8 @@ pub(super) struct Header<'a> {
 #[derive(Debug)]
 pub(super) struct Canonical<'a> {
     pub(super) method: &'a str,
-    /// Encoded `(name, value)` pairs, sorted.
-    query: Vec<(String, String)>,
+    /// Encoded `(name, value)` pairs, sorted; borrowed where encoding changes nothing.
+    query: Vec<(Cow<'a, str>, Cow<'a, str>)>,
     /// Sorted by name, each name once.
     headers: Vec<Header<'a>>,
     /// The names of `headers` joined by `;`.
@@ -49,17 +49,17 @@ pub(super) struct Canonical<'a> {
 }
 
 impl<'a> Canonical<'a> {
-    /// `query` holds the parameters as sent (still encoded, `+` meaning a space); `headers`
-    /// must have distinct names, in any order.
-    pub(super) fn new<'q>(
+    /// `query` holds the parameters decoded (as [`crate::s3::query::Query`] gives them);
+    /// `headers` must have distinct names, in any order.
+    pub(super) fn new(
         method: &'a str,
-        query: impl IntoIterator<Item = (Cow<'q, str>, Cow<'q, str>)>,
+        query: impl IntoIterator<Item = (&'a str, &'a str)>,
         mut headers: Vec<Header<'a>>,
         payload_hash: &'a str,
     ) -> Self {
-        let mut query: Vec<(String, String)> = query
+        let mut query: Vec<_> = query
             .into_iter()
-            .map(|(k, v)| (encode(&k), encode(&v)))
+            .map(|(k, v)| (encode(k), encode(v)))
             .collect();
         query.sort_unstable();
         headers.sort_unstable_by(|a, b| a.name.cmp(b.name));
@@ -174,8 +174,8 @@ pub(super) fn signed_header_names<'n>(names: impl Iterator<Item = &'n str>) -> S
     out
 }
 
-fn encode(s: &str) -> String {
-    utf8_percent_encode(s, QUERY).to_string()
+fn encode(s: &str) -> Cow<'_, str> {
+    utf8_percent_encode(s, QUERY).into()
 }
 
 #[cfg(test)]
@@ -222,12 +222,12 @@ mod tests {
 
     #[test]
     fn query_parameters_are_decoded_encoded_and_sorted_and_values_normalised() {
-        let query = form_urlencoded::parse(b"b=2&a=x+y%2Fz&a=%41~&flag&&c=%E2%82%AC");
+        let query = crate::s3::query::Query::parse(Some("b=2&a=x+y%2Fz&a=%41~&flag&&c=%E2%82%AC"));
         let headers = vec![Header {
             name: "x-amz-meta-a",
             values: vec![" one  two ", "three\tfour"],
         }];
-        let canonical = Canonical::new("PUT", query, headers, "UNSIGNED-PAYLOAD");
+        let canonical = Canonical::new("PUT", query.iter(), headers, "UNSIGNED-PAYLOAD");
         let mut text = Vec::new();
         canonical.write("/k", &mut text);
         assert_eq!(

@@ -6,6 +6,11 @@ use super::*;
 const AK: &str = "AKIAIOSFODNN7EXAMPLE";
 const SK: &str = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY";
 
+/// Verify as the authenticator does, with the request's own query parsed.
+fn verify(parts: &Parts, keys: &KeyStore, now: SystemTime) -> Result<Verified, S3Error> {
+    super::verify(parts, &Query::parse(parts.uri.query()), keys, now)
+}
+
 fn keys() -> KeyStore {
     KeyStore::from_pairs([(AK, SK)])
 }

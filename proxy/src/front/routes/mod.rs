@@ -27,6 +27,7 @@ use crate::read::listing::ListingCache;
 use crate::read::metadata::MetadataCache;
 use crate::s3::copy_source::CopySource;
 use crate::s3::operation;
+use crate::s3::query::Query;
 use crate::s3::request::{self, ObjectQuery, Target};
 use crate::s3::S3Error;
 use crate::telemetry::metrics::Metrics;
@@ -77,8 +78,12 @@ pub async fn handle(State(app): State<Arc<AppState>>, req: Request) -> Response 
     let request_id = request_id();
     let (req, body) = req.into_parts();
     let method = req.method.clone();
-    let resource = req.uri.path().to_owned();
-    let parsed = app.parse(&req);
+    // The URI's text is shared, not copied, so its path and query outlive `req`, which the
+    // dispatch takes. The query is parsed once, here, for authentication and routing alike.
+    let uri = req.uri.clone();
+    let resource = uri.path();
+    let query = Query::parse(uri.query());
+    let parsed = app.parse(&req, &query);
     let span = tracing::info_span!(
         "request",
         otel.name = parsed.2,
@@ -90,7 +95,7 @@ pub async fn handle(State(app): State<Arc<AppState>>, req: Request) -> Response 
         larder.request_id = %request_id,
     );
     let (operation, bucket, result) = app
-        .dispatch(req, body, parsed)
+        .dispatch(req, body, &query, parsed)
         .instrument(span.clone())
         .await;
     let (mut response, cache) = match result {
@@ -101,7 +106,7 @@ pub async fn handle(State(app): State<Arc<AppState>>, req: Request) -> Response 
                     tracing::warn!(%method, %resource, code = e.code(), error = %e, "request failed")
                 });
             }
-            (e.into_response(&method, &resource, &request_id), "error")
+            (e.into_response(&method, resource, &request_id), "error")
         }
     };
     let headers = response.headers_mut();
@@ -135,10 +140,14 @@ pub async fn handle(State(app): State<Arc<AppState>>, req: Request) -> Response 
 impl AppState {
     /// What a request addresses and which operation it is. Computed before authentication only
     /// to name the request's span; nothing is answered from it until the client is known.
-    fn parse(&self, req: &Parts) -> (Result<Target, S3Error>, ObjectQuery, &'static str) {
+    fn parse(
+        &self,
+        req: &Parts,
+        query: &Query<'_>,
+    ) -> (Result<Target, S3Error>, ObjectQuery, &'static str) {
         let target = request::host(req)
             .and_then(|host| request::target(host, req.uri.path(), self.base_domain.as_deref()));
-        let query = ObjectQuery::parse(req.uri.query());
+        let query = ObjectQuery::of(query);
         let operation = match &target {
             Ok(t) => operation::name(&req.method, t, &query, &req.headers),
             Err(_) => "Unknown",
@@ -151,6 +160,7 @@ impl AppState {
         &self,
         req: Parts,
         body: Body,
+        params: &Query<'_>,
         (target, query, operation): (Result<Target, S3Error>, ObjectQuery, &'static str),
     ) -> (&'static str, Option<String>, Handled) {
         // A browser-form upload carries its signature in the form: verified there.
@@ -168,7 +178,10 @@ impl AppState {
             }
         }
         // Authenticate before looking at anything else, so an unknown client learns nothing.
-        let principal = match self.auth.authenticate(&req, self.base_domain.as_deref()) {
+        let principal = match self
+            .auth
+            .authenticate(&req, params, self.base_domain.as_deref())
+        {
             Ok(p) => p,
             Err(e) => return ("Unauthenticated", None, Err(e)),
         };

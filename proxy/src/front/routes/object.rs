@@ -149,10 +149,11 @@ impl AppState {
             Resolved::Unsatisfiable => return Ok(Err(S3Error::InvalidRange { size: meta.size })),
         };
         out.insert(header::CONTENT_LENGTH, HeaderValue::from(end - start));
-        let respond = |body: Body, cache: &'static str| {
+        // Called once, on whichever path answers: the headers move into the response.
+        let respond = move |body: Body, cache: &'static str| {
             let mut response = Response::new(body);
             *response.status_mut() = status;
-            *response.headers_mut() = out.clone();
+            *response.headers_mut() = out;
             Ok(Ok((response, cache)))
         };
         if head || start == end {

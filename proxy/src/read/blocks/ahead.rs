@@ -32,7 +32,9 @@ impl BlockStore {
         range: Range<u64>,
         size: u64,
     ) {
-        if !self.prefetch.enabled() || object.version_id.is_some() {
+        // A read to the object's end has nothing after it to fetch, and no read can follow it
+        // in order: every whole-object GET is one, so it skips the sequence bookkeeping.
+        if !self.prefetch.enabled() || object.version_id.is_some() || range.end >= size {
             return;
         }
         let blocks = self.sequences.observe(
