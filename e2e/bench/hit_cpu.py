@@ -1,0 +1,96 @@
+"""CPU per request of memory hits: Larder builds (or settings) side by side with nginx, runs
+alternated, for comparing one change's cost on a noisy machine.
+
+    python3 e2e/bench/hit_cpu.py --size 4096 --clients 16 --seconds 5 --rounds 5 \\
+        before:base after:release 'one-worker:release:TOKIO_WORKER_THREADS=1'
+
+Each variant is NAME:PROFILE[:ENV=V,...[:ARG;ARG...]]: the `larder` binary of target/PROFILE, with
+those environment variables and extra `serve` arguments. Every round reads one cached object with
+wrk against each variant and nginx in turn (every body checked, as compare.py's hits are), and
+prints requests per second, the server's CPU time per 1,000 requests (user + system of its
+processes), latency percentiles, and Larder's context switches per request (its threads' voluntary
+and involuntary switches). The medians per variant close the output. Clients sign with SigV4
+presigned URLs, as in compare.py; nginx's read anonymously. Not part of the test suite.
+"""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compare import CLIENT_KEY, CLIENT_SECRET, Bench, Larder, Target, s3_client  # noqa: E402
+
+
+def context_switches(pid: int) -> int:
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for line in (task / "status").read_text().splitlines():
+            if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                total += int(line.split()[1])
+    return total
+
+
+def variant(text: str) -> tuple[str, str, dict, list]:
+    parts = text.split(":")
+    if len(parts) < 2:
+        raise argparse.ArgumentTypeError("NAME:PROFILE[:ENV=V,...[:ARG;ARG...]]")
+    env = dict(kv.split("=", 1) for kv in parts[2].split(",") if kv) if len(parts) > 2 else {}
+    extra = [a for a in parts[3].split(";") if a] if len(parts) > 3 else []
+    return parts[0], parts[1], env, extra
+
+
+def median(values):
+    values = sorted(values)
+    return values[len(values) // 2]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", type=int, default=4096, help="object size in bytes")
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--seconds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=Path("target/bench/hit-cpu"))
+    ap.add_argument("variants", nargs="+", type=variant)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    # The latency proxy comes from the first variant's profile.
+    os.environ["LARDER_E2E_PROFILE"] = args.variants[0][1]
+    bench = Bench("quick", args.out)
+    key, sizes = "hit-cpu/hot", {"hit-cpu/hot": args.size}
+    try:
+        bench.start()
+        bench.upload(sizes.items())
+        targets = []
+        for name, profile, env, extra in args.variants:
+            os.environ["LARDER_E2E_PROFILE"] = profile
+            larder = Larder(bench.work, bench.proxy.endpoint, "--memory-capacity", "1GiB", *extra, name=name,
+                            env=env)
+            bench.stoppers.append(larder.stop)
+            presigner = s3_client(larder.endpoint, CLIENT_KEY, CLIENT_SECRET, signature_version="s3v4")
+            t = Target("Larder", larder.endpoint, presigner, pid=larder.proc.pid)
+            bench.warm_by_reading(t, [key], sizes, {"hit-memory"})
+            targets.append((name, t, True))
+        _, nt = bench.nginx("nginx", 1 << 30)
+        bench.warm_by_reading(nt, [key], sizes, {"HIT"})
+        targets.append(("nginx", nt, False))
+        results = {name: [] for name, _, _ in targets}
+        for n in range(args.rounds):
+            for name, t, larder in targets:
+                before = context_switches(t.pid) if larder else 0
+                r = bench.wrk(t, [key], sizes, args.clients, args.seconds)
+                switches = (context_switches(t.pid) - before) / r["requests"] if larder else None
+                results[name].append(r)
+                print(f"round {n} {name}: {r['rps']:.0f} req/s, CPU {r['cpu_ms_per_1k']:.1f} ms per 1k, "
+                      f"p50 {r['p50_us']:.2f} p99 {r['p99_us']:.2f} p99.9 {r['p999_us']:.2f} ms"
+                      + (f", {switches:.3f} context switches per request" if larder else ""), flush=True)
+        for name, rs in results.items():
+            print(f"{name}: CPU ms per 1k requests {[round(r['cpu_ms_per_1k'], 1) for r in rs]}, median "
+                  f"{median(r['cpu_ms_per_1k'] for r in rs):.1f}; req/s median {median(r['rps'] for r in rs):.0f}")
+    finally:
+        bench.stop()
+
+
+if __name__ == "__main__":
+    main()
