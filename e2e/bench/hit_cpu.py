@@ -8,8 +8,8 @@ Each variant is NAME:PROFILE[:ENV=V,...[:ARG;ARG...]]: the `larder` binary of ta
 those environment variables and extra `serve` arguments. Every round reads one cached object with
 wrk against each variant and nginx in turn (every body checked, as compare.py's hits are), and
 prints requests per second, the server's CPU time per 1,000 requests (user + system of its
-processes), latency percentiles, and Larder's context switches per request (its threads' voluntary
-and involuntary switches). The medians per variant close the output. Clients sign with SigV4
+processes), latency percentiles, and its context switches per request (voluntary and involuntary,
+of every thread of its processes). The medians per variant close the output. Clients sign with SigV4
 presigned URLs, as in compare.py; nginx's read anonymously. Not part of the test suite.
 """
 
@@ -23,11 +23,14 @@ from compare import CLIENT_KEY, CLIENT_SECRET, Bench, Larder, Target, s3_client 
 
 
 def context_switches(pid: int) -> int:
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for line in (task / "status").read_text().splitlines():
-            if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
-                total += int(line.split()[1])
+    """Voluntary and involuntary context switches of a process's threads and its children's."""
+    total, todo = 0, [pid]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").iterdir():
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                    total += int(line.split()[1])
+            todo += [int(c) for c in (task / "children").read_text().split()]
     return total
 
 
@@ -71,20 +74,20 @@ def main():
             presigner = s3_client(larder.endpoint, CLIENT_KEY, CLIENT_SECRET, signature_version="s3v4")
             t = Target("Larder", larder.endpoint, presigner, pid=larder.proc.pid)
             bench.warm_by_reading(t, [key], sizes, {"hit-memory"})
-            targets.append((name, t, True))
+            targets.append((name, t))
         _, nt = bench.nginx("nginx", 1 << 30)
         bench.warm_by_reading(nt, [key], sizes, {"HIT"})
-        targets.append(("nginx", nt, False))
-        results = {name: [] for name, _, _ in targets}
+        targets.append(("nginx", nt))
+        results = {name: [] for name, _ in targets}
         for n in range(args.rounds):
-            for name, t, larder in targets:
-                before = context_switches(t.pid) if larder else 0
+            for name, t in targets:
+                before = context_switches(t.pid)
                 r = bench.wrk(t, [key], sizes, args.clients, args.seconds)
-                switches = (context_switches(t.pid) - before) / r["requests"] if larder else None
+                switches = (context_switches(t.pid) - before) / r["requests"]
                 results[name].append(r)
                 print(f"round {n} {name}: {r['rps']:.0f} req/s, CPU {r['cpu_ms_per_1k']:.1f} ms per 1k, "
-                      f"p50 {r['p50_us']:.2f} p99 {r['p99_us']:.2f} p99.9 {r['p999_us']:.2f} ms"
-                      + (f", {switches:.3f} context switches per request" if larder else ""), flush=True)
+                      f"p50 {r['p50_us']:.2f} p99 {r['p99_us']:.2f} p99.9 {r['p999_us']:.2f} ms, "
+                      f"{switches:.3f} context switches per request", flush=True)
         for name, rs in results.items():
             print(f"{name}: CPU ms per 1k requests {[round(r['cpu_ms_per_1k'], 1) for r in rs]}, median "
                   f"{median(r['cpu_ms_per_1k'] for r in rs):.1f}; req/s median {median(r['rps'] for r in rs):.0f}")

@@ -298,7 +298,10 @@ def test_a_prefix_answering_slowdown_is_paced_and_other_prefixes_are_not(make_la
     got = {}
 
     def read(key):
-        got[key] = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        try:
+            got[key] = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        except Exception as e:  # noqa: BLE001 - reported below, per key
+            got[key] = e
 
     readers = [threading.Thread(target=read, args=(k,)) for k in hot]
     for t in readers:
@@ -312,7 +315,10 @@ def test_a_prefix_answering_slowdown_is_paced_and_other_prefixes_are_not(make_la
     cool_took = time.monotonic() - started
     for t in readers:
         t.join(timeout=60)
-    assert got == hot, "every hot body whole and right"
+    # Compared per key, not as one dict: pytest's diff of 16 MiB of bodies takes many minutes.
+    wrong = {k: (repr(v)[:200] if isinstance(v, Exception) else f"{len(v)} bytes, not the object's")
+             for k, v in got.items() if not isinstance(v, bytes) or v != hot[k]}
+    assert not wrong and len(got) == len(hot), f"every hot body whole and right: {wrong}"
     assert cool_took < 0.25, f"the other prefix's read took {cool_took:.3f} s"
 
     stats = s3_like.control("stats")["by_method"]
