@@ -278,7 +278,8 @@ options! {
     upstream_first_byte_timeout: HumanDuration = HumanDuration::secs(30);
     /// Attempts per upstream request (block GETs and HEADs) on 5xx and connection faults, with
     /// exponential backoff and jitter, and on SlowDown (503) or 429 after the throttled
-    /// prefix's pace (`upstream/throttle.rs`); 1 disables retries. Default: `3`.
+    /// prefix's pace (`upstream/throttle.rs`; a refusal before the prefix was paced does not
+    /// count); 1 disables retries. Default: `3`.
     upstream_max_attempts: u32 = 3;
     /// Times an upstream body (a block's, or a cold suffix read's) that breaks or stalls
     /// mid-stream is resumed from the byte where it stopped (a new ranged GET pinned to the same

@@ -18,7 +18,9 @@
 //!   limit is lifted.
 //!
 //! A throttled request is sent again (it waits for its prefix's token) up to `max_attempts`
-//! times in all, then its `SlowDown` is the answer. The S3 client does not retry these
+//! paced times, then its `SlowDown` is the answer. A refusal of a request sent before its
+//! prefix was paced does not count: that burst is how the limit is found, and a request whose
+//! block is half sent to a client should not lose one of its few attempts to it. The S3 client does not retry these
 //! answers itself (`s3.rs`): its backoff is per request and knows nothing of prefixes.
 //! Waiting requests are tasks asleep until their prefix's next token, not a queue.
 
@@ -189,8 +191,8 @@ pub struct Throttled {
 }
 
 impl Throttled {
-    /// `inner`, each request sent at most `max_attempts` times while throttled; events counted
-    /// in `metrics`.
+    /// `inner`, each request sent at most `max_attempts` paced times while throttled (plus
+    /// once before its prefix was paced); events counted in `metrics`.
     pub fn new(inner: Arc<dyn Upstream>, max_attempts: u32, metrics: Arc<Metrics>) -> Self {
         Self {
             inner,
@@ -260,8 +262,12 @@ impl Throttled {
             if let Some(event) = event {
                 self.metrics.throttle(event);
             }
-            if throttled && attempt < self.max_attempts {
-                attempt += 1;
+            if throttled && (epoch.is_none() || attempt < self.max_attempts) {
+                // Sent unpaced (`epoch` is `None`): the prefix is paced from now on, and the
+                // request's attempts start with its first paced one.
+                if epoch.is_some() {
+                    attempt += 1;
+                }
                 self.retries.fetch_add(1, Ordering::Relaxed);
                 continue;
             }

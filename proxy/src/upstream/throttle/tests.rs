@@ -209,12 +209,17 @@ async fn other_prefixes_keep_their_pace() {
 
 #[tokio::test(start_paused = true)]
 async fn a_request_throttled_on_every_attempt_answers_slowdown_after_its_attempts() {
+    // The first send, before the prefix was paced, found the limit; then three paced attempts.
     let fake = RateLimited::failing(503);
     let (layer, _) = throttled(&fake, 3);
     let err = layer.head(&object("k/1")).await.unwrap_err();
     assert!(err.is_throttled(), "{err:?}");
-    assert_eq!(fake.counts().1, 3, "attempts sent");
-    assert_eq!(layer.retries(), 2);
+    assert_eq!(fake.counts().1, 4, "attempts sent");
+    assert_eq!(layer.retries(), 3);
+    // Once the prefix is paced, every send counts.
+    let err = layer.head(&object("k/2")).await.unwrap_err();
+    assert!(err.is_throttled(), "{err:?}");
+    assert_eq!(fake.counts().1, 7, "three more attempts");
 }
 
 #[tokio::test(start_paused = true)]
