@@ -18,10 +18,11 @@
 //!   limit is lifted.
 //!
 //! A throttled request is sent again (it waits for its prefix's token) up to `max_attempts`
-//! paced times, then its `SlowDown` is the answer. A refusal of a request sent before its
-//! prefix was paced does not count: that burst is how the limit is found, and a request whose
-//! block is half sent to a client should not lose one of its few attempts to it. The S3 client does not retry these
-//! answers itself (`s3.rs`): its backoff is per request and knows nothing of prefixes.
+//! paced times, then its `SlowDown` is the answer. A refusal of a request sent while its
+//! prefix was not paced does not count: that burst is how the limit is found (and the refusal
+//! paces the prefix, so the next send is paced), and a block GET that runs out of attempts
+//! fails its client's read. The S3 client does not retry these answers itself (`s3.rs`): its
+//! backoff is per request and knows nothing of prefixes.
 //! Waiting requests are tasks asleep until their prefix's next token, not a queue.
 
 use std::collections::HashMap;
@@ -191,8 +192,8 @@ pub struct Throttled {
 }
 
 impl Throttled {
-    /// `inner`, each request sent at most `max_attempts` paced times while throttled (plus
-    /// once before its prefix was paced); events counted in `metrics`.
+    /// `inner`, each request sent at most `max_attempts` paced times while throttled (sends
+    /// while its prefix was not paced do not count); events counted in `metrics`.
     pub fn new(inner: Arc<dyn Upstream>, max_attempts: u32, metrics: Arc<Metrics>) -> Self {
         Self {
             inner,
