@@ -66,7 +66,9 @@ def test_a_persistent_5xx_is_a_clean_s3_error_after_the_budget(make_larder, faul
         no_retries.get_object(Bucket=bucket, Key="k")
     assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] in (500, 503)
     assert e.value.response["Error"]["Code"] in ("SlowDown", "ServiceUnavailable", "InternalError")
-    assert len(faulty.seen(None, f"/{bucket}/k")) == 3, faulty.seen(None, f"/{bucket}/k")
+    # The first GET, sent before the prefix was paced, found the limit and does not count;
+    # then upstream_max_attempts (3) paced attempts.
+    assert len(faulty.seen(None, f"/{bucket}/k")) == 4, faulty.seen(None, f"/{bucket}/k")
 
 
 def test_a_body_cut_mid_stream_is_resumed_and_the_client_sees_one_whole_body(make_larder, faulty, direct, bucket):
