@@ -1,6 +1,6 @@
 //! SigV4's canonical request and string to sign, built from a request exactly as the client
 //! sent it, and hashed as it is written: no intermediate string, one allocation for the
-//! header list and one per query parameter.
+//! header list, one for the query's pairs, and one per name or value that encoding changes.
 //!
 //! Why Larder builds this itself rather than calling `aws-sigv4`'s `sign`: that function also
 //! derives the signing key (four HMACs) and builds a `HeaderMap`, a `Uri` and an identity per
