@@ -454,6 +454,22 @@ class Bench:
         finally:
             r.close()
 
+    def warm_prefix(self, larder: Larder, prefix: str) -> dict:
+        """Warm `prefix` of the bench bucket through Larder's admin API; the finished job."""
+        job = post_json(f"{larder.admin}/warm", {"bucket": BUCKET, "prefix": prefix})
+        deadline = time.monotonic() + 600
+        while True:
+            with urllib.request.urlopen(f"{larder.admin}/warm/{job['id']}", timeout=10) as r:
+                p = json.loads(r.read())
+            if p["state"] != "running":
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"warm-up did not finish: {p}")
+            time.sleep(0.5)
+        if p["state"] != "done" or p["errors"]:
+            raise RuntimeError(f"warm-up failed: {p}")
+        return p
+
     def memory_hits(self, larder, lt, nt):
         print("== memory hits", flush=True)
         keys = {s: [f"hot/{s}"] for s in MEMORY_SIZES}
@@ -472,18 +488,7 @@ class Bench:
         total = sum(sizes.values())
         larder, lt = self.larder("larder-disk", "--memory-capacity", "8MiB", "--disk-path",
                                  str(self.work / "larder-disk.cache"), "--disk-capacity", f"{2 * total // MiB}MiB")
-        job = post_json(f"{larder.admin}/warm", {"bucket": BUCKET, "prefix": "disk/"})
-        deadline = time.monotonic() + 600
-        while True:
-            with urllib.request.urlopen(f"{larder.admin}/warm/{job['id']}", timeout=10) as r:
-                p = json.loads(r.read())
-            if p["state"] != "running":
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"warm-up did not finish: {p}")
-            time.sleep(0.5)
-        if p["state"] != "done" or p["errors"]:
-            raise RuntimeError(f"warm-up failed: {p}")
+        p = self.warm_prefix(larder, "disk/")
         self.warm_by_reading(nt, list(sizes), sizes, {"HIT"})
         rows = self.hits("disk", larder, [self.direct(), nt, lt], keys)
         self.results["workloads"]["disk_hits"] = rows

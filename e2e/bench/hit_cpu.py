@@ -11,6 +11,10 @@ prints requests per second, the server's CPU time per 1,000 requests (user + sys
 processes), latency percentiles, and its context switches per request (voluntary and involuntary,
 of every thread of its processes). The medians per variant close the output. Clients sign with SigV4
 presigned URLs, as in compare.py; nginx's read anonymously. Not part of the test suite.
+
+`--disk N` measures disk hits instead: N objects of `--size`, each Larder with an 8 MiB memory
+tier in front of a disk tier twice their total (compare.py's disk-hit setup), warmed through its
+admin API; wrk reads the N keys in turn.
 """
 
 import argparse
@@ -55,34 +59,48 @@ def main():
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", type=Path, default=Path("target/bench/hit-cpu"))
+    ap.add_argument("--disk", type=int, default=0, metavar="N",
+                    help="disk hits of N objects (8 MiB memory tier) instead of memory hits of one")
     ap.add_argument("variants", nargs="+", type=variant)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     # The latency proxy comes from the first variant's profile.
     os.environ["LARDER_E2E_PROFILE"] = args.variants[0][1]
     bench = Bench("quick", args.out)
-    key, sizes = "hit-cpu/hot", {"hit-cpu/hot": args.size}
+    if args.disk:
+        keys = [f"hit-cpu/disk/{i}" for i in range(args.disk)]
+    else:
+        keys = ["hit-cpu/hot"]
+    sizes = {k: args.size for k in keys}
     try:
         bench.start()
         bench.upload(sizes.items())
-        targets = []
+        targets, larders = [], {}
         for name, profile, env, extra in args.variants:
             os.environ["LARDER_E2E_PROFILE"] = profile
-            larder = Larder(bench.work, bench.proxy.endpoint, "--memory-capacity", "1GiB", *extra, name=name,
-                            env=env)
+            if args.disk:
+                tiers = ("--memory-capacity", "8MiB", "--disk-path", str(bench.work / f"{name}.cache"),
+                         "--disk-capacity", f"{max(512, 2 * args.disk * args.size >> 20)}MiB")
+            else:
+                tiers = ("--memory-capacity", "1GiB")
+            larder = Larder(bench.work, bench.proxy.endpoint, *tiers, *extra, name=name, env=env)
             bench.stoppers.append(larder.stop)
             presigner = s3_client(larder.endpoint, CLIENT_KEY, CLIENT_SECRET, signature_version="s3v4")
             t = Target("Larder", larder.endpoint, presigner, pid=larder.proc.pid)
-            bench.warm_by_reading(t, [key], sizes, {"hit-memory"})
+            if args.disk:
+                bench.warm_prefix(larder, "hit-cpu/disk/")
+            else:
+                bench.warm_by_reading(t, keys, sizes, {"hit-memory"})
             targets.append((name, t))
+            larders[name] = larder
         _, nt = bench.nginx("nginx", 1 << 30)
-        bench.warm_by_reading(nt, [key], sizes, {"HIT"})
+        bench.warm_by_reading(nt, keys, sizes, {"HIT"})
         targets.append(("nginx", nt))
         results = {name: [] for name, _ in targets}
         for n in range(args.rounds):
             for name, t in targets:
                 before = context_switches(t.pid)
-                r = bench.wrk(t, [key], sizes, args.clients, args.seconds)
+                r = bench.wrk(t, keys, sizes, args.clients, args.seconds)
                 switches = (context_switches(t.pid) - before) / r["requests"]
                 results[name].append(r)
                 print(f"round {n} {name}: {r['rps']:.0f} req/s, CPU {r['cpu_ms_per_1k']:.1f} ms per 1k, "
@@ -91,6 +109,11 @@ def main():
         for name, rs in results.items():
             print(f"{name}: CPU ms per 1k requests {[round(r['cpu_ms_per_1k'], 1) for r in rs]}, median "
                   f"{median(r['cpu_ms_per_1k'] for r in rs):.1f}; req/s median {median(r['rps'] for r in rs):.0f}")
+        if args.disk:
+            for name, larder in larders.items():
+                print(f"{name}: " + ", ".join(l for l in larder.metrics().splitlines()
+                                               if l.startswith(("larder_disk_hits_total", "larder_disk_page_cache",
+                                                                "larder_disk_io_thread", "larder_memory_hits"))))
     finally:
         bench.stop()
 

@@ -154,6 +154,43 @@ def test_a_block_failing_its_checksum_part_way_on_disk_is_served_right_the_upstr
     wait_until(lambda: metric(second, "disk_corrupt_reads") == 1, 5, "the corrupt read counted")
 
 
+def test_a_disk_hit_read_from_the_page_cache_is_verified_too(workdir, make_larder, direct, bucket, upstream):
+    # Disk hits are read through the kernel's page cache (`disk_page_cache`, the default), on
+    # the request's own thread when every page is cached. Bytes changed there (what a page
+    # left over from a rewritten region would be) must fail their checksum like bytes from the
+    # device: the client gets the object's bytes from the upstream, never the changed ones.
+    data = random.Random(17).randbytes(MiB - 100)  # one block, random so its bytes are unique
+    direct.put_object(Bucket=bucket, Key="pc.bin", Body=data)
+    first = make_larder(*disk_args(workdir, "pc"), name="pc-first")
+    assert first.client().get_object(Bucket=bucket, Key="pc.bin")["Body"].read() == data
+    first.stop()  # writes the memory tier down to disk
+
+    upstream.reset()
+    second = make_larder(*disk_args(workdir, "pc"), name="pc-second")
+    client = second.client()
+
+    def read_head():
+        resp = client.get_object(Bucket=bucket, Key="pc.bin", Range="bytes=0-99")
+        return resp["Body"].read(), resp["ResponseMetadata"]["HTTPHeaders"]["x-cache"]
+
+    # The first read brings the pages into the page cache (an I/O thread reads them); the
+    # second finds them there.
+    assert read_head() == (data[:100], "hit-disk")
+    assert read_head() == (data[:100], "hit-disk")
+    wait_until(lambda: metric(second, "disk_page_cache_reads") >= 2, 5, "reads served from the page cache")
+    assert upstream.seen("GET", f"/{bucket}/pc.bin") == []
+
+    with open(workdir / "pc.cache", "r+b") as f, mmap.mmap(f.fileno(), 0) as device:
+        start = device.find(data[:4096])
+        assert start > 0, "the block is on disk"
+        device[start + 50] ^= 0x5A  # a shared mapping: the page cache itself changes
+    # Labelled before its body is read (from the index: on disk), the read is served by the
+    # upstream once the disk's bytes fail their check.
+    assert read_head()[0] == data[:100]
+    assert len(upstream.seen("GET", f"/{bucket}/pc.bin")) == 1
+    wait_until(lambda: metric(second, "disk_corrupt_reads") == 1, 5, "the corrupt read counted")
+
+
 def labelled(larder, name, **labels) -> int:
     """A metric's value for one label set (0 when absent)."""
     want = ",".join(f'{k}="{v}"' for k, v in labels.items())

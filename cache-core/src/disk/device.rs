@@ -13,6 +13,8 @@ pub(crate) struct Device {
     pub(crate) capacity: u64,
     /// Whether O_DIRECT is in effect (false on filesystems that refuse it, such as tmpfs).
     pub(crate) direct: bool,
+    /// A buffered handle for demand reads through the page cache, when asked for.
+    pub(crate) buffered: Option<File>,
 }
 
 fn open(path: &Path, direct: bool) -> io::Result<File> {
@@ -27,8 +29,14 @@ fn open(path: &Path, direct: bool) -> io::Result<File> {
 }
 
 /// Open `path` for `capacity` bytes. A regular file is created and preallocated (so writes later
-/// cannot fail for lack of space); a block device is used up to its size.
-pub(crate) fn open_device(path: &Path, capacity: u64, direct: bool) -> io::Result<Device> {
+/// cannot fail for lack of space); a block device is used up to its size. With `page_cache`, a
+/// second handle without O_DIRECT is opened for reads.
+pub(crate) fn open_device(
+    path: &Path,
+    capacity: u64,
+    direct: bool,
+    page_cache: bool,
+) -> io::Result<Device> {
     let (mut file, direct) = match open(path, direct) {
         Ok(f) => (f, direct),
         Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => {
@@ -60,10 +68,18 @@ pub(crate) fn open_device(path: &Path, capacity: u64, direct: bool) -> io::Resul
         preallocate(&file, capacity);
         capacity
     };
+    let buffered = match (page_cache, direct) {
+        (false, _) => None,
+        // Read-only: this handle never writes, so it can never write around O_DIRECT.
+        (true, true) => Some(OpenOptions::new().read(true).open(path)?),
+        // Buffered already: the one handle serves both.
+        (true, false) => Some(file.try_clone()?),
+    };
     Ok(Device {
         file,
         capacity,
         direct,
+        buffered,
     })
 }
 

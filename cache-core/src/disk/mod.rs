@@ -10,6 +10,8 @@ mod device;
 mod format;
 mod index;
 mod io;
+#[cfg(target_os = "linux")]
+mod page_cache;
 mod recovery;
 mod stats;
 mod store;
@@ -35,6 +37,7 @@ pub use uring::UringEngine;
 
 use admission::Offer;
 use format::{PartitionExtent, Superblock, DATA_START, FORMAT_VERSION, MAX_REGION_SIZE, PAGE};
+use stats::PageCacheCounters;
 use store::{Store, StoreConfig};
 
 /// Which I/O engine drives the device.
@@ -99,6 +102,10 @@ pub struct DiskConfig {
     pub io_depth: usize,
     /// Use O_DIRECT where the filesystem allows it. Default true.
     pub direct: bool,
+    /// Serve demand reads through the kernel's page cache (a second, buffered handle), inline
+    /// when every page is cached; writes and background reads stay O_DIRECT. Default true.
+    /// See `page_cache.rs`.
+    pub page_cache: bool,
     /// Admission policy. Default [`Admission::Always`].
     pub admission: Admission,
     /// Write-rate limit in bytes/s, 0 for none. Default 0 here; the proxy sets its own.
@@ -125,6 +132,7 @@ impl DiskConfig {
             io_threads: 4,
             io_depth: 64,
             direct: true,
+            page_cache: true,
             admission: Admission::default(),
             write_rate: 0,
             write_buffer: 64 << 20,
@@ -175,6 +183,8 @@ pub struct RecoveryReport {
     pub engine: &'static str,
     /// Whether O_DIRECT is in effect.
     pub direct: bool,
+    /// Whether demand reads go through the page cache.
+    pub page_cache: bool,
 }
 
 struct Shared {
@@ -182,6 +192,7 @@ struct Shared {
     reclaimers: parking_lot::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     report: RecoveryReport,
     region_size: u64,
+    page_cache: Arc<PageCacheCounters>,
 }
 
 impl Drop for Shared {
@@ -311,18 +322,31 @@ impl DiskCache {
             )));
         }
         let path = cfg.path.clone();
-        let (capacity, direct) = (cfg.capacity, cfg.direct);
-        let device =
-            tokio::task::spawn_blocking(move || device::open_device(&path, capacity, direct))
-                .await
-                .map_err(|e| dev_err(std::io::Error::other(e)))?
-                .map_err(dev_err)?;
+        let (capacity, direct, page_cache) = (cfg.capacity, cfg.direct, cfg.page_cache);
+        let device = tokio::task::spawn_blocking(move || {
+            device::open_device(&path, capacity, direct, page_cache)
+        })
+        .await
+        .map_err(|e| dev_err(std::io::Error::other(e)))?
+        .map_err(dev_err)?;
         let regions_total = device.capacity.saturating_sub(DATA_START) / cfg.region_size;
         if regions_total > index::MAX_REGIONS {
             return Err(DiskError::Config("more than 2^24 regions".into()));
         }
         let extents = layout(&cfg, regions_total)?;
-        let io = engine(&cfg, &device.file).map_err(dev_err)?;
+        let page_cache_counters = Arc::new(PageCacheCounters::default());
+        let page_cache = device.buffered.is_some();
+        let mut io = engine(&cfg, &device.file).map_err(dev_err)?;
+        #[cfg(target_os = "linux")]
+        if let Some(buffered) = device.buffered {
+            let reads = engine(&cfg, &buffered).map_err(dev_err)?;
+            io = Arc::new(page_cache::PageCached::new(
+                buffered,
+                reads,
+                io,
+                page_cache_counters.clone(),
+            ));
+        }
         let first = io
             .read(0, PAGE, Priority::Background)
             .await
@@ -373,6 +397,7 @@ impl DiskCache {
             format_reason,
             engine: io.name(),
             direct: device.direct,
+            page_cache,
             ..RecoveryReport::default()
         };
         let mut partitions = Vec::new();
@@ -411,6 +436,7 @@ impl DiskCache {
             path = %cfg.path.display(),
             engine = report.engine,
             direct = report.direct,
+            page_cache = report.page_cache,
             entries = report.entries,
             regions = report.regions,
             scanned = report.scanned_regions,
@@ -425,6 +451,7 @@ impl DiskCache {
                 reclaimers: parking_lot::Mutex::new(reclaimers),
                 report,
                 region_size: cfg.region_size,
+                page_cache: page_cache_counters,
             }),
         })
     }
@@ -460,6 +487,8 @@ impl DiskCache {
         for (_, store) in &self.shared.partitions {
             stats_into(store, self.shared.region_size, &mut s);
         }
+        s.page_cache_reads = self.shared.page_cache.inline.load(Ordering::Relaxed);
+        s.io_thread_reads = self.shared.page_cache.engine.load(Ordering::Relaxed);
         s
     }
 

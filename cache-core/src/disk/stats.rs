@@ -51,6 +51,15 @@ impl DropReason {
     }
 }
 
+/// How demand reads were served when they go through the page cache (`page_cache.rs`).
+#[derive(Debug, Default)]
+pub(crate) struct PageCacheCounters {
+    /// Copied from the page cache on the caller's thread.
+    pub(crate) inline: AtomicU64,
+    /// Sent to an I/O thread (a page was not cached, or the read was large).
+    pub(crate) engine: AtomicU64,
+}
+
 #[derive(Default)]
 pub(crate) struct Counters {
     hits: AtomicU64,
@@ -177,6 +186,13 @@ pub struct DiskStats {
     pub evicted_entries: u64,
     /// Hit entries copied forward by reclaim.
     pub reinserted: u64,
+    /// Demand reads (a client waiting) copied from the kernel's page cache on the request's own
+    /// thread, with [`DiskConfig::page_cache`](crate::disk::DiskConfig::page_cache). Device-wide:
+    /// zero in a partition's stats.
+    pub page_cache_reads: u64,
+    /// Demand reads handed to an I/O thread with the page cache on (not every page cached, or
+    /// longer than a 1 MiB value). Device-wide: zero in a partition's stats.
+    pub io_thread_reads: u64,
 }
 
 impl DiskStats {

@@ -93,6 +93,7 @@ fn disk_config(config: &Config, path: &std::path::Path) -> DiskConfig {
     let mut d = DiskConfig::new(path, config.disk_capacity.0);
     d.region_size = config.disk_region_size.0;
     d.engine = config.io_engine;
+    d.page_cache = config.disk_page_cache;
     d.admission = config.disk_admission;
     d.write_rate = config.disk_write_rate.0;
     d.write_buffer = config.disk_write_buffer.0;

@@ -141,7 +141,7 @@ impl Metrics {
             last: Mutex::new(None),
         });
         type Read = fn(&DiskStats) -> u64;
-        let counters: [(&'static str, &'static str, Read); 12] = [
+        let counters: [(&'static str, &'static str, Read); 14] = [
             (
                 "larder.disk.hits",
                 "Disk tier reads served (including entries still in flight)",
@@ -176,6 +176,16 @@ impl Metrics {
                 "larder.disk.io.errors",
                 "Disk reads the device failed",
                 |s| s.io_errors,
+            ),
+            (
+                "larder.disk.page_cache.reads",
+                "Disk hits copied from the kernel's page cache on the request's thread",
+                |s| s.page_cache_reads,
+            ),
+            (
+                "larder.disk.io_thread.reads",
+                "Disk hits read on an I/O thread with the page cache on (not all cached, or large)",
+                |s| s.io_thread_reads,
             ),
             (
                 "larder.disk.writes",
