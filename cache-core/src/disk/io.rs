@@ -116,12 +116,28 @@ const RECYCLE_MAX_BYTES: usize = 64 << 20;
 /// their 1 MiB pieces), so an exact match is the common case and no buffer is handed out
 /// larger than asked (the memory tier may keep it, counting only what it asked for).
 static RECYCLED: Recycler = Recycler {
-    free: Mutex::new(Vec::new()),
+    free: Mutex::new(Free {
+        bufs: Vec::new(),
+        bytes: 0,
+    }),
 };
 
 struct Recycler {
-    /// Free buffers, newest last; their total length is at most [`RECYCLE_MAX_BYTES`].
-    free: Mutex<Vec<Vec<u8>>>,
+    free: Mutex<Free>,
+}
+
+/// Free buffers, newest last, and their total length (at most [`RECYCLE_MAX_BYTES`]).
+struct Free {
+    bufs: Vec<Vec<u8>>,
+    bytes: usize,
+}
+
+impl Free {
+    fn remove(&mut self, at: usize) -> Vec<u8> {
+        let vec = self.bufs.swap_remove(at);
+        self.bytes -= vec.len();
+        vec
+    }
 }
 
 impl Recycler {
@@ -130,27 +146,25 @@ impl Recycler {
             return None;
         }
         let mut free = self.free.lock();
-        let at = free.iter().rposition(|v| v.len() == len)?;
-        Some(free.swap_remove(at))
+        let at = free.bufs.iter().rposition(|v| v.len() == len)?;
+        Some(free.remove(at))
     }
 
     fn put(&self, vec: Vec<u8>) {
-        if vec.len() < RECYCLE_MIN {
+        if vec.len() < RECYCLE_MIN || vec.len() > RECYCLE_MAX_BYTES {
             return;
         }
         let mut free = self.free.lock();
-        let held: usize = free.iter().map(Vec::len).sum();
-        if held + vec.len() <= RECYCLE_MAX_BYTES {
-            free.push(vec);
-        } else if let Some(at) = free.iter().position(|v| v.len() != vec.len()) {
-            // Full: make room by dropping a buffer of another length, so the pool follows the
-            // lengths being read now.
-            free.swap_remove(at);
-            let held: usize = free.iter().map(Vec::len).sum();
-            if held + vec.len() <= RECYCLE_MAX_BYTES {
-                free.push(vec);
+        // Full: make room by dropping buffers of other lengths, so the pool follows the lengths
+        // being read now; with none to drop, this one goes.
+        while free.bytes + vec.len() > RECYCLE_MAX_BYTES {
+            match free.bufs.iter().position(|v| v.len() != vec.len()) {
+                Some(at) => drop(free.remove(at)),
+                None => return,
             }
         }
+        free.bytes += vec.len();
+        free.bufs.push(vec);
     }
 }
 
