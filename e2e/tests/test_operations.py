@@ -1,11 +1,12 @@
-"""What operators do to a running Larder, end to end: stop it while it serves (a rolling update's
-SIGTERM), and let its upstream credentials expire and be renewed under it (temporary credentials
+"""What operators do to a running Larder, end to end: size its request threads, stop it while it
+serves (a rolling update's SIGTERM), and let its upstream credentials expire and be renewed under it (temporary credentials
 from a container credentials endpoint, as on ECS and EKS, issued by MinIO's own STS)."""
 
 import datetime
 import http.server
 import json
 import random
+import re
 import signal
 import socket
 import threading
@@ -33,6 +34,19 @@ def refuses_connections(port) -> bool:
         return False
     except OSError:
         return True
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_worker_threads_sets_how_many_threads_serve_requests(make_larder, direct, bucket, workers):
+    # The count is what the started runtime reports (tokio's own metrics), not the setting echoed.
+    direct.put_object(Bucket=bucket, Key=f"workers-{workers}", Body=b"w" * 1000)
+    larder = make_larder("--worker-threads", str(workers), name=f"workers-{workers}")
+    body = larder.client().get_object(Bucket=bucket, Key=f"workers-{workers}")["Body"].read()
+    assert body == b"w" * 1000
+    log = re.sub(r"\x1b\[[0-9;]*m", "", larder.log_path.read_text())  # without colours
+    started = [l for l in log.splitlines() if "request threads started" in l]
+    assert len(started) == 1, started
+    assert re.search(rf"worker_threads\W+{workers}\b", started[0]), started[0]
 
 
 def test_sigterm_lets_responses_in_flight_finish_then_exits(make_larder, slow, direct, bucket):

@@ -47,12 +47,23 @@ struct ServeArgs {
     options: larder::config::Flags,
 }
 
+fn runtime(worker_threads: usize) -> anyhow::Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if worker_threads > 0 {
+        builder.worker_threads(worker_threads);
+    }
+    builder
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let runtime = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
     match cli.command {
         Command::Serve(args) => {
             let config = Config::load(args.config.as_deref(), &args.options)?;
+            let runtime = runtime(config.worker_threads)?;
             if args.check_config {
                 print!(
                     "{}",
@@ -67,17 +78,22 @@ fn main() -> anyhow::Result<()> {
         }
         #[cfg(feature = "demo")]
         Command::Demo(args) => {
+            let runtime = runtime(0)?;
             let _telemetry = larder::telemetry::traces::init(&Config::default().traces())?;
             runtime.block_on(larder::demo::run(args))
         }
         Command::Warm(args) => {
-            let code = runtime.block_on(larder::warm::cli::run(args))?;
+            let code = runtime(0)?.block_on(larder::warm::cli::run(args))?;
             std::process::exit(code)
         }
     }
 }
 
 async fn serve(config: Config) -> anyhow::Result<()> {
+    tracing::info!(
+        worker_threads = tokio::runtime::Handle::current().metrics().num_workers(),
+        "request threads started"
+    );
     let auth = Authenticator::load(
         config.auth,
         config.auth_credentials.as_deref(),

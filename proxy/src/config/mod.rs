@@ -92,6 +92,13 @@ options! {
     /// Most client connections the S3 listener holds open at once; further clients wait in the
     /// listen backlog until one closes. Default: `4096`.
     max_connections: usize = 4096;
+    /// Threads that serve requests (tokio's workers). `0` means one per CPU this process may
+    /// use (cgroup quotas included). Fewer threads than CPUs suit a Larder sharing its machine:
+    /// on a 2-core VM shared with the benchmark's load generator, one worker served 4 KiB hits
+    /// with 10 to 19 % less CPU per request and less than half the p99, at 0 to 10 % less
+    /// throughput, because no idle worker was parked and woken per request
+    /// (docs/benchmarks.md). Disk I/O threads are not counted here. Default: `0`.
+    worker_threads: usize = 0;
     /// Longest a client may take to send a request's headers before its connection is closed
     /// (guards against slowloris clients). Default: `10s`.
     client_header_timeout: HumanDuration = HumanDuration::secs(10);
