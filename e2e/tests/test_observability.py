@@ -330,6 +330,13 @@ def test_slow_requests_are_traced_through_otlp_with_upstream_spans(minio, make_l
         receiver.close()
 
 
+def test_text_logs_written_to_a_file_carry_no_colour_codes(make_larder):
+    larder = make_larder(name="plain-logs")
+    text = larder.log_path.read_text()
+    assert "larder is serving" in text
+    assert "\x1b[" not in text, text[:300]
+
+
 def test_json_logs(make_larder, direct, bucket):
     larder = make_larder("--log-format", "json", name="json-logs")
     direct.put_object(Bucket=bucket, Key="k", Body=b"x")

@@ -3,6 +3,7 @@
 //! the common fast request costs a few span allocations and nothing on the wire.
 
 use std::collections::{HashMap, VecDeque};
+use std::io::IsTerminal;
 use std::time::Duration;
 
 use opentelemetry::trace::{SpanId, TraceId, TracerProvider as _};
@@ -75,6 +76,9 @@ pub fn init(config: &TraceOptions) -> Result<Telemetry, TelemetryError> {
     let logs = match config.log_format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
+            // Colours for a person at a terminal only: in a file or a log collector the escape
+            // codes are noise that breaks every grep.
+            .with_ansi(std::io::stderr().is_terminal())
             .with_filter(filter())
             .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer()
