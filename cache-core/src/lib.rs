@@ -24,6 +24,7 @@
 #![warn(missing_docs)]
 
 mod block;
+pub mod buffers;
 pub mod disk;
 mod hybrid;
 mod memory;

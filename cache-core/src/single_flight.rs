@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
@@ -171,7 +171,7 @@ impl<K: Hash + Eq, E: Clone> FlightWriter<K, E> {
         let bytes = {
             let mut state = self.flight.state.lock();
             state.outcome = Some(Ok(()));
-            concat(&state.chunks)
+            crate::buffers::concat(&state.chunks)
         };
         self.flight.progress.notify_waiters();
         bytes
@@ -205,20 +205,6 @@ impl<K: Hash + Eq, E> Drop for FlightWriter<K, E> {
         }
         drop(state);
         self.flight.progress.notify_waiters();
-    }
-}
-
-fn concat(chunks: &[Bytes]) -> Bytes {
-    match chunks {
-        [] => Bytes::new(),
-        [one] => one.clone(),
-        many => {
-            let mut buf = BytesMut::with_capacity(many.iter().map(Bytes::len).sum());
-            for c in many {
-                buf.extend_from_slice(c);
-            }
-            buf.freeze()
-        }
     }
 }
 

@@ -8,6 +8,8 @@ use thiserror::Error;
 
 /// The unit of every I/O and every on-disk offset.
 pub(crate) const PAGE: usize = 4096;
+// Entries are written from `AlignedBuf`s: their alignment must be a whole page.
+const _: () = assert!(crate::buffers::ALIGN.is_multiple_of(PAGE));
 /// Values are checksummed in chunks of this size, so a range read verifies only what it reads.
 pub(crate) const CHUNK: usize = 64 * 1024;
 /// Version of everything below. A reader refuses (or, if told to, reformats) any other version.
@@ -288,6 +290,8 @@ impl EntryLayout {
 }
 
 /// Write an entry (header, key, per-chunk CRCs, value) into `out`, which is `total_len` long.
+/// Every byte of `out` is written, the padding with zeros: `out` may be a reused buffer
+/// holding another entry's bytes, which must not reach the device.
 pub(crate) fn encode_entry(out: &mut [u8], epoch: u64, key: &[u8], value: &[u8]) {
     let layout = EntryLayout::new(key.len(), value.len());
     let h = &mut out[..layout.header_len];
@@ -297,6 +301,7 @@ pub(crate) fn encode_entry(out: &mut [u8], epoch: u64, key: &[u8], value: &[u8])
     h[8..16].copy_from_slice(&epoch.to_le_bytes());
     h[16..24].copy_from_slice(&(value.len() as u64).to_le_bytes());
     h[24..28].copy_from_slice(&(layout.header_len as u32).to_le_bytes());
+    h[28..ENTRY_FIXED].fill(0);
     h[ENTRY_FIXED..ENTRY_FIXED + key.len()].copy_from_slice(key);
     let mut at = ENTRY_FIXED + key.len();
     for chunk in value.chunks(CHUNK) {
@@ -305,7 +310,10 @@ pub(crate) fn encode_entry(out: &mut [u8], epoch: u64, key: &[u8], value: &[u8])
     }
     let crc = crc32c::crc32c(&h[..at]);
     h[at..at + 4].copy_from_slice(&crc.to_le_bytes());
-    out[layout.header_len..layout.header_len + value.len()].copy_from_slice(value);
+    h[at + 4..].fill(0);
+    let (value_out, padding) = out[layout.header_len..].split_at_mut(value.len());
+    value_out.copy_from_slice(value);
+    padding.fill(0);
 }
 
 /// A parsed, checksum-verified entry header.
@@ -442,6 +450,21 @@ mod tests {
         assert_eq!(
             decode_summary(&damaged, 300, crc),
             Err(FormatError::Checksum)
+        );
+    }
+
+    #[test]
+    fn an_entry_encoded_into_a_used_buffer_leaves_none_of_its_old_bytes() {
+        let key = b"bucket/key/etag/3";
+        let value = vec![7u8; 3 * CHUNK + 123];
+        let layout = EntryLayout::new(key.len(), value.len());
+        let mut reused = vec![0xEEu8; layout.total_len()];
+        encode_entry(&mut reused, 42, key, &value);
+        let mut fresh = vec![0u8; layout.total_len()];
+        encode_entry(&mut fresh, 42, key, &value);
+        assert_eq!(
+            reused, fresh,
+            "padding written with zeros, not left as found"
         );
     }
 

@@ -73,7 +73,7 @@ impl PageCached {
         if len > INLINE_MAX || !self.nowait.load(Ordering::Relaxed) {
             return None;
         }
-        let mut buf = AlignedBuf::for_read(len);
+        let mut buf = AlignedBuf::reused(len);
         let got = rustix::io::preadv2(
             &self.buffered,
             &mut [io::IoSliceMut::new(buf.as_mut_slice())],

@@ -111,7 +111,7 @@ async fn run(file: &tokio_uring::fs::File, job: Job) {
     let Job { op, _slot } = job;
     match op {
         Op::Read { offset, len, done } => {
-            let buf = AlignedBuf::for_read(len);
+            let buf = AlignedBuf::reused(len);
             let (vec, start, len) = buf.into_parts();
             let (res, slice) = file
                 .read_exact_at(vec.slice(start..start + len), offset)

@@ -359,7 +359,8 @@ impl Store {
             })
             .await;
         let written = if header_ok {
-            let mut buf = AlignedBuf::zeroed(total as usize);
+            // A reused buffer: encode_entry writes every byte, padding included.
+            let mut buf = AlignedBuf::reused(total as usize);
             format::encode_entry(buf.as_mut_slice(), epoch, &key, &value);
             self.io.write(self.entry_offset(addr), buf).await
         } else {

@@ -1,0 +1,254 @@
+//! Large buffers reused instead of allocated: page-aligned (as O_DIRECT requires), and
+//! returned to a bounded pool when the last [`Bytes`] made of one is dropped.
+//!
+//! A fresh multi-megabyte allocation is mapped, faulted in and zeroed by the kernel page by
+//! page; on a cold read that streams blocks into a full memory tier, that was about a sixth of
+//! Larder's CPU (docs/benchmarks.md, "Cold fills into reused buffers"). Buffers of a block's
+//! length come back when the memory tier evicts a block, when a disk write completes and when
+//! a disk hit's bytes are dropped, and the next fill, write or read of that length takes one.
+
+use bytes::{Bytes, BytesMut};
+use parking_lot::Mutex;
+
+/// The alignment of every [`AlignedBuf`]: the page, as O_DIRECT needs on every device.
+pub const ALIGN: usize = 4096;
+
+/// `chunks` end to end as one buffer. Large ones are built in a reused buffer (see the module
+/// documentation); every byte of it is overwritten.
+pub fn concat(chunks: &[Bytes]) -> Bytes {
+    match chunks {
+        [] => Bytes::new(),
+        [one] => one.clone(),
+        many => {
+            let len: usize = many.iter().map(Bytes::len).sum();
+            if len < RECYCLE_MIN {
+                let mut buf = BytesMut::with_capacity(len);
+                for c in many {
+                    buf.extend_from_slice(c);
+                }
+                return buf.freeze();
+            }
+            let mut buf = AlignedBuf::reused(len);
+            let mut at = 0;
+            for c in many {
+                buf.as_mut_slice()[at..at + c.len()].copy_from_slice(c);
+                at += c.len();
+            }
+            buf.freeze(0, len)
+        }
+    }
+}
+
+/// A page-aligned buffer, as O_DIRECT requires, built without `unsafe`: an over-allocated
+/// `Vec` and the aligned window inside it. Large ones go back to a small pool when dropped (or
+/// when the [`Bytes`] made of them are), so the next buffer of that length reuses memory
+/// already mapped and zeroed once, instead of zeroing and faulting in fresh pages.
+#[derive(Debug)]
+pub struct AlignedBuf {
+    vec: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl AlignedBuf {
+    /// `len` zeroed bytes starting on a page boundary.
+    pub fn zeroed(len: usize) -> Self {
+        Self::over(vec![0u8; len + ALIGN], len)
+    }
+
+    /// `len` bytes starting on a page boundary, of unspecified contents (a recycled buffer's
+    /// old bytes, or zeros): for a caller that overwrites every one of them (a read that fills
+    /// the buffer, an entry encoded with its padding, a block's chunks copied end to end).
+    pub fn reused(len: usize) -> Self {
+        match RECYCLED.take(len + ALIGN) {
+            Some(vec) => Self::over(vec, len),
+            None => Self::zeroed(len),
+        }
+    }
+
+    fn over(vec: Vec<u8>, len: usize) -> Self {
+        let addr = vec.as_ptr() as usize;
+        let start = (ALIGN - addr % ALIGN) % ALIGN;
+        Self { vec, start, len }
+    }
+
+    /// The aligned bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        &self.vec[self.start..self.start + self.len]
+    }
+
+    /// The aligned bytes, writable.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.vec[self.start..self.start + self.len]
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes `[from, to)` of the buffer as shared [`Bytes`], without a copy; the buffer
+    /// goes back to the pool when the last of them is dropped.
+    pub fn freeze(mut self, from: usize, to: usize) -> Bytes {
+        let start = self.start;
+        Bytes::from_owner(Recycle(std::mem::take(&mut self.vec))).slice(start + from..start + to)
+    }
+
+    #[cfg(target_os = "linux")]
+    pub(crate) fn into_parts(mut self) -> (Vec<u8>, usize, usize) {
+        (std::mem::take(&mut self.vec), self.start, self.len)
+    }
+
+    #[cfg(target_os = "linux")]
+    pub(crate) fn from_parts(vec: Vec<u8>, start: usize, len: usize) -> Self {
+        Self { vec, start, len }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        RECYCLED.put(std::mem::take(&mut self.vec));
+    }
+}
+
+/// A buffer's `Vec` inside [`Bytes`]: returned to the pool when the last `Bytes` goes.
+struct Recycle(Vec<u8>);
+
+impl AsRef<[u8]> for Recycle {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl Drop for Recycle {
+    fn drop(&mut self) {
+        RECYCLED.put(std::mem::take(&mut self.0));
+    }
+}
+
+/// Buffers smaller than this are not pooled: zeroing them costs less than the pool's lock.
+const RECYCLE_MIN: usize = 64 * 1024;
+/// Most bytes the pool holds, so it stays a bounded cost beside `memory_capacity`: sixteen
+/// 1 MiB reads, or seven 8 MiB blocks.
+const RECYCLE_MAX_BYTES: usize = 64 << 20;
+
+/// Free buffers by exact length: reads, writes and fills repeat a few lengths (whole blocks of
+/// one size, their 1 MiB pieces, disk entries of one block), so an exact match is the common
+/// case and no buffer is handed out larger than asked (the memory tier may keep it, counting
+/// only what it asked for).
+static RECYCLED: Recycler = Recycler {
+    free: Mutex::new(Free {
+        bufs: Vec::new(),
+        bytes: 0,
+    }),
+};
+
+struct Recycler {
+    free: Mutex<Free>,
+}
+
+/// Free buffers, newest last, and their total length (at most [`RECYCLE_MAX_BYTES`]).
+struct Free {
+    bufs: Vec<Vec<u8>>,
+    bytes: usize,
+}
+
+impl Free {
+    fn remove(&mut self, at: usize) -> Vec<u8> {
+        let vec = self.bufs.swap_remove(at);
+        self.bytes -= vec.len();
+        vec
+    }
+}
+
+impl Recycler {
+    fn take(&self, len: usize) -> Option<Vec<u8>> {
+        if len < RECYCLE_MIN {
+            return None;
+        }
+        let mut free = self.free.lock();
+        let at = free.bufs.iter().rposition(|v| v.len() == len)?;
+        Some(free.remove(at))
+    }
+
+    fn put(&self, vec: Vec<u8>) {
+        if vec.len() < RECYCLE_MIN || vec.len() > RECYCLE_MAX_BYTES {
+            return;
+        }
+        let mut free = self.free.lock();
+        // Full: make room by dropping buffers of other lengths, so the pool follows the lengths
+        // being read now; with none to drop, this one goes.
+        while free.bytes + vec.len() > RECYCLE_MAX_BYTES {
+            match free.bufs.iter().position(|v| v.len() != vec.len()) {
+                Some(at) => drop(free.remove(at)),
+                None => return,
+            }
+        }
+        free.bytes += vec.len();
+        free.bufs.push(vec);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligned_buffers_are_aligned() {
+        for len in [ALIGN, 3 * ALIGN, 1 << 20] {
+            let b = AlignedBuf::zeroed(len);
+            assert_eq!(b.as_slice().as_ptr() as usize % ALIGN, 0);
+            assert_eq!(b.len(), len);
+        }
+    }
+
+    #[test]
+    fn a_read_buffer_comes_back_to_the_pool_when_its_bytes_are_dropped() {
+        // A length no other test uses, so the pool (shared by the tests) hands this one back.
+        let len = 3 * RECYCLE_MIN + 7 * ALIGN;
+        let mut buf = AlignedBuf::reused(len);
+        buf.as_mut_slice().fill(3);
+        let at = buf.as_slice().as_ptr();
+        let bytes = buf.freeze(ALIGN, 2 * ALIGN);
+        let other = AlignedBuf::reused(len);
+        assert_ne!(other.as_slice().as_ptr(), at, "still in use by the bytes");
+        drop(other);
+        drop(bytes);
+        let again = AlignedBuf::reused(len);
+        assert_eq!(again.as_slice().as_ptr() as usize % ALIGN, 0);
+        assert!(
+            again.as_slice().as_ptr() == at || RECYCLED.take(len + ALIGN).is_some(),
+            "a freed buffer of this length is pooled"
+        );
+        // Small ones are not pooled.
+        drop(AlignedBuf::reused(ALIGN));
+        assert!(RECYCLED.take(2 * ALIGN).is_none());
+    }
+
+    #[test]
+    fn concat_joins_chunks_in_order_into_a_reused_buffer_when_large() {
+        // Lengths no other test uses, so this test's buffers are its own.
+        for len in [5000, 5 * RECYCLE_MIN + 3 * ALIGN + 17] {
+            let whole: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            let chunks: Vec<Bytes> = whole.chunks(7919).map(Bytes::copy_from_slice).collect();
+            // A recycled buffer of this length full of other bytes: concat must overwrite all.
+            let mut old = AlignedBuf::reused(len);
+            old.as_mut_slice().fill(0xEE);
+            drop(old);
+            let joined = concat(&chunks);
+            assert_eq!(&joined[..], &whole[..]);
+        }
+        assert!(concat(&[]).is_empty());
+        let one = Bytes::from_static(b"one");
+        assert_eq!(
+            concat(std::slice::from_ref(&one)).as_ptr(),
+            one.as_ptr(),
+            "no copy"
+        );
+    }
+}
