@@ -15,10 +15,17 @@ presigned URLs, as in compare.py; nginx's read anonymously. Not part of the test
 `--disk N` measures disk hits instead: N objects of `--size`, each Larder with an 8 MiB memory
 tier in front of a disk tier twice their total (compare.py's disk-hit setup), warmed through its
 admin API; wrk reads the N keys in turn.
+
+`--h2` reads over HTTP/2 instead (h2load from nghttp2-client, cleartext with prior knowledge,
+one stream at a time per connection unless `--streams`; nginx listens with `http2`). h2load
+checks statuses, not bodies (the warm-up reads check those), and reports no percentiles: its
+lines give the mean and standard deviation of the time per request.
 """
 
 import argparse
 import os
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -47,6 +54,23 @@ def variant(text: str) -> tuple[str, str, dict, list]:
     return parts[0], parts[1], env, extra
 
 
+def h2load(t: Target, keys: list[str], clients: int, streams: int, seconds: int) -> dict:
+    """wrk's figures (those h2load has) for `clients` HTTP/2 connections reading `keys`."""
+    cmd = ["h2load", "-c", str(clients), "-t", str(min(2, clients)), "-m", str(streams), "-D", str(seconds),
+           *[t.endpoint + t.path(k) for k in keys]]
+    cpu = t.cpu_seconds()
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    cpu = t.cpu_seconds() - cpu
+    done = int(re.search(r"requests: \d+ total, \d+ started, (\d+) done", out).group(1))
+    # Counted for every request started, done or not.
+    ok = int(re.search(r"status codes: (\d+) 2xx", out).group(1))
+    if ok < done or done == 0:
+        raise RuntimeError(f"h2load: {ok} of {done} requests answered 2xx:\n{out}")
+    rps = float(re.search(r"finished in [\d.]+m?s, ([\d.]+) req/s", out).group(1))
+    mean, sd = re.search(r"time for request:\s+\S+\s+\S+\s+(\S+)\s+(\S+)", out).groups()
+    return {"rps": rps, "requests": done, "cpu_ms_per_1k": 1000 * 1000 * cpu / done, "mean": mean, "sd": sd}
+
+
 def median(values):
     values = sorted(values)
     return values[len(values) // 2]
@@ -61,6 +85,8 @@ def main():
     ap.add_argument("--out", type=Path, default=Path("target/bench/hit-cpu"))
     ap.add_argument("--disk", type=int, default=0, metavar="N",
                     help="disk hits of N objects (8 MiB memory tier) instead of memory hits of one")
+    ap.add_argument("--h2", action="store_true", help="HTTP/2 (h2load) instead of HTTP/1.1 (wrk)")
+    ap.add_argument("--streams", type=int, default=1, help="with --h2: concurrent streams per connection")
     ap.add_argument("variants", nargs="+", type=variant)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -93,16 +119,26 @@ def main():
                 bench.warm_by_reading(t, keys, sizes, {"hit-memory"})
             targets.append((name, t))
             larders[name] = larder
-        _, nt = bench.nginx("nginx", 1 << 30)
+        nginx, nt = bench.nginx("nginx", 1 << 30, http2=args.h2)
         bench.warm_by_reading(nt, keys, sizes, {"HIT"})
+        if args.h2:
+            nt = Target("nginx", nginx.h2_endpoint, pid=nt.pid)
         targets.append(("nginx", nt))
         results = {name: [] for name, _ in targets}
         for n in range(args.rounds):
             for name, t in targets:
                 before = context_switches(t.pid)
-                r = bench.wrk(t, keys, sizes, args.clients, args.seconds)
+                if args.h2:
+                    r = h2load(t, keys, args.clients, args.streams, args.seconds)
+                else:
+                    r = bench.wrk(t, keys, sizes, args.clients, args.seconds)
                 switches = (context_switches(t.pid) - before) / r["requests"]
                 results[name].append(r)
+                if args.h2:
+                    print(f"round {n} {name}: {r['rps']:.0f} req/s, CPU {r['cpu_ms_per_1k']:.1f} ms per 1k, "
+                          f"time per request mean {r['mean']} sd {r['sd']}, "
+                          f"{switches:.3f} context switches per request", flush=True)
+                    continue
                 print(f"round {n} {name}: {r['rps']:.0f} req/s, CPU {r['cpu_ms_per_1k']:.1f} ms per 1k, "
                       f"p50 {r['p50_us']:.2f} p99 {r['p99_us']:.2f} p99.9 {r['p999_us']:.2f} ms, "
                       f"{switches:.3f} context switches per request", flush=True)
