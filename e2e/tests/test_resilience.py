@@ -331,3 +331,29 @@ def test_a_prefix_answering_slowdown_is_paced_and_other_prefixes_are_not(make_la
           f" {cool_took * 1000:.1f} ms")
     assert refused <= forwarded // 2, f"{refused} refused against {forwarded} forwarded"
     assert metric(larder, "larder_upstream_throttle_total", event="delayed") > 0
+
+
+def test_a_block_fetched_in_pieces_is_pinned_piece_by_piece_and_served_whole(make_larder, faulty, direct, bucket):
+    """`upstream_fetch_pieces`: each block of an object whose version is known goes out as
+    ranged GETs sent at once, every one pinned with If-Match to the ETag (so no piece can come
+    from another version), and the client gets the object whole, a piece cut part-way resumed
+    from its byte."""
+    data = random.Random(5).randbytes(2 * BLOCK + 3 * MiB)  # blocks of 8, 8 and 3 MiB
+    direct.put_object(Bucket=bucket, Key="k", Body=data)
+    etag = direct.head_object(Bucket=bucket, Key="k")["ETag"]
+    larder = start(make_larder, faulty, "--upstream-fetch-pieces", "4", name="pieces")
+    client = larder.client()
+    # The HEAD makes the version known, so every block GET is pinned and cut in pieces.
+    assert client.head_object(Bucket=bucket, Key="k")["ETag"] == etag
+    faulty.inject("cut", 1, 700 * 1024, method="GET")
+    assert client.get_object(Bucket=bucket, Key="k")["Body"].read() == data
+    gets = faulty.seen_with_headers("GET", f"/{bucket}/k")
+    assert gets and all(h.get("if-match") == etag for _, _, h in gets), [h.get("if-match") for _, _, h in gets]
+    ranges = sorted(tuple(int(x) for x in h["range"].removeprefix("bytes=").split("-")) for _, _, h in gets)
+    # Blocks 0 and 1 in four 2 MiB pieces, block 2 in three of 1 MiB, and one resume that
+    # starts where the cut body stopped, 700 KiB into its piece.
+    resumed = [r for r in ranges if r[0] % MiB]
+    pieces = [r for r in ranges if not r[0] % MiB]
+    assert [(a, b + 1 - a) for a, b in pieces] == (
+        [(i * 2 * MiB, 2 * MiB) for i in range(8)] + [(2 * BLOCK + i * MiB, MiB) for i in range(3)]), ranges
+    assert len(resumed) == 1 and resumed[0][0] % MiB == 700 * 1024, ranges

@@ -305,6 +305,11 @@ options! {
     /// recent upstream first-byte latencies: send a second, keep the first to answer, cancel
     /// the other. `0` is off. Default: `0`.
     upstream_hedge_quantile: f64 = 0.0;
+    /// Send each block GET of a known version as up to this many ranged GETs at once (pieces
+    /// of at least 1 MiB, pinned to the same ETag, handed on in order), for an upstream that
+    /// caps each connection's bandwidth as S3 does; each costs a request. 1 is off (1 to 16).
+    /// Default: `1`.
+    upstream_fetch_pieces: u32 = 1;
     /// When the upstream fails (5xx, timeout, unreachable) while refreshing expired metadata,
     /// keep serving what is cached if the metadata expired at most this long ago, marked
     /// `X-Cache: stale-*`. `0s` is off. Default: `0s`.

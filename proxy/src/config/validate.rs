@@ -155,6 +155,9 @@ impl Config {
         if !(1..=10).contains(&self.upstream_max_attempts) {
             return invalid("upstream_max_attempts", "must be between 1 and 10");
         }
+        if !(1..=16).contains(&self.upstream_fetch_pieces) {
+            return invalid("upstream_fetch_pieces", "must be between 1 and 16");
+        }
         if self.upstream_max_resumes > 100 {
             return invalid("upstream_max_resumes", "must be at most 100");
         }

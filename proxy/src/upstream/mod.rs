@@ -4,7 +4,7 @@
 //! implementation is [`s3::S3Upstream`] (aws-sdk-s3); unit tests plug in fakes. Concerns of
 //! every request are layers implementing the same trait, each in its own file and composed in
 //! [`layered`]: [`instrument`] (spans and metrics), [`throttle`] (per-prefix back-off on
-//! `SlowDown`), [`hedge`] and [`resume`]. The in-memory
+//! `SlowDown`), [`hedge`], [`resume`] and [`pieces`]. The in-memory
 //! upstream ([`memory`]) stands in for S3 in tests; `tests/upstream_conformance.rs` holds both
 //! to one behaviour. Everything the
 //! cache does not serve passes through [`forward::Forwarder`], re-signed. [`Clients`] holds both,
@@ -14,6 +14,7 @@ pub mod forward;
 pub mod hedge;
 pub mod instrument;
 pub mod memory;
+pub mod pieces;
 pub mod resume;
 pub mod s3;
 pub mod throttle;
@@ -34,11 +35,13 @@ use s3::{S3Upstream, S3UpstreamConfig};
 /// for its prefix's pace like any request); then, for block GETs, hedged ([`hedge::Hedged`], each attempt counted) after the `hedge_quantile` of recent
 /// latencies (`None`: never); then bodies pinned to a version resumed where they break
 /// ([`resume::Resuming`]: each resume a request through the layers below, counted and hedged
-/// like any other).
+/// like any other); then block GETs sent as up to `pieces` ranged GETs at once
+/// ([`pieces::Pieces`]; 1: whole), each piece hedged, and resumed where it breaks, on its own.
 pub fn layered(
     inner: Arc<dyn Upstream>,
     max_attempts: u32,
     hedge_quantile: Option<f64>,
+    pieces: u32,
     resume: resume::ResumePolicy,
     metrics: Arc<Metrics>,
 ) -> Arc<dyn Upstream> {
@@ -53,7 +56,8 @@ pub fn layered(
         hedge::HedgePolicy::new(hedge_quantile),
         metrics.clone(),
     ));
-    Arc::new(resume::Resuming::new(hedged, resume, metrics))
+    let resumed = Arc::new(resume::Resuming::new(hedged, resume, metrics));
+    Arc::new(pieces::Pieces::new(resumed, pieces))
 }
 
 /// The upstream S3 API, as much of it as the read path needs.

@@ -247,6 +247,7 @@ pub async fn start(
         origin,
         config.upstream_max_attempts,
         (config.upstream_hedge_quantile > 0.0).then_some(config.upstream_hedge_quantile),
+        config.upstream_fetch_pieces,
         ResumePolicy {
             max_resumes: config.upstream_max_resumes,
             idle_timeout: config.upstream_idle_timeout.0,
