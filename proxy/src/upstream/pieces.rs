@@ -12,9 +12,10 @@
 //! it. Every piece is pinned to the same ETag, so the pieces cannot mix versions. The layer
 //! sits above the resuming one: a piece that breaks is resumed from its byte on its own,
 //! leaving the others be; one that fails for good hands on the bytes it got, then the error,
-//! and nothing after it. Dropping the body cancels the pieces still running. The GET of an object nothing is known of (`get_with_meta`) asks for its first
-//! piece alone: the other pieces follow a round trip later, pinned to the ETag (and clipped to
-//! the size) that answer names.
+//! and nothing after it. Dropping the body cancels the pieces still running. The GET of an
+//! object nothing is known of (`get_with_meta`) asks for its first piece alone: the other
+//! pieces follow a round trip later, pinned to the ETag (and clipped to the size) that answer
+//! names.
 
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -56,9 +57,7 @@ impl Pieces {
             .map(|start| start..(start + step).min(range.end))
             .collect()
     }
-}
 
-impl Pieces {
     /// Start reading each of `pieces` (pinned to `etag`), each in a task of its own.
     fn start(
         &self,
