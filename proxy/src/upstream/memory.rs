@@ -182,3 +182,33 @@ impl Upstream for MemoryUpstream {
             .boxed())
     }
 }
+
+/// What the unit tests of the upstream's layers share: an object, its bytes, a body read whole.
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use super::*;
+
+    /// `len` bytes of a repeating pattern, so a byte out of place shows.
+    pub(crate) fn data(len: usize) -> Bytes {
+        (0..len).map(|i| (i % 251) as u8).collect::<Vec<_>>().into()
+    }
+
+    /// All of `body`, or its first error.
+    pub(crate) async fn collect(body: BodyStream) -> Result<Vec<u8>, UpstreamError> {
+        let mut out = Vec::new();
+        futures::pin_mut!(body);
+        while let Some(chunk) = body.next().await {
+            out.extend_from_slice(&chunk?);
+        }
+        Ok(out)
+    }
+
+    /// Key `k` (the memory upstream ignores the bucket).
+    pub(crate) fn object() -> ObjectId {
+        ObjectId {
+            bucket: "b".into(),
+            key: "k".into(),
+            version_id: None,
+        }
+    }
+}

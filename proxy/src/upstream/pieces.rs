@@ -295,33 +295,13 @@ impl Upstream for Pieces {
 mod tests {
     use super::*;
     use crate::telemetry::metrics::Metrics;
+    use crate::upstream::memory::fixtures::{collect, data, object};
     use crate::upstream::memory::MemoryUpstream;
     use crate::upstream::resume::{ResumePolicy, Resuming};
     use std::sync::atomic::Ordering;
     use std::time::Duration;
 
     const MIB: usize = 1 << 20;
-
-    fn data(len: usize) -> Bytes {
-        (0..len).map(|i| (i % 251) as u8).collect::<Vec<_>>().into()
-    }
-
-    async fn collect(body: BodyStream) -> Result<Vec<u8>, UpstreamError> {
-        let mut out = Vec::new();
-        futures::pin_mut!(body);
-        while let Some(chunk) = body.next().await {
-            out.extend_from_slice(&chunk?);
-        }
-        Ok(out)
-    }
-
-    fn object() -> ObjectId {
-        ObjectId {
-            bucket: "b".into(),
-            key: "k".into(),
-            version_id: None,
-        }
-    }
 
     #[test]
     fn pieces_are_at_least_a_mebibyte_aligned_and_cover_the_range() {

@@ -208,29 +208,9 @@ impl Upstream for Resuming {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::upstream::memory::fixtures::{collect, data, object};
     use crate::upstream::memory::MemoryUpstream;
     use std::sync::atomic::Ordering;
-
-    fn data(len: usize) -> bytes::Bytes {
-        (0..len).map(|i| (i % 251) as u8).collect::<Vec<_>>().into()
-    }
-
-    async fn collect(body: BodyStream) -> Result<Vec<u8>, UpstreamError> {
-        let mut out = Vec::new();
-        futures::pin_mut!(body);
-        while let Some(chunk) = body.next().await {
-            out.extend_from_slice(&chunk?);
-        }
-        Ok(out)
-    }
-
-    fn object() -> ObjectId {
-        ObjectId {
-            bucket: "b".into(),
-            key: "k".into(),
-            version_id: None,
-        }
-    }
 
     fn resuming(origin: &Arc<MemoryUpstream>, metrics: &Arc<Metrics>) -> Resuming {
         let policy = ResumePolicy {
