@@ -16,6 +16,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+import botocore.exceptions
 import pytest
 import yaml
 
@@ -335,6 +336,33 @@ def test_text_logs_written_to_a_file_carry_no_colour_codes(make_larder):
     text = larder.log_path.read_text()
     assert "larder is serving" in text
     assert "\x1b[" not in text, text[:300]
+
+
+@pytest.mark.parametrize("log_spans", [False, True], ids=["events-only", "log-spans"])
+def test_a_failed_requests_log_line_names_its_request_id(make_larder, bucket, log_spans):
+    """Request spans reach log lines only with `log_spans` (building one per request costs a
+    tenth of a small hit's CPU), and a failed request's line names its request id either way,
+    so a client's x-amz-request-id finds it."""
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens: every upstream request fails
+    extra = ["--log-spans"] if log_spans else []
+    larder = make_larder("--log-format", "json", "--upstream-max-attempts", "1", *extra,
+                         upstream_url=dead, name="failing-logs")
+    with pytest.raises(botocore.exceptions.ClientError) as failed:
+        larder.client().get_object(Bucket=bucket, Key="k")
+    answer = failed.value.response
+    assert answer["ResponseMetadata"]["HTTPStatusCode"] >= 500, answer
+    request_id = answer["ResponseMetadata"]["RequestId"]
+    larder.stop()
+    records = [json.loads(l) for l in larder.log_path.read_text().splitlines() if l.strip()]
+    failures = [r for r in records if r["fields"].get("message") == "request failed"]
+    lines = [r for r in failures if r["fields"].get("request_id") == request_id]
+    assert len(lines) == 1, failures
+    line = lines[0]
+    if log_spans:
+        assert line["span"]["larder.request_id"] == request_id, line
+        assert line["span"]["otel.name"] == "GetObject", line
+    else:
+        assert "span" not in line and "spans" not in line, line
 
 
 def test_json_logs(make_larder, direct, bucket):

@@ -14,6 +14,7 @@ use opentelemetry_sdk::trace::{
     BatchSpanProcessor, SdkTracerProvider, Span, SpanData, SpanProcessor,
 };
 use parking_lot::Mutex;
+use tracing_subscriber::filter::{filter_fn, FilterExt};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
@@ -36,6 +37,8 @@ pub enum LogFormat {
 pub struct TraceOptions {
     /// How log lines are written.
     pub log_format: LogFormat,
+    /// Whether log lines carry the fields of the spans they were written in.
+    pub log_spans: bool,
     /// Where spans are exported by OTLP/HTTP; `None`: no traces.
     pub otlp_endpoint: Option<String>,
     /// A trace whose root span took at least this long is exported.
@@ -72,22 +75,6 @@ impl Drop for Telemetry {
 /// Install the global `tracing` subscriber for `config`: the log format, `RUST_LOG` (default
 /// `info`) and, with `otlp_endpoint`, the OTLP trace exporter.
 pub fn init(config: &TraceOptions) -> Result<Telemetry, TelemetryError> {
-    let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let logs = match config.log_format {
-        LogFormat::Text => tracing_subscriber::fmt::layer()
-            .with_writer(std::io::stderr)
-            // Colours for a person at a terminal only: in a file or a log collector the escape
-            // codes are noise that breaks every grep.
-            .with_ansi(std::io::stderr().is_terminal())
-            .with_filter(filter())
-            .boxed(),
-        LogFormat::Json => tracing_subscriber::fmt::layer()
-            .json()
-            .with_current_span(true)
-            .with_writer(std::io::stderr)
-            .with_filter(filter())
-            .boxed(),
-    };
     let tracer = match &config.otlp_endpoint {
         Some(endpoint) => {
             let exporter = opentelemetry_otlp::SpanExporter::builder()
@@ -113,18 +100,56 @@ pub fn init(config: &TraceOptions) -> Result<Telemetry, TelemetryError> {
         }
         None => None,
     };
-    // Spans are recorded at `info` whatever RUST_LOG says about log lines.
-    let spans = tracer.as_ref().map(|t| {
-        tracing_opentelemetry::layer()
-            .with_tracer(t.tracer("larder"))
-            .with_filter(tracing_subscriber::filter::LevelFilter::INFO)
-    });
-    tracing_subscriber::registry()
-        .with(logs)
-        .with(spans)
+    subscriber(config, tracer.as_ref())
         .try_init()
         .map_err(|e| TelemetryError(e.to_string()))?;
     Ok(Telemetry { tracer })
+}
+
+/// The log layer and, with a `tracer`, the span exporter's layer.
+///
+/// A span that no layer takes is never built, and then a request's spans cost one check per
+/// callsite instead of an allocation each and the formatting of their fields (a tenth of a
+/// 4 KiB hit's CPU, docs/benchmarks.md). So the log layer takes spans only with `log_spans`,
+/// and the exporter's layer is left out, not added as an empty `Option`: `None` counts as a
+/// layer that takes everything.
+fn subscriber(
+    config: &TraceOptions,
+    tracer: Option<&SdkTracerProvider>,
+) -> Box<dyn tracing::Subscriber + Send + Sync> {
+    let log_spans = config.log_spans;
+    let filter = || {
+        EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| "info".into())
+            .and(filter_fn(move |meta| log_spans || !meta.is_span()))
+    };
+    let logs = match config.log_format {
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            // Colours for a person at a terminal only: in a file or a log collector the escape
+            // codes are noise that breaks every grep.
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_filter(filter())
+            .boxed(),
+        LogFormat::Json => tracing_subscriber::fmt::layer()
+            .json()
+            .with_current_span(true)
+            .with_writer(std::io::stderr)
+            .with_filter(filter())
+            .boxed(),
+    };
+    let logged = tracing_subscriber::registry().with(logs);
+    match tracer {
+        // Spans are recorded at `info` whatever RUST_LOG says about log lines.
+        Some(t) => Box::new(
+            logged.with(
+                tracing_opentelemetry::layer()
+                    .with_tracer(t.tracer("larder"))
+                    .with_filter(tracing_subscriber::filter::LevelFilter::INFO),
+            ),
+        ),
+        None => Box::new(logged),
+    }
 }
 
 /// Keeps a trace's finished child spans until its root ends, then hands them all to the
@@ -264,6 +289,28 @@ mod tests {
         std::thread::sleep(root_takes);
         cx.span().end();
         late.end();
+    }
+
+    #[test]
+    fn spans_are_built_only_for_a_layer_that_takes_them() {
+        let built = |config: &TraceOptions, tracer: Option<&SdkTracerProvider>| {
+            tracing::subscriber::with_default(subscriber(config, tracer), || {
+                !tracing::info_span!("request").is_disabled()
+            })
+        };
+        let quiet = TraceOptions::default();
+        assert!(!built(&quiet, None), "no layer takes spans");
+        let logged = TraceOptions {
+            log_spans: true,
+            ..TraceOptions::default()
+        };
+        assert!(built(&logged, None), "log_spans");
+        let (tracer, _) = provider(Duration::ZERO);
+        assert!(built(&quiet, Some(&tracer)), "traces");
+        // Log lines are written either way.
+        tracing::subscriber::with_default(subscriber(&quiet, None), || {
+            assert!(tracing::enabled!(tracing::Level::INFO));
+        });
     }
 
     #[test]

@@ -103,7 +103,7 @@ pub async fn handle(State(app): State<Arc<AppState>>, req: Request) -> Response 
         Err(e) => {
             if e.status().is_server_error() {
                 span.in_scope(|| {
-                    tracing::warn!(%method, %resource, code = e.code(), error = %e, "request failed")
+                    tracing::warn!(%method, %resource, %request_id, code = e.code(), error = %e, "request failed")
                 });
             }
             (e.into_response(&method, resource, &request_id), "error")
