@@ -32,11 +32,12 @@ use s3::{S3Upstream, S3UpstreamConfig};
 /// ([`instrument::Instrumented`], so every request, each throttled attempt too, is one metric
 /// sample); then paced per prefix once the upstream throttles it, a throttled request sent again
 /// up to `max_attempts` times in all ([`throttle::Throttled`]: below the hedge, so a hedge waits
-/// for its prefix's pace like any request); then, for block GETs, hedged ([`hedge::Hedged`], each attempt counted) after the `hedge_quantile` of recent
-/// latencies (`None`: never); then bodies pinned to a version resumed where they break
-/// ([`resume::Resuming`]: each resume a request through the layers below, counted and hedged
-/// like any other); then block GETs sent as up to `pieces` ranged GETs at once
-/// ([`pieces::Pieces`]; 1: whole), each piece hedged, and resumed where it breaks, on its own.
+/// for its prefix's pace like any request); then, for block GETs, hedged ([`hedge::Hedged`],
+/// each attempt counted) after the `hedge_quantile` of recent latencies (`None`: never); then
+/// bodies pinned to a version resumed where they break ([`resume::Resuming`]: each resume a
+/// request through the layers below, counted and hedged like any other); then block GETs sent
+/// as up to `pieces` ranged GETs at once ([`pieces::Pieces`]; with 1, no such layer), each
+/// piece hedged, and resumed where it breaks, on its own.
 pub fn layered(
     inner: Arc<dyn Upstream>,
     max_attempts: u32,
@@ -57,6 +58,10 @@ pub fn layered(
         metrics.clone(),
     ));
     let resumed = Arc::new(resume::Resuming::new(hedged, resume, metrics));
+    // One piece is the whole GET: the layer would only pass it through.
+    if pieces <= 1 {
+        return resumed;
+    }
     Arc::new(pieces::Pieces::new(resumed, pieces))
 }
 
