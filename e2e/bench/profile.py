@@ -1,7 +1,8 @@
 """Where Larder's CPU goes on memory hits: perf samples of the `larder` process while wrk reads
-one cached object, summed by function (self time) and by crate.
+one cached object, summed by function (self time) and by crate. `--disk N`: disk hits of N
+objects instead.
 
-    python3 e2e/bench/profile.py [--size 1MiB] [--clients 16] [--seconds 8] --out DIR
+    python3 e2e/bench/profile.py [--size 1MiB] [--clients 16] [--seconds 8] [--disk N] --out DIR
 
 Needs `perf` (linux-perf) and the release build with debug info (the workspace's release profile
 keeps it). Writes DIR/profile.txt (perf's report) and DIR/summary.md (the shares by crate and
@@ -41,20 +42,29 @@ def main():
     ap.add_argument("--size", type=size_arg, default=MiB)
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--seconds", type=int, default=8)
+    ap.add_argument("--disk", type=int, default=0, metavar="N",
+                    help="disk hits of N objects (hit_cpu.py's setup: 8 MiB memory tier, warmed disk tier)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     bench = Bench("quick", args.out)
     try:
         bench.start()
-        larder, lt = bench.larder("larder", "--memory-capacity", "1GiB")
-        key = "profile/hot"
-        bench.upload([(key, args.size)])
-        bench.warm_by_reading(lt, [key], {key: args.size}, {"hit-memory"})
+        keys = [f"profile/disk/{i}" for i in range(args.disk)] if args.disk else ["profile/hot"]
+        sizes = {k: args.size for k in keys}
+        bench.upload(sizes.items())
+        if args.disk:
+            larder, lt = bench.larder("larder", "--memory-capacity", "8MiB", "--disk-path",
+                                      str(bench.work / "larder.cache"), "--disk-capacity",
+                                      f"{max(512, 2 * args.disk * args.size >> 20)}MiB")
+            bench.warm_prefix(larder, "profile/disk/")
+        else:
+            larder, lt = bench.larder("larder", "--memory-capacity", "1GiB")
+            bench.warm_by_reading(lt, keys, sizes, {"hit-memory"})
         data = args.out / "perf.data"
         perf = subprocess.Popen(["perf", "record", "-F", "499", "-g", "-o", str(data), "-p", str(larder.proc.pid),
                                  "--", "sleep", str(args.seconds)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        r = bench.wrk(lt, [key], {key: args.size}, args.clients, args.seconds + 1)
+        r = bench.wrk(lt, keys, sizes, args.clients, args.seconds + 1)
         perf.wait(timeout=120)
         report = subprocess.run(["perf", "report", "-i", str(data), "--no-children", "--stdio", "--sort", "sym",
                                  "-g", "none", "--percent-limit", "0"], capture_output=True, text=True, check=True).stdout
@@ -67,7 +77,8 @@ def main():
         by_crate = collections.Counter()
         for share, sym in rows:
             by_crate[crate_of(sym)] += share
-        lines = [f"# Larder memory hits: {args.size // 1024} KiB objects, {args.clients} clients, {args.seconds} s", "",
+        tier = f"disk hits ({args.disk} objects)" if args.disk else "memory hits"
+        lines = [f"# Larder {tier}: {args.size // 1024} KiB objects, {args.clients} clients, {args.seconds} s", "",
                  f"{r['rps']:.0f} req/s, CPU {r.get('cpu_ms_per_1k', 0):.0f} ms per 1,000 requests "
                  f"(user + system of the larder process). Shares of all perf samples of the process.", "",
                  "| where | share of samples |", "|---|---|"]

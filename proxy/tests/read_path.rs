@@ -773,6 +773,55 @@ mod disk_tests {
     }
 
     #[tokio::test]
+    async fn a_small_block_failing_its_checksum_on_disk_is_served_from_the_upstream() {
+        // Blocks of up to 1 MiB on disk are read in the reader's own open, not through a
+        // flight: a read that fails its check must still end in the right bytes.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("cache");
+        let origin = Arc::new(MemoryUpstream::with_delay(Duration::ZERO));
+        let size = 3 * 64 * 1024;
+        let body: Bytes = (0..size)
+            .map(|i: u64| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8)
+            .collect::<Vec<_>>()
+            .into();
+        let (id, etag) = put(&origin, &body);
+        let (store, disk) = store_over(&path, origin.clone()).await;
+        let got = collect(store.read(id.clone(), etag.clone(), 0..size, size)).await;
+        assert_eq!(got.unwrap(), body);
+        disk.close().await;
+        drop((store, disk));
+
+        // One byte of block 1 flips on the device.
+        let mut device = std::fs::read(&path).expect("read");
+        let block1 = &body[64 * 1024..68 * 1024];
+        let start = device
+            .windows(4096)
+            .position(|w| w == block1)
+            .expect("block 1 is on the device");
+        device[start + 1000] ^= 0x5a;
+        std::fs::write(&path, &device).expect("write");
+
+        let gets = origin.gets.load(Ordering::SeqCst);
+        let (store, disk) = store_over(&path, origin.clone()).await;
+        assert_eq!(
+            store.classify(&id, &etag, 0..size, size),
+            CacheResult::HitDisk
+        );
+        let got = collect(store.read(id.clone(), etag.clone(), 0..size, size)).await;
+        assert_eq!(got.unwrap(), body, "right bytes: blocks 0 and 2 from disk");
+        assert_eq!(disk.stats().corrupt, 1);
+        assert_eq!(
+            origin.gets.load(Ordering::SeqCst),
+            gets + 1,
+            "block 1 alone from the upstream"
+        );
+        // Read again: all from memory now, the upstream's block 1 included.
+        let got = collect(store.read(id.clone(), etag.clone(), 0..size, size)).await;
+        assert_eq!(got.unwrap(), body);
+        assert_eq!(origin.gets.load(Ordering::SeqCst), gets + 1);
+    }
+
+    #[tokio::test]
     async fn a_restarted_store_serves_from_disk_without_the_origin() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("cache");

@@ -33,7 +33,7 @@ pub(super) enum Supplier {
 
 /// Blocks up to this size are read from disk whole: streaming them in pieces measured no
 /// faster and cost a third more CPU (the copy into one buffer for memory).
-const STREAMED_FROM: u64 = 1 << 20;
+pub(super) const STREAMED_FROM: u64 = 1 << 20;
 
 /// What the local tiers gave a fetch.
 enum Local {

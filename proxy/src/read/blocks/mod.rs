@@ -493,6 +493,17 @@ impl BlockStore {
                 }
             }
         }
+        // A small block on disk is read and verified right here, in one read, and promoted as
+        // its fetch would have: for a block this small, a task and a flight cost more than the
+        // read (docs/benchmarks.md, "Small disk hits"). Readers that race read it each, from
+        // the page cache as a rule; a block being fetched is joined instead.
+        if on_disk && slice.block_len <= fetch::STREAMED_FROM && !self.cache.in_flight(&id) {
+            let read = self.cache.promote(&id).await;
+            if let Some(block) = read.and_then(|b| self.checked(b, &slice)) {
+                let part = block.slice(slice.from as usize..slice.to as usize);
+                return Opening::Block(OpenBlock::Part(part));
+            }
+        }
         // Nowhere here and not being fetched: a slice much smaller than its block is read as
         // a part of its own (range-first), which an earlier read may have cached.
         if let Some((id, part)) = self.part_instead(object, etag, &id, &slice, purpose) {
