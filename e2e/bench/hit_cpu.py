@@ -14,7 +14,8 @@ presigned URLs, as in compare.py; nginx's read anonymously. Not part of the test
 
 `--disk N` measures disk hits instead: N objects of `--size`, each Larder with an 8 MiB memory
 tier in front of a disk tier twice their total (compare.py's disk-hit setup), warmed through its
-admin API; wrk reads the N keys in turn.
+admin API; wrk reads the N keys in turn. Make N × `--size` well over 8 MiB (e.g. 1,024 × 64
+KiB), or most reads are memory hits: the closing metrics line says which tier served them.
 
 `--h2` reads over HTTP/2 instead (h2load from nghttp2-client, cleartext with prior knowledge,
 one stream at a time per connection unless `--streams`; nginx listens with `http2`). h2load
