@@ -334,7 +334,7 @@ options! {
     log_format: LogFormat = Default::default();
     /// Log lines written while a request runs carry its span's fields (operation, method,
     /// bucket, cache outcome, request id). Building and formatting that span for every request
-    /// cost about a quarter of a small hit's CPU, so it is off; a failed request's line names
+    /// cost about a tenth of a small hit's CPU, so it is off; a failed request's line names
     /// its request id either way. Default: `false`.
     log_spans: bool = false => Switch;
     /// Base URL of an OpenTelemetry collector's OTLP/HTTP receiver (e.g. `http://otel:4318`);
