@@ -8,11 +8,14 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from botocore.exceptions import BotoCoreError, ClientError
 
 from conftest import binary, metric, wait_until
 from threads import run_all
 
+KiB = 1 << 10
 MiB = 1 << 20
 BLOCK = 8 * MiB
 
@@ -242,6 +245,45 @@ def test_overwrite_is_seen_after_the_ttl_and_versions_never_mix(make_larder, dir
     time.sleep(max(0.0, overwritten + ttl + 0.5 - time.monotonic()))
     for _ in range(5):
         assert client.get_object(Bucket=bucket, Key="changing.bin")["Body"].read() == v2
+
+
+@pytest.mark.parametrize("refresh_ahead", [True, False], ids=["refresh-ahead", "no-refresh-ahead"])
+def test_a_hot_objects_readers_never_wait_for_its_revalidation(make_larder, direct, bucket, upstream, refresh_ahead):
+    """Read without pause across three TTLs and an overwrite straight to MinIO: with refresh-ahead
+    every HEAD Larder sends is a refresh behind a reader (no reader's own), and either way no
+    read that starts a TTL after the overwrite gets the old version."""
+    ttl = 3
+    larder = make_larder("--metadata-ttl", f"{ttl}s", "--metadata-refresh-ahead", str(refresh_ahead).lower())
+    v1, v2 = random.Random(1).randbytes(100 * KiB), random.Random(2).randbytes(100 * KiB)
+    direct.put_object(Bucket=bucket, Key="hot-meta.bin", Body=v1)
+    client = larder.client()
+    path = f"/{bucket}/hot-meta.bin"
+    start = time.monotonic()
+    overwritten, late = None, []
+    while time.monotonic() - start < 3 * ttl:
+        if overwritten is None and time.monotonic() - start > 1.4 * ttl:
+            direct.put_object(Bucket=bucket, Key="hot-meta.bin", Body=v2)
+            overwritten = time.monotonic()
+        began = time.monotonic()
+        body = client.get_object(Bucket=bucket, Key="hot-meta.bin")["Body"].read()
+        assert body in (v1, v2)
+        if overwritten is not None and began > overwritten + ttl + 0.1:
+            late.append(body == v2)
+        time.sleep(0.05)
+    assert late and all(late), "served the old version a TTL after the overwrite"
+
+    def refreshes(outcome=None):
+        labels = {"outcome": outcome} if outcome else {}
+        return metric(larder, "larder_metadata_refreshes_total", **labels)
+
+    heads = lambda: len(upstream.seen("HEAD", path))
+    if refresh_ahead:
+        # Each refresh is counted once its HEAD is answered.
+        wait_until(lambda: refreshes() == heads(), 10, f"HEADs ({heads()}) all refreshes ({refreshes()})")
+        assert refreshes("unchanged") >= 1 and refreshes("changed") == 1, larder.metrics()
+    else:
+        assert refreshes() == 0
+        assert heads() >= 2, "readers revalidated as each TTL ran out"
 
 
 def test_invalid_configuration_fails_at_start_naming_the_field():

@@ -2,7 +2,12 @@
 //! or a rule's), with concurrent misses coalesced into one HEAD, and dropped early when a write
 //! through Larder, an S3 event or another replica says it changed. A 404 is remembered the same
 //! way for `negative_ttl` (off by default).
+//!
+//! With refresh-ahead (`metadata_refresh_ahead`), metadata read in the last quarter of its TTL
+//! is revalidated behind the reader: a hot object's readers never wait for its HEAD, and no
+//! metadata is trusted longer than its TTL for it.
 
+use std::collections::HashSet;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -41,6 +46,18 @@ impl moka::Expiry<ObjectId, Entry> for Ttl {
     ) -> Option<Duration> {
         Some((entry.trust.ttl + self.extra).saturating_sub(entry.fetched.elapsed()))
     }
+
+    /// A replaced entry (a refresh's, or the stale copy of a revalidation) expires as a new
+    /// one would: moka's default keeps the old entry's expiry.
+    fn expire_after_update(
+        &self,
+        id: &ObjectId,
+        entry: &Entry,
+        updated_at: Instant,
+        _duration_until_expiry: Option<Duration>,
+    ) -> Option<Duration> {
+        self.expire_after_create(id, entry, updated_at)
+    }
 }
 
 /// A remembered 404: the upstream's answer, whether it came from a HEAD (no error code), and
@@ -61,6 +78,16 @@ impl moka::Expiry<ObjectId, Missing> for Ttl {
         _created_at: Instant,
     ) -> Option<Duration> {
         Some(missing.ttl.saturating_sub(missing.fetched.elapsed()))
+    }
+
+    fn expire_after_update(
+        &self,
+        id: &ObjectId,
+        missing: &Missing,
+        updated_at: Instant,
+        _duration_until_expiry: Option<Duration>,
+    ) -> Option<Duration> {
+        self.expire_after_create(id, missing, updated_at)
     }
 }
 
@@ -86,6 +113,54 @@ pub struct MetadataCache {
     announced: Box<[AtomicU64]>,
     hasher: std::collections::hash_map::RandomState,
     origin: Arc<dyn Upstream>,
+    /// Whether metadata is refreshed ahead of its expiry (`metadata_refresh_ahead`).
+    refresh_ahead: bool,
+    /// Objects being refreshed now: one HEAD per object, and at most [`MAX_REFRESHES`].
+    refreshing: parking_lot::Mutex<HashSet<ObjectId>>,
+    /// Refreshes by outcome, in [`Refresh::ALL`]'s order.
+    refreshes: [AtomicU64; Refresh::ALL.len()],
+}
+
+/// Most refreshes under way at once: each is one HEAD; a read finding them all busy leaves its
+/// object to expire and be revalidated by the read that finds it expired, as without
+/// refresh-ahead.
+const MAX_REFRESHES: usize = 32;
+
+/// How a background refresh of metadata ended (`larder_metadata_refreshes_total`'s `outcome`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refresh {
+    /// The upstream still has the version cached: trusted for another TTL.
+    Unchanged,
+    /// The upstream has another version: cached in its place.
+    Changed,
+    /// The upstream no longer has the object: forgotten, so the next read asks.
+    Gone,
+    /// The HEAD failed (or a change arrived while it ran): the entry expires as it would have.
+    Failed,
+    /// Not started: [`MAX_REFRESHES`] were under way.
+    Busy,
+}
+
+impl Refresh {
+    /// Every outcome.
+    pub const ALL: [Refresh; 5] = [
+        Refresh::Unchanged,
+        Refresh::Changed,
+        Refresh::Gone,
+        Refresh::Failed,
+        Refresh::Busy,
+    ];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refresh::Unchanged => "unchanged",
+            Refresh::Changed => "changed",
+            Refresh::Gone => "gone",
+            Refresh::Failed => "failed",
+            Refresh::Busy => "busy",
+        }
+    }
 }
 
 /// A cache of at most `capacity` entries, each expiring as [`Ttl`] says (plus `extra`).
@@ -160,7 +235,26 @@ impl MetadataCache {
             announced: (0..CHANGE_SLOTS).map(|_| AtomicU64::new(UNKNOWN)).collect(),
             hasher: Default::default(),
             origin,
+            refresh_ahead: false,
+            refreshing: Default::default(),
+            refreshes: Default::default(),
         }
+    }
+
+    /// This cache, refreshing metadata read in the last quarter of its TTL behind the reader
+    /// (`metadata_refresh_ahead`) when `on`.
+    pub fn refreshing_ahead(mut self, on: bool) -> Self {
+        self.refresh_ahead = on;
+        self
+    }
+
+    /// Refreshes so far, by outcome.
+    pub fn refreshes(&self) -> [(Refresh, u64); Refresh::ALL.len()] {
+        Refresh::ALL.map(|r| (r, self.refreshes[r as usize].load(Ordering::Relaxed)))
+    }
+
+    fn count(&self, outcome: Refresh) {
+        self.refreshes[outcome as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// The slot of `id`'s key in the change tables (every version of it shares one).
@@ -202,7 +296,10 @@ impl MetadataCache {
     }
 
     /// The object's metadata, and where it came from.
-    pub async fn get(&self, id: &ObjectId) -> Result<(Arc<ObjectMeta>, Source), UpstreamError> {
+    pub async fn get(
+        self: &Arc<Self>,
+        id: &ObjectId,
+    ) -> Result<(Arc<ObjectMeta>, Source), UpstreamError> {
         let head = async {
             let entry = Entry {
                 fetched: Instant::now(),
@@ -233,7 +330,7 @@ impl MetadataCache {
     /// callers share one `open`. The error says whether it came from a HEAD (which has no
     /// error code).
     pub async fn get_or_open(
-        &self,
+        self: &Arc<Self>,
         id: &ObjectId,
         open: impl std::future::Future<Output = Result<Option<(ObjectMeta, Duration)>, UpstreamError>>,
     ) -> Result<(Arc<ObjectMeta>, Source), (UpstreamError, bool)> {
@@ -244,7 +341,7 @@ impl MetadataCache {
     /// [`MetadataCache::get_or_open`], also saying how long ago the upstream said it (what a
     /// replica asked by another passes on).
     pub async fn get_or_open_aged(
-        &self,
+        self: &Arc<Self>,
         id: &ObjectId,
         open: impl std::future::Future<Output = Result<Option<(ObjectMeta, Duration)>, UpstreamError>>,
     ) -> Result<(Arc<ObjectMeta>, Source, Duration), (UpstreamError, bool)> {
@@ -268,7 +365,7 @@ impl MetadataCache {
     }
 
     async fn lookup(
-        &self,
+        self: &Arc<Self>,
         id: &ObjectId,
         fetch: impl std::future::Future<Output = Result<Entry, (UpstreamError, bool)>>,
     ) -> Result<(Entry, Source), (UpstreamError, bool)> {
@@ -281,7 +378,12 @@ impl MetadataCache {
                 {
                     cache.invalidate(id).await;
                 }
-                Some(entry) => return Ok((entry, Source::Cached)),
+                Some(entry) => {
+                    if self.refresh_ahead {
+                        self.refresh_if_due(id, &entry);
+                    }
+                    return Ok((entry, Source::Cached));
+                }
                 None => {}
             }
         }
@@ -341,6 +443,76 @@ impl MetadataCache {
             }
         }
         answer
+    }
+
+    /// Start revalidating `id` behind the reader if `entry` is in the last quarter of what it
+    /// may be trusted for now, and no refresh of it is under way.
+    fn refresh_if_due(self: &Arc<Self>, id: &ObjectId, entry: &Entry) {
+        let max_age = self.policy.max_age(entry.trust);
+        if entry.trust.immutable || entry.fetched.elapsed() < max_age - max_age / 4 {
+            return;
+        }
+        {
+            let mut refreshing = self.refreshing.lock();
+            if refreshing.contains(id) {
+                return;
+            }
+            if refreshing.len() >= MAX_REFRESHES {
+                drop(refreshing);
+                self.count(Refresh::Busy);
+                return;
+            }
+            refreshing.insert(id.clone());
+        }
+        let this = self.clone();
+        let id = id.clone();
+        let etag = entry.meta.etag.clone();
+        tokio::spawn(async move {
+            let outcome = this.refresh(&id, &etag).await;
+            this.refreshing.lock().remove(&id);
+            this.count(outcome);
+        });
+    }
+
+    /// Revalidate `id`, cached at `etag`, with a HEAD, and cache what it says as a read that
+    /// found the entry expired would have.
+    async fn refresh(&self, id: &ObjectId, etag: &str) -> Refresh {
+        let slot = self.slot(id);
+        let before = self.changes[slot].load(Ordering::Acquire);
+        // Taken before the HEAD is sent: the answer is trusted from then, never longer.
+        let fetched = Instant::now();
+        let meta = match self.head(id).await {
+            Ok(meta) => meta,
+            Err(e) if e.is_not_found() => {
+                self.invalidate(id).await;
+                return Refresh::Gone;
+            }
+            Err(e) => {
+                tracing::debug!(object = %id, error = %e, "metadata refresh failed");
+                return Refresh::Failed;
+            }
+        };
+        let outcome = if meta.etag == etag {
+            Refresh::Unchanged
+        } else {
+            Refresh::Changed
+        };
+        let entry = Entry {
+            meta,
+            fetched,
+            trust: self.trust(id),
+        };
+        for cache in self.cache.iter().chain(&self.stale) {
+            cache.insert(id.clone(), entry.clone()).await;
+        }
+        // As in `lookup`: a change while the HEAD ran may postdate its answer.
+        if self.changes[slot].load(Ordering::Acquire) != before
+            && self.announced[slot].load(Ordering::Acquire) != self.version(id, &entry.meta.etag)
+        {
+            self.invalidate(id).await;
+            return Refresh::Failed;
+        }
+        outcome
     }
 
     /// Remember that `id` does not exist, for `negative_ttl` (if it is on here): `error` is
@@ -409,10 +581,10 @@ mod tests {
         etag: &str,
         ttl: Duration,
         stale_for: Duration,
-    ) -> (Arc<MemoryUpstream>, MetadataCache, ObjectId) {
+    ) -> (Arc<MemoryUpstream>, Arc<MetadataCache>, ObjectId) {
         let origin = Arc::new(MemoryUpstream::default());
         origin.put("k", bytes::Bytes::from_static(body), etag);
-        let cache = MetadataCache::new(origin.clone(), ttl, stale_for, 100);
+        let cache = Arc::new(MetadataCache::new(origin.clone(), ttl, stale_for, 100));
         let id = ObjectId {
             bucket: "b".into(),
             key: "k".into(),
@@ -425,12 +597,12 @@ mod tests {
     async fn a_named_version_expires_with_the_ttl_like_the_latest() {
         let origin = Arc::new(MemoryUpstream::default());
         origin.put("k", bytes::Bytes::from_static(b"data"), "\"e\"");
-        let cache = MetadataCache::new(
+        let cache = Arc::new(MetadataCache::new(
             origin.clone(),
             Duration::from_millis(50),
             Duration::ZERO,
             100,
-        );
+        ));
         let cached =
             |r: Result<(Arc<ObjectMeta>, Source), UpstreamError>| r.unwrap().1 == Source::Cached;
         let id = |version: Option<&str>| ObjectId {
@@ -567,8 +739,12 @@ mod tests {
             negative: Duration::from_secs(3600),
             ..Defaults::default()
         });
-        let cache =
-            MetadataCache::with_policy(origin.clone(), Arc::new(policy), Duration::ZERO, 100);
+        let cache = Arc::new(MetadataCache::with_policy(
+            origin.clone(),
+            Arc::new(policy),
+            Duration::ZERO,
+            100,
+        ));
         let id = ObjectId {
             bucket: "b".into(),
             key: "k".into(),
@@ -594,5 +770,108 @@ mod tests {
             assert!(cache.get(&id).await.unwrap_err().is_not_found());
         }
         assert_eq!(origin.heads.load(Ordering::SeqCst), 2);
+    }
+
+    /// Waits (at most 5 s) until `origin` has answered `n` HEADs.
+    async fn heads_reach(origin: &MemoryUpstream, n: usize) {
+        for _ in 0..500 {
+            if origin.heads.load(Ordering::SeqCst) >= n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("{n} HEADs never came");
+    }
+
+    /// How many refreshes ended with `outcome`.
+    fn refreshed(cache: &MetadataCache, outcome: Refresh) -> u64 {
+        cache.refreshes()[outcome as usize].1
+    }
+
+    /// Waits (at most 5 s) until a refresh has ended with `outcome`.
+    async fn refresh_ends(cache: &MetadataCache, outcome: Refresh) {
+        for _ in 0..500 {
+            if refreshed(cache, outcome) >= 1 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("no refresh ended {outcome:?}");
+    }
+
+    #[tokio::test]
+    async fn metadata_read_late_in_its_ttl_is_refreshed_behind_the_reader() {
+        let ttl = Duration::from_millis(1200);
+        let (origin, cache, id) = one_object(b"v1", "\"e1\"", ttl, Duration::ZERO);
+        let cache = Arc::new(Arc::into_inner(cache).unwrap().refreshing_ahead(true));
+        let start = Instant::now();
+        assert_eq!(cache.get(&id).await.unwrap().1, Source::Fetched);
+        // Early in the TTL: a hit, nothing more.
+        assert_eq!(cache.get(&id).await.unwrap().1, Source::Cached);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(cache.get(&id).await.unwrap().1, Source::Cached);
+        assert_eq!(origin.heads.load(Ordering::SeqCst), 1);
+        // In its last quarter: still a hit, and a HEAD behind it.
+        tokio::time::sleep(
+            (ttl * 3 / 4 + Duration::from_millis(50)).saturating_sub(start.elapsed()),
+        )
+        .await;
+        for _ in 0..3 {
+            assert_eq!(cache.get(&id).await.unwrap().1, Source::Cached);
+        }
+        heads_reach(&origin, 2).await;
+        // Past the first answer's TTL, the second one's is trusted: no reader waits.
+        tokio::time::sleep((ttl + Duration::from_millis(100)).saturating_sub(start.elapsed()))
+            .await;
+        assert_eq!(cache.get(&id).await.unwrap().1, Source::Cached);
+        assert_eq!(
+            origin.heads.load(Ordering::SeqCst),
+            2,
+            "one HEAD per refresh"
+        );
+        assert_eq!(refreshed(&cache, Refresh::Unchanged), 1);
+    }
+
+    #[tokio::test]
+    async fn a_refresh_caches_the_new_version_and_forgets_a_deleted_object() {
+        let ttl = Duration::from_millis(400);
+        let (origin, cache, id) = one_object(b"v1", "\"e1\"", ttl, Duration::ZERO);
+        let cache = Arc::new(Arc::into_inner(cache).unwrap().refreshing_ahead(true));
+        cache.get(&id).await.unwrap();
+        origin.put("k", bytes::Bytes::from_static(b"v2"), "\"e2\"");
+        tokio::time::sleep(ttl * 3 / 4 + Duration::from_millis(20)).await;
+        // Within its TTL the old version is still what may be served...
+        let (meta, source) = cache.get(&id).await.unwrap();
+        assert_eq!((meta.etag.as_str(), source), ("\"e1\"", Source::Cached));
+        refresh_ends(&cache, Refresh::Changed).await;
+        // ...and the refresh brings the new one.
+        let (meta, source) = cache.get(&id).await.unwrap();
+        assert_eq!((meta.etag.as_str(), source), ("\"e2\"", Source::Cached));
+        // Deleted: the refresh forgets it, and the next read asks.
+        origin.delete("k");
+        tokio::time::sleep(ttl * 3 / 4 + Duration::from_millis(20)).await;
+        cache.get(&id).await.unwrap();
+        refresh_ends(&cache, Refresh::Gone).await;
+        assert_eq!(origin.heads.load(Ordering::SeqCst), 3);
+        assert!(cache.get(&id).await.unwrap_err().is_not_found());
+    }
+
+    #[tokio::test]
+    async fn a_revalidation_extends_the_stale_copy_too() {
+        // Metadata trusted 200 ms, kept 400 ms longer for an outage.
+        let (origin, cache, id) = one_object(
+            b"v1",
+            "\"e1\"",
+            Duration::from_millis(200),
+            Duration::from_millis(400),
+        );
+        cache.get(&id).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(350)).await;
+        assert_eq!(cache.get(&id).await.unwrap().1, Source::Fetched);
+        // 650 ms after the first answer (past its 600 ms), 300 after the second: the stale
+        // copy is the second answer's.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        origin.outage.store(true, Ordering::SeqCst);
+        assert_eq!(cache.get(&id).await.unwrap().1, Source::Stale);
     }
 }

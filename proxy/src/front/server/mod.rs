@@ -290,12 +290,17 @@ pub async fn start(
     let counted = origin.clone();
     metrics.observe_retries(move || counted.retries());
     let policy = Arc::new(freshness_policy(config));
-    let metadata = Arc::new(MetadataCache::with_policy(
-        origin.clone(),
-        policy.clone(),
-        config.serve_stale_on_error.0,
-        config.metadata_capacity,
-    ));
+    let metadata = Arc::new(
+        MetadataCache::with_policy(
+            origin.clone(),
+            policy.clone(),
+            config.serve_stale_on_error.0,
+            config.metadata_capacity,
+        )
+        .refreshing_ahead(config.metadata_refresh_ahead),
+    );
+    let refreshed = metadata.clone();
+    metrics.observe_metadata_refreshes(move || refreshed.refreshes().map(|(r, n)| (r.as_str(), n)));
     let listings = policy
         .caches_listings()
         .then(|| Arc::new(ListingCache::new(policy.clone(), config.list_capacity.0)));

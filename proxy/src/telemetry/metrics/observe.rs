@@ -88,6 +88,25 @@ impl Metrics {
             .build();
     }
 
+    /// Export the background refreshes of metadata (`metadata_refresh_ahead`) by outcome, read
+    /// from `read` at each collection.
+    pub fn observe_metadata_refreshes<const N: usize>(
+        &self,
+        read: impl Fn() -> [(&'static str, u64); N] + Send + Sync + 'static,
+    ) {
+        self.meter
+            .u64_observable_counter("larder.metadata.refreshes")
+            .with_description(
+                "Metadata revalidated behind a reader in the last quarter of its TTL, by outcome",
+            )
+            .with_callback(move |o| {
+                for (outcome, n) in read() {
+                    o.observe(n, &[kv("outcome", outcome)]);
+                }
+            })
+            .build();
+    }
+
     /// Export the memory tier's gauges, read at each collection.
     pub fn observe_memory<K>(&self, tier: MemoryTier<K>)
     where
