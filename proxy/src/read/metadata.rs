@@ -111,6 +111,9 @@ pub struct MetadataCache {
     /// as [`MetadataCache::version`] hashes it with its key; [`UNKNOWN`] when the change named
     /// none): then nothing newer is known, and dropping it would only cost the next read a GET.
     announced: Box<[AtomicU64]>,
+    /// Changes of whole buckets ([`MetadataCache::invalidate_bucket`]: a DeleteObjects names
+    /// its keys only in its body), which every fetch running then must not outlive either.
+    bulk_changes: AtomicU64,
     hasher: std::collections::hash_map::RandomState,
     origin: Arc<dyn Upstream>,
     /// Whether metadata is refreshed ahead of its expiry (`metadata_refresh_ahead`).
@@ -176,6 +179,16 @@ where
         .build()
 }
 
+/// The change counters a fetch started under.
+struct Watch {
+    /// The key's slot in [`MetadataCache::changes`].
+    slot: usize,
+    /// That slot's count.
+    key: u64,
+    /// [`MetadataCache::bulk_changes`].
+    bulk: u64,
+}
+
 /// Slots of [`MetadataCache::changes`]. Keys sharing a slot only cost each other a refetch.
 const CHANGE_SLOTS: usize = 4096;
 /// A change that did not say which version it made (a write, a delete, a peer's notice).
@@ -233,6 +246,7 @@ impl MetadataCache {
             }),
             changes: (0..CHANGE_SLOTS).map(|_| AtomicU64::new(0)).collect(),
             announced: (0..CHANGE_SLOTS).map(|_| AtomicU64::new(UNKNOWN)).collect(),
+            bulk_changes: AtomicU64::new(0),
             hasher: Default::default(),
             origin,
             refresh_ahead: false,
@@ -269,6 +283,30 @@ impl MetadataCache {
         self.hasher
             .hash_one((&id.bucket, &id.key, etag.trim_matches('"')))
             .max(1)
+    }
+
+    /// The change counters a fetch of `id` starts under, for [`MetadataCache::may_keep`].
+    fn watch(&self, id: &ObjectId) -> Watch {
+        let slot = self.slot(id);
+        Watch {
+            slot,
+            key: self.changes[slot].load(Ordering::Acquire),
+            bulk: self.bulk_changes.load(Ordering::Acquire),
+        }
+    }
+
+    /// Whether what a fetch of `id` begun under `watch` brought (metadata with ETag `etag`,
+    /// or `None` for an error) may stay cached: nothing changed since, or only its key, to the
+    /// very version that change announced. Otherwise it may predate the change: the reader
+    /// that fetched it may use it (the two were concurrent), the cache must not keep it.
+    fn may_keep(&self, id: &ObjectId, watch: &Watch, etag: Option<&str>) -> bool {
+        if self.bulk_changes.load(Ordering::Acquire) != watch.bulk {
+            return false;
+        }
+        self.changes[watch.slot].load(Ordering::Acquire) == watch.key
+            || etag.is_some_and(|etag| {
+                self.announced[watch.slot].load(Ordering::Acquire) == self.version(id, etag)
+            })
     }
 
     /// `id` changed upstream (a write through Larder, an S3 event, another replica's word):
@@ -395,8 +433,7 @@ impl MetadataCache {
             }
         }
         // Read only on a miss: a hit needs no change counter (nor the hash that finds it).
-        let slot = self.slot(id);
-        let before = self.changes[slot].load(Ordering::Acquire);
+        let watch = self.watch(id);
         let fetched = match &self.cache {
             None => fetch.await,
             Some(cache) => cache
@@ -427,20 +464,12 @@ impl MetadataCache {
                 self.remember_missing(id, e.clone(), *from_head).await;
             }
         }
-        // Changed while the fetch ran: what it brought may predate the change. This reader
-        // may use it (the two were concurrent); the cache must not keep it, unless it is the
-        // version the latest change announced.
-        if self.changes[slot].load(Ordering::Acquire) != before {
-            let announced = match &answer {
-                Ok((entry, Source::Fetched)) => {
-                    self.announced[slot].load(Ordering::Acquire)
-                        == self.version(id, &entry.meta.etag)
-                }
-                _ => false,
-            };
-            if !announced {
-                self.invalidate(id).await;
-            }
+        let etag = match &answer {
+            Ok((entry, Source::Fetched)) => Some(entry.meta.etag.as_str()),
+            _ => None,
+        };
+        if !self.may_keep(id, &watch, etag) {
+            self.invalidate(id).await;
         }
         answer
     }
@@ -477,8 +506,7 @@ impl MetadataCache {
     /// Revalidate `id`, cached at `etag`, with a HEAD, and cache what it says as a read that
     /// found the entry expired would have.
     async fn refresh(&self, id: &ObjectId, etag: &str) -> Refresh {
-        let slot = self.slot(id);
-        let before = self.changes[slot].load(Ordering::Acquire);
+        let watch = self.watch(id);
         // Taken before the HEAD is sent: the answer is trusted from then, never longer.
         let fetched = Instant::now();
         let meta = match self.head(id).await {
@@ -505,10 +533,7 @@ impl MetadataCache {
         for cache in self.cache.iter().chain(&self.stale) {
             cache.insert(id.clone(), entry.clone()).await;
         }
-        // As in `lookup`: a change while the HEAD ran may postdate its answer.
-        if self.changes[slot].load(Ordering::Acquire) != before
-            && self.announced[slot].load(Ordering::Acquire) != self.version(id, &entry.meta.etag)
-        {
+        if !self.may_keep(id, &watch, Some(&entry.meta.etag)) {
             self.invalidate(id).await;
             return Refresh::Failed;
         }
@@ -549,6 +574,8 @@ impl MetadataCache {
 
     /// Forget every object of `bucket` (a write that names its keys only in its body).
     pub fn invalidate_bucket(&self, bucket: &str) {
+        // Counted before the entries go, as in `changed_to`.
+        self.bulk_changes.fetch_add(1, Ordering::AcqRel);
         for cache in self.cache.iter().chain(&self.stale) {
             let bucket: Arc<str> = bucket.into();
             // Fails only if closures were not enabled at build time, which they are.
@@ -692,6 +719,28 @@ mod tests {
             "not kept past the change"
         );
         // Fetched with no change in between, it is kept.
+        cache.get(&id).await.unwrap();
+        assert_eq!(cache.cached_etag(&id).await.as_deref(), Some("\"e1\""));
+    }
+
+    #[tokio::test]
+    async fn metadata_fetched_across_a_change_of_its_bucket_is_not_kept() {
+        // A DeleteObjects through Larder names its keys only in its body: the whole bucket's
+        // metadata is dropped, and a fetch (or a refresh) running then must not outlive it.
+        let (origin, cache, id) =
+            one_object(b"v1", "\"e1\"", Duration::from_secs(3600), Duration::ZERO);
+        let meta = origin.head(&id).await.unwrap();
+        let open = async {
+            cache.invalidate_bucket("b");
+            Ok(Some((meta, Duration::ZERO)))
+        };
+        let (_, source) = cache.get_or_open(&id, open).await.unwrap();
+        assert_eq!(source, Source::Fetched);
+        assert_eq!(
+            cache.cached_etag(&id).await,
+            None,
+            "not kept past the change"
+        );
         cache.get(&id).await.unwrap();
         assert_eq!(cache.cached_etag(&id).await.as_deref(), Some("\"e1\""));
     }
