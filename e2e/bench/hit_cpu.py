@@ -18,7 +18,7 @@ admin API; wrk reads the N keys in turn. Make N × `--size` well over 8 MiB (e.g
 KiB), or most reads are memory hits: the closing metrics line says which tier served them.
 
 Larders run with the default `metadata_ttl` (60 s) and refresh-ahead; nginx caches for an hour
-without revalidating. A Larder left idle, while the other variants run, past the last quarter of
+without revalidating. A Larder left idle, while the other variants run, past the last tenth of
 a key's TTL revalidates it when its next round starts, every connection waiting for that HEAD
 (and wrk's percentiles, corrected for coordinated omission, count the wait once per request an
 open-loop client would have sent meanwhile). Add `--metadata-ttl;1h` to a variant's ARGS to

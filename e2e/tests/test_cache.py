@@ -252,7 +252,7 @@ def test_a_hot_objects_readers_never_wait_for_its_revalidation(make_larder, dire
     """Read without pause across three TTLs and an overwrite straight to MinIO: with refresh-ahead
     every HEAD Larder sends is a refresh behind a reader (no reader's own), and either way no
     read that starts a TTL after the overwrite gets the old version."""
-    ttl = 3
+    ttl = 4
     larder = make_larder("--metadata-ttl", f"{ttl}s", "--metadata-refresh-ahead", str(refresh_ahead).lower())
     v1, v2 = random.Random(1).randbytes(100 * KiB), random.Random(2).randbytes(100 * KiB)
     direct.put_object(Bucket=bucket, Key="hot-meta.bin", Body=v1)

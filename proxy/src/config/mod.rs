@@ -188,11 +188,12 @@ options! {
     /// before, so that they revalidate with a HEAD (an object not remembered is opened with a
     /// GET of its first needed block, which brings the metadata too). Default: `100000`.
     metadata_capacity: u64 = 100_000;
-    /// Revalidate metadata read in the last quarter of its TTL (or of `events_fallback_ttl`
-    /// while an expected event stream is silent) with a HEAD behind the reader, so the readers
-    /// of a hot object never wait for one. No metadata is trusted longer than its TTL either
-    /// way. Costs one HEAD per object read in that last quarter, at most one per three
-    /// quarters of its TTL; immutable prefixes are never refreshed. Default: `true`.
+    /// Revalidate the metadata of an object read often (its 16th read since the metadata was
+    /// fetched, or a later one) in the last tenth of its TTL (at least 1 s, at most a quarter;
+    /// of `events_fallback_ttl` while an expected event stream is silent) with a HEAD behind
+    /// the reader, so the readers of a hot object never wait for one. No metadata is trusted
+    /// longer than its TTL either way. A hot object then costs a HEAD every nine tenths of its
+    /// TTL instead of every TTL; immutable prefixes are never refreshed. Default: `true`.
     metadata_refresh_ahead: bool = true => Switch;
     /// How long a 404 for a key (no such key, or no such bucket) is remembered, so a repeated
     /// GET or HEAD of a missing key costs no upstream request. Dropped at once by a write of

@@ -97,7 +97,7 @@ impl Metrics {
         self.meter
             .u64_observable_counter("larder.metadata.refreshes")
             .with_description(
-                "Metadata revalidated behind a reader in the last quarter of its TTL, by outcome",
+                "Metadata revalidated behind a reader shortly before its TTL ran out, by outcome",
             )
             .with_callback(move |o| {
                 for (outcome, n) in read() {
