@@ -731,46 +731,31 @@ mod tests {
 
     #[tokio::test]
     async fn metadata_fetched_across_a_change_is_used_once_and_not_kept() {
-        let (origin, cache, id) =
-            one_object(b"v1", "\"e1\"", Duration::from_secs(3600), Duration::ZERO);
-        let meta = origin.head(&id).await.unwrap();
-        // The object changes (an S3 event) while its metadata is being fetched.
-        let open = async {
-            cache.changed(&id).await;
-            Ok(Some((meta, Duration::ZERO)))
-        };
-        let (got, source) = cache.get_or_open(&id, open).await.unwrap();
-        assert_eq!((got.etag.as_str(), source), ("\"e1\"", Source::Fetched));
-        assert_eq!(
-            cache.cached_etag(&id).await,
-            None,
-            "not kept past the change"
-        );
-        // Fetched with no change in between, it is kept.
-        cache.get(&id).await.unwrap();
-        assert_eq!(cache.cached_etag(&id).await.as_deref(), Some("\"e1\""));
-    }
-
-    #[tokio::test]
-    async fn metadata_fetched_across_a_change_of_its_bucket_is_not_kept() {
-        // A DeleteObjects through Larder names its keys only in its body: the whole bucket's
-        // metadata is dropped, and a fetch (or a refresh) running then must not outlive it.
-        let (origin, cache, id) =
-            one_object(b"v1", "\"e1\"", Duration::from_secs(3600), Duration::ZERO);
-        let meta = origin.head(&id).await.unwrap();
-        let open = async {
-            cache.invalidate_bucket("b");
-            Ok(Some((meta, Duration::ZERO)))
-        };
-        let (_, source) = cache.get_or_open(&id, open).await.unwrap();
-        assert_eq!(source, Source::Fetched);
-        assert_eq!(
-            cache.cached_etag(&id).await,
-            None,
-            "not kept past the change"
-        );
-        cache.get(&id).await.unwrap();
-        assert_eq!(cache.cached_etag(&id).await.as_deref(), Some("\"e1\""));
+        // The object changes (an S3 event), or its whole bucket does (a DeleteObjects through
+        // Larder names its keys only in its body), while its metadata is being fetched.
+        for bucket_wide in [false, true] {
+            let (origin, cache, id) =
+                one_object(b"v1", "\"e1\"", Duration::from_secs(3600), Duration::ZERO);
+            let meta = origin.head(&id).await.unwrap();
+            let open = async {
+                if bucket_wide {
+                    cache.invalidate_bucket("b");
+                } else {
+                    cache.changed(&id).await;
+                }
+                Ok(Some((meta, Duration::ZERO)))
+            };
+            let (got, source) = cache.get_or_open(&id, open).await.unwrap();
+            assert_eq!((got.etag.as_str(), source), ("\"e1\"", Source::Fetched));
+            assert_eq!(
+                cache.cached_etag(&id).await,
+                None,
+                "not kept past the change (bucket-wide: {bucket_wide})"
+            );
+            // Fetched with no change in between, it is kept.
+            cache.get(&id).await.unwrap();
+            assert_eq!(cache.cached_etag(&id).await.as_deref(), Some("\"e1\""));
+        }
     }
 
     #[tokio::test]
