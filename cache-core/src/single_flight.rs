@@ -168,13 +168,16 @@ impl<K: Hash + Eq, E: Clone> FlightWriter<K, E> {
     /// leader can insert the bytes into the cache first and drop the writer after: a caller
     /// arriving in between finds the finished flight instead of starting a second fetch.
     pub fn finish(&mut self) -> Bytes {
-        let bytes = {
+        // The chunks are joined outside the lock and after the readers are woken: joining a
+        // large value is a copy of all of it (milliseconds for 8 MiB), and a reader taking
+        // its last chunks meanwhile would otherwise wait on the lock, its worker thread with it.
+        let chunks = {
             let mut state = self.flight.state.lock();
             state.outcome = Some(Ok(()));
-            crate::buffers::concat(&state.chunks)
+            state.chunks.clone()
         };
         self.flight.progress.notify_waiters();
-        bytes
+        crate::buffers::concat(&chunks)
     }
 
     /// Fail the flight: every reader gets `error`, and the next caller starts a new flight.

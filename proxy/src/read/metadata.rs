@@ -500,10 +500,12 @@ impl MetadataCache {
     /// what it may be trusted for now, has served [`REFRESH_AFTER_READS`] reads, and no refresh of it
     /// is under way.
     fn refresh_if_due(self: &Arc<Self>, id: &ObjectId, entry: &Entry) {
+        if entry.trust.immutable {
+            return;
+        }
         let reads = entry.reads.fetch_add(1, Ordering::Relaxed) + 1;
         let max_age = self.policy.max_age(entry.trust);
-        if entry.trust.immutable
-            || reads < REFRESH_AFTER_READS
+        if reads < REFRESH_AFTER_READS
             || entry.fetched.elapsed() < max_age - refresh_window(max_age)
         {
             return;

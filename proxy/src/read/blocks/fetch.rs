@@ -179,6 +179,8 @@ impl BlockStore {
         if purpose != Purpose::Warm && body.is_none() {
             match self.read_local(&fill, &slice).await {
                 Local::Served => {
+                    // As in `settle`: the last piece goes out before the block is joined.
+                    tokio::task::yield_now().await;
                     let id = fill.key().clone();
                     let block = fill.deliver();
                     self.cache.memory().insert(id, block).await;
@@ -217,6 +219,13 @@ impl BlockStore {
         index: u64,
         purpose: Purpose,
     ) {
+        if result.is_ok() {
+            // The readers the last chunk woke send it before the block is joined into one
+            // buffer (a copy of all of it: milliseconds for 8 MiB). Woken from this task, they
+            // wait in this worker's slot for the next task, which no other worker may take,
+            // until this task yields.
+            tokio::task::yield_now().await;
+        }
         match result {
             // The owner caches it; here only a brief copy for the next local reader (and none
             // for a warm-up, whose point is the owner's disk).

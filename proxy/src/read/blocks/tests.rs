@@ -1,4 +1,5 @@
-//! What only the store's insides can show: read-ahead waste, counted as blocks expire unread.
+//! What only the store's insides can show: read-ahead waste, counted as blocks expire unread,
+//! and when a fetched block is cached against when its reader gets its last bytes.
 //! The block store's behaviour over the in-memory upstream is tested in process in
 //! `proxy/tests/read_path.rs`.
 
@@ -115,4 +116,51 @@ async fn in_order_ranged_reads_are_read_ahead_and_waste_is_counted() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert_eq!(wasted, unread);
+}
+
+/// A fetched block is joined into one buffer (a copy of all of it) and cached after the
+/// readers the last chunk woke have taken that chunk, not before: with 8 MiB blocks the copy
+/// held the last bytes of every cold read back by milliseconds.
+#[tokio::test]
+async fn a_readers_last_bytes_go_out_before_its_block_is_joined_and_cached() {
+    let data: Bytes = (0..8192u32)
+        .map(|i| (i % 251) as u8)
+        .collect::<Vec<_>>()
+        .into();
+    let origin = Arc::new(MemoryUpstream::default());
+    origin.put("k", data.clone(), "\"e1\"");
+    let store = Arc::new(BlockStore::new(
+        BlockStoreConfig::for_tests(),
+        origin,
+        Arc::default(),
+    ));
+    let id = ObjectId {
+        bucket: "b".into(),
+        key: "k".into(),
+        version_id: None,
+    };
+    let etag: Arc<str> = "\"e1\"".into();
+    let got: Vec<u8> = store
+        .read(id.clone(), etag.clone(), 4096..8192, 8192)
+        .map_ok(|b| b.to_vec())
+        .try_concat()
+        .await
+        .unwrap();
+    assert_eq!(got, data[4096..]);
+    // This runtime has one thread: the fetch's task has not run since it woke this reader.
+    assert_ne!(
+        store.classify(&id, &etag, 4096..8192, 8192),
+        CacheResult::HitMemory,
+        "the block was cached before its reader was given its last bytes"
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while store.classify(&id, &etag, 4096..8192, 8192) != CacheResult::HitMemory
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(
+        store.classify(&id, &etag, 4096..8192, 8192),
+        CacheResult::HitMemory
+    );
 }

@@ -1,0 +1,101 @@
+"""Cold whole-object reads through Larder builds (or settings) side by side, with direct reads
+of the same sizes in the same rounds: when each quarter of the body arrived, for comparing one
+change's effect on the miss path on a noisy machine.
+
+    python3 e2e/bench/cold_ab.py --size 8 --objects 6 --rounds 3 before:prev after:release
+    python3 e2e/bench/cold_ab.py --capped ...   # each upstream connection at 90 MB/s, as S3
+
+Each variant is NAME:PROFILE[:ENV=V,...[:ARG;ARG...]] as in hit_cpu.py. The upstream is the
+latency proxy with 30 ms before every answer (compare.py's cold steps). Each round reads
+`--objects` new objects of `--size` MiB through every variant in turn, and as many straight
+from the upstream, one at a time, each on a new connection opened beforehand, every body
+checked. Prints each read's first byte and quarter marks (ms), and per variant the p50 of the
+first byte, the whole read, and the last quarter (from the 3/4 mark to the end). Not part of
+the test suite.
+"""
+
+import argparse
+import http.client
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compare import (  # noqa: E402
+    CLIENT_KEY, CLIENT_SECRET, S3_CONNECTION_MBPS, MiB, Bench, Larder, Target, content, percentile, s3_client)
+from hit_cpu import variant  # noqa: E402
+
+
+def read(t: Target, key: str, size: int) -> tuple[float, list[float]]:
+    """First byte and the times the body's quarters were complete, ms after the request."""
+    conn = http.client.HTTPConnection(t.host, t.port, timeout=120)
+    conn.connect()
+    expected = content(key, size)
+    t0 = time.perf_counter()
+    conn.putrequest("GET", t.path(key), skip_accept_encoding=True)
+    conn.endheaders()
+    resp = conn.getresponse()
+    first = resp.read(1)
+    t_first = (time.perf_counter() - t0) * 1000
+    parts, got, marks, quarter = [first], 1, [], size // 4
+    while chunk := resp.read(256 << 10):
+        parts.append(chunk)
+        got += len(chunk)
+        while len(marks) < 4 and got >= quarter * (len(marks) + 1):
+            marks.append((time.perf_counter() - t0) * 1000)
+    conn.close()
+    if resp.status != 200 or b"".join(parts) != expected:
+        raise RuntimeError(f"{t.name} {key}: status {resp.status}, {got} bytes, expected {size}")
+    return t_first, marks
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", type=int, default=8, help="object size, MiB")
+    ap.add_argument("--objects", type=int, default=6, help="objects per variant and round")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--capped", action="store_true", help=f"cap each upstream connection at {S3_CONNECTION_MBPS} MB/s")
+    ap.add_argument("--out", type=Path, default=Path("target/bench/cold-ab"))
+    ap.add_argument("variants", nargs="+", type=variant)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    # The latency proxy comes from the first variant's profile.
+    os.environ["LARDER_E2E_PROFILE"] = args.variants[0][1]
+    size = args.size * MiB
+    bench = Bench("quick", args.out)
+    names = ["direct"] + [v[0] for v in args.variants]
+    results = {name: [] for name in names}
+    try:
+        bench.start()
+        keys = {name: [f"cold-ab/{name}/{r}/{i}" for r in range(args.rounds) for i in range(args.objects)]
+                for name in names}
+        bench.upload([(k, size) for ks in keys.values() for k in ks])
+        targets = {"direct": bench.direct()}
+        for name, profile, env, extra in args.variants:
+            os.environ["LARDER_E2E_PROFILE"] = profile
+            larder = Larder(bench.work, bench.proxy.endpoint, "--memory-capacity", "4GiB", *extra, name=name, env=env)
+            bench.stoppers.append(larder.stop)
+            presigner = s3_client(larder.endpoint, CLIENT_KEY, CLIENT_SECRET, signature_version="s3v4")
+            targets[name] = Target("Larder", larder.endpoint, presigner)
+        bench.proxy.latency(delay_ms=30, jitter_ms=0, tail_fraction=0, tail_ms=0)
+        if args.capped:
+            bench.proxy.control(f"limits?connection_mbps={S3_CONNECTION_MBPS}")
+        for r in range(args.rounds):
+            for name in names:
+                for key in keys[name][r * args.objects:(r + 1) * args.objects]:
+                    first, marks = read(targets[name], key, size)
+                    results[name].append((first, marks))
+                    print(f"round {r} {name}: first {first:.1f}, quarters {[round(m, 1) for m in marks]}", flush=True)
+        for name, reads in results.items():
+            firsts = [f for f, _ in reads]
+            wholes = [m[3] for _, m in reads]
+            lasts = [m[3] - m[2] for _, m in reads]
+            print(f"{name}: first byte p50 {percentile(firsts, 50):.1f} ms, whole p50 {percentile(wholes, 50):.1f} ms "
+                  f"({size / percentile(wholes, 50) / 1e3:.0f} MB/s), last quarter p50 {percentile(lasts, 50):.1f} ms")
+    finally:
+        bench.stop()
+
+
+if __name__ == "__main__":
+    main()
