@@ -6,7 +6,7 @@ change's effect on the miss path on a noisy machine.
     python3 e2e/bench/cold_ab.py --capped ...   # each upstream connection at 90 MB/s, as S3
 
 Each variant is NAME:PROFILE[:ENV=V,...[:ARG;ARG...]] as in hit_cpu.py. The upstream is the
-latency proxy with 30 ms before every answer (compare.py's cold steps). Each round reads
+latency proxy with `--delay` ms (default 30, as compare.py's cold steps) before every answer. Each round reads
 `--objects` new objects of `--size` MiB through every variant in turn, and as many straight
 from the upstream, one at a time, each on a new connection opened beforehand, every body
 checked. Prints each read's first byte and quarter marks (ms), and per variant the p50 of the
@@ -32,8 +32,10 @@ def read(t: Target, key: str, size: int) -> tuple[float, list[float]]:
     conn = http.client.HTTPConnection(t.host, t.port, timeout=120)
     conn.connect()
     expected = content(key, size)
+    # Presigned before the clock starts: boto3 takes a millisecond or two to sign.
+    path = t.path(key)
     t0 = time.perf_counter()
-    conn.putrequest("GET", t.path(key), skip_accept_encoding=True)
+    conn.putrequest("GET", path, skip_accept_encoding=True)
     conn.endheaders()
     resp = conn.getresponse()
     first = resp.read(1)
@@ -55,6 +57,7 @@ def main():
     ap.add_argument("--size", type=int, default=8, help="object size, MiB")
     ap.add_argument("--objects", type=int, default=6, help="objects per variant and round")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--delay", type=int, default=30, help="ms the upstream waits before each answer")
     ap.add_argument("--capped", action="store_true", help=f"cap each upstream connection at {S3_CONNECTION_MBPS} MB/s")
     ap.add_argument("--out", type=Path, default=Path("target/bench/cold-ab"))
     ap.add_argument("variants", nargs="+", type=variant)
@@ -78,7 +81,7 @@ def main():
             bench.stoppers.append(larder.stop)
             presigner = s3_client(larder.endpoint, CLIENT_KEY, CLIENT_SECRET, signature_version="s3v4")
             targets[name] = Target("Larder", larder.endpoint, presigner)
-        bench.proxy.latency(delay_ms=30, jitter_ms=0, tail_fraction=0, tail_ms=0)
+        bench.proxy.latency(delay_ms=args.delay, jitter_ms=0, tail_fraction=0, tail_ms=0)
         if args.capped:
             bench.proxy.control(f"limits?connection_mbps={S3_CONNECTION_MBPS}")
         for r in range(args.rounds):

@@ -408,7 +408,8 @@ class Bench:
     def upstream(self) -> dict:
         s = self.proxy.control("stats")
         return {"gets": s["by_method"].get("GET", 0), "heads": s["by_method"].get("HEAD", 0),
-                "puts": s["by_method"].get("PUT", 0), "bytes": s["response_bytes"]}
+                "puts": s["by_method"].get("PUT", 0), "bytes": s["response_bytes"],
+                "connections": s.get("connections", 0)}
 
     def wrk(self, target: Target, keys: list[str], sizes: dict, clients: int, seconds: int) -> dict:
         paths = self.work / f"paths-{target.name}.txt"

@@ -199,6 +199,8 @@ impl Pacer {
 struct Stats {
     by_method: Mutex<BTreeMap<String, u64>>,
     response_bytes: AtomicU64,
+    /// Client connections that sent a request: with `requests`, how well clients reuse them.
+    connections: AtomicU64,
 }
 
 impl Stats {
@@ -213,6 +215,7 @@ impl Stats {
             "requests": m.values().sum::<u64>(),
             "by_method": *m,
             "response_bytes": self.response_bytes.load(Ordering::Relaxed),
+            "connections": self.connections.load(Ordering::Relaxed),
         })
     }
 
@@ -222,6 +225,7 @@ impl Stats {
             .unwrap_or_else(|e| e.into_inner())
             .clear();
         self.response_bytes.store(0, Ordering::Relaxed);
+        self.connections.store(0, Ordering::Relaxed);
     }
 }
 
@@ -352,6 +356,7 @@ impl Proxy {
             let _ = cw.shutdown().await;
         });
         let seed = self.connections.fetch_add(1, Ordering::Relaxed);
+        self.stats.connections.fetch_add(1, Ordering::Relaxed);
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ seed.wrapping_mul(0xBF58_476D_1CE4_E5B9) | 1);
         let mut head = Some(first);
         while let Some(h) = head.take() {
