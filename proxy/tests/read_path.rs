@@ -67,6 +67,26 @@ async fn collect(
     Ok(out)
 }
 
+/// `range` of the object read whole, once every fetch the read started has settled (cached or
+/// failed): a fetch of a block of 1 MiB or more gives its readers the last bytes before it
+/// caches the block.
+async fn read_settled(
+    store: &BlockStore,
+    s: impl Stream<Item = Result<Bytes, UpstreamError>>,
+) -> Result<Vec<u8>, UpstreamError> {
+    let got = collect(s).await;
+    settle(store).await;
+    got
+}
+
+/// Wait (at most 5 s) until no fetch is running.
+async fn settle(store: &BlockStore) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while store.fetches() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
 #[tokio::test]
 async fn responses_together_hold_no_more_than_the_response_buffer() {
     let size = 10 * 4096;
@@ -148,7 +168,7 @@ async fn ranges_are_exact_and_blocks_fetched_once() {
         (5000, 9000),
         (100, 4096),
     ] {
-        let got = collect(store.read(id.clone(), etag.clone(), a..b, size))
+        let got = read_settled(&store, store.read(id.clone(), etag.clone(), a..b, size))
             .await
             .unwrap();
         assert_eq!(got, want[a as usize..b as usize], "range {a}..{b}");
@@ -293,7 +313,7 @@ async fn a_cold_range_much_smaller_than_its_block_fetches_only_its_bytes_once() 
     let want = data(4 * 4096, 0);
     let size = 4 * 4096;
     for _ in 0..3 {
-        let got = collect(store.read(id.clone(), etag.clone(), 100..300, size)).await;
+        let got = read_settled(&store, store.read(id.clone(), etag.clone(), 100..300, size)).await;
         assert_eq!(got.unwrap(), want[100..300]);
     }
     // One GET of exactly the 200 bytes asked; the same range again is a hit on the part.
@@ -740,6 +760,7 @@ mod disk_tests {
         let (store, disk) = store_with(&path, origin.clone(), geometry, metrics).await;
         let got = collect(store.read(id.clone(), etag.clone(), 0..size, size)).await;
         assert_eq!(got.unwrap(), body);
+        settle(&store).await;
         disk.close().await;
         drop((store, disk));
 
@@ -788,6 +809,7 @@ mod disk_tests {
         let (store, disk) = store_over(&path, origin.clone()).await;
         let got = collect(store.read(id.clone(), etag.clone(), 0..size, size)).await;
         assert_eq!(got.unwrap(), body);
+        settle(&store).await;
         disk.close().await;
         drop((store, disk));
 
@@ -839,6 +861,7 @@ mod disk_tests {
             .await;
         assert_eq!(got.concat(), body.to_vec());
         let fetched = origin.gets.load(std::sync::atomic::Ordering::SeqCst);
+        settle(&store).await;
         disk.close().await;
         drop((store, disk));
 
@@ -858,6 +881,7 @@ mod disk_tests {
             fetched,
             "no upstream GET after restart"
         );
+        settle(&store).await;
         // Promoted: now every touched block is in memory.
         assert_eq!(
             store.classify(&id, &etag, 1000..250_000, 300_000),

@@ -59,6 +59,11 @@ pub struct Running {
 /// inside the chart's 60 s grace period: at the measured ~1 GB/s of disk writes, several GiB.
 const SPILL_WITHIN: std::time::Duration = std::time::Duration::from_secs(20);
 
+/// Longest a shutdown waits, before that, for block fetches still running to land: read-ahead,
+/// or a fetch whose readers already have all its bytes and which is caching the block. Their
+/// bytes are paid for; an 8 MiB block takes about 0.1 s from S3.
+const FETCHES_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Why Larder did not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -483,6 +488,10 @@ impl Running {
         // already accepted, so the next start finds them (a crash would only lose them, never
         // corrupt anything).
         if let Some(disk) = self.blocks.disk() {
+            let deadline = tokio::time::Instant::now() + FETCHES_WITHIN;
+            while self.blocks.fetches() > 0 && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
             let spilled = self.blocks.spill(SPILL_WITHIN).await;
             if spilled > 0 {
                 tracing::info!(blocks = spilled, "wrote the memory tier down to disk");

@@ -35,6 +35,22 @@ pub(super) enum Supplier {
 /// faster and cost a third more CPU (the copy into one buffer for memory).
 pub(super) const STREAMED_FROM: u64 = 1 << 20;
 
+/// Blocks from this size on are joined into one buffer only after their readers had the chunk
+/// that completed them ([`readers_first`]).
+const READERS_FIRST_FROM: u64 = 1 << 20;
+
+/// Let the readers the last chunk of a `len`-byte block woke take it before the block is joined
+/// into one buffer and cached, a copy of all of it (milliseconds for 8 MiB, which held the last
+/// bytes of every cold read back: docs/benchmarks.md). Woken from the fetch's task, they wait in
+/// this worker's slot for the next task, which no other worker may take, until this task
+/// yields. Smaller blocks are joined at once: their copy is shorter than a reschedule is worth,
+/// and the block is then cached before its first reader can ask for it again.
+async fn readers_first(len: u64) {
+    if len >= READERS_FIRST_FROM {
+        tokio::task::yield_now().await;
+    }
+}
+
 /// What the local tiers gave a fetch.
 enum Local {
     /// The whole block, streamed from disk: promote it to memory.
@@ -179,8 +195,7 @@ impl BlockStore {
         if purpose != Purpose::Warm && body.is_none() {
             match self.read_local(&fill, &slice).await {
                 Local::Served => {
-                    // As in `settle`: the last piece goes out before the block is joined.
-                    tokio::task::yield_now().await;
+                    readers_first(slice.block_len).await;
                     let id = fill.key().clone();
                     let block = fill.deliver();
                     self.cache.memory().insert(id, block).await;
@@ -205,6 +220,9 @@ impl BlockStore {
         let result = self
             .fetch_into(&fill, &object, &etag, slice, slot, first)
             .await;
+        if result.is_ok() {
+            readers_first(slice.block_len).await;
+        }
         self.settle(fill, result, &object, slice.index, purpose)
             .await;
     }
@@ -219,13 +237,6 @@ impl BlockStore {
         index: u64,
         purpose: Purpose,
     ) {
-        if result.is_ok() {
-            // The readers the last chunk woke send it before the block is joined into one
-            // buffer (a copy of all of it: milliseconds for 8 MiB). Woken from this task, they
-            // wait in this worker's slot for the next task, which no other worker may take,
-            // until this task yields.
-            tokio::task::yield_now().await;
-        }
         match result {
             // The owner caches it; here only a brief copy for the next local reader (and none
             // for a warm-up, whose point is the owner's disk).

@@ -256,6 +256,13 @@ impl BlockStore {
         self.cache.disk()
     }
 
+    /// Fetches running now (blocks and parts, read-ahead's included). A fetch of a large block
+    /// hands its readers the last bytes before it caches the block, so a read can end a moment
+    /// before the cache holds it; a shutdown (and tests) wait for this to reach 0.
+    pub fn fetches(&self) -> usize {
+        self.cache.fetches()
+    }
+
     /// Write the blocks only memory holds down to disk, for at most `within` (at shutdown,
     /// with writes on evict, the default); the number written.
     pub async fn spill(&self, within: std::time::Duration) -> usize {

@@ -118,19 +118,24 @@ async fn in_order_ranged_reads_are_read_ahead_and_waste_is_counted() {
     assert_eq!(wasted, unread);
 }
 
-/// A fetched block is joined into one buffer (a copy of all of it) and cached after the
-/// readers the last chunk woke have taken that chunk, not before: with 8 MiB blocks the copy
-/// held the last bytes of every cold read back by milliseconds.
+/// A fetched block of 1 MiB or more is joined into one buffer (a copy of all of it) and cached
+/// after the readers the last chunk woke have taken that chunk, not before: with 8 MiB blocks
+/// the copy held the last bytes of every cold read back by milliseconds.
 #[tokio::test]
 async fn a_readers_last_bytes_go_out_before_its_block_is_joined_and_cached() {
-    let data: Bytes = (0..8192u32)
+    const BLOCK: u64 = 1 << 20;
+    let data: Bytes = (0..2 * BLOCK)
         .map(|i| (i % 251) as u8)
         .collect::<Vec<_>>()
         .into();
     let origin = Arc::new(MemoryUpstream::default());
     origin.put("k", data.clone(), "\"e1\"");
     let store = Arc::new(BlockStore::new(
-        BlockStoreConfig::for_tests(),
+        BlockStoreConfig {
+            layout: BlockLayout::new(BLOCK),
+            memory_capacity: 4 * BLOCK,
+            ..BlockStoreConfig::for_tests()
+        },
         origin,
         Arc::default(),
     ));
@@ -141,26 +146,26 @@ async fn a_readers_last_bytes_go_out_before_its_block_is_joined_and_cached() {
     };
     let etag: Arc<str> = "\"e1\"".into();
     let got: Vec<u8> = store
-        .read(id.clone(), etag.clone(), 4096..8192, 8192)
+        .read(id.clone(), etag.clone(), BLOCK..2 * BLOCK, 2 * BLOCK)
         .map_ok(|b| b.to_vec())
         .try_concat()
         .await
         .unwrap();
-    assert_eq!(got, data[4096..]);
+    assert_eq!(got, data[BLOCK as usize..]);
     // This runtime has one thread: the fetch's task has not run since it woke this reader.
     assert_ne!(
-        store.classify(&id, &etag, 4096..8192, 8192),
+        store.classify(&id, &etag, BLOCK..2 * BLOCK, 2 * BLOCK),
         CacheResult::HitMemory,
         "the block was cached before its reader was given its last bytes"
     );
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while store.classify(&id, &etag, 4096..8192, 8192) != CacheResult::HitMemory
+    while store.classify(&id, &etag, BLOCK..2 * BLOCK, 2 * BLOCK) != CacheResult::HitMemory
         && tokio::time::Instant::now() < deadline
     {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     assert_eq!(
-        store.classify(&id, &etag, 4096..8192, 8192),
+        store.classify(&id, &etag, BLOCK..2 * BLOCK, 2 * BLOCK),
         CacheResult::HitMemory
     );
 }
