@@ -650,6 +650,13 @@ mod tests {
         (origin, cache, id)
     }
 
+    /// [`one_object`] (`v1` at `"e1"`, no stale serving) with refresh-ahead on.
+    fn refreshing_object(ttl: Duration) -> (Arc<MemoryUpstream>, Arc<MetadataCache>, ObjectId) {
+        let (origin, cache, id) = one_object(b"v1", "\"e1\"", ttl, Duration::ZERO);
+        let cache = Arc::into_inner(cache).expect("the only handle");
+        (origin, Arc::new(cache.refreshing_ahead(true)), id)
+    }
+
     #[tokio::test]
     async fn a_named_version_expires_with_the_ttl_like_the_latest() {
         let origin = Arc::new(MemoryUpstream::default());
@@ -880,8 +887,7 @@ mod tests {
     #[tokio::test]
     async fn metadata_read_late_in_its_ttl_is_refreshed_behind_the_reader() {
         let ttl = Duration::from_millis(1200);
-        let (origin, cache, id) = one_object(b"v1", "\"e1\"", ttl, Duration::ZERO);
-        let cache = Arc::new(Arc::into_inner(cache).unwrap().refreshing_ahead(true));
+        let (origin, cache, id) = refreshing_object(ttl);
         let start = Instant::now();
         assert_eq!(cache.get(&id).await.unwrap().1, Source::Fetched);
         // Early in the TTL: a hit, nothing more.
@@ -913,8 +919,7 @@ mod tests {
     #[tokio::test]
     async fn a_refresh_caches_the_new_version_and_forgets_a_deleted_object() {
         let ttl = Duration::from_millis(400);
-        let (origin, cache, id) = one_object(b"v1", "\"e1\"", ttl, Duration::ZERO);
-        let cache = Arc::new(Arc::into_inner(cache).unwrap().refreshing_ahead(true));
+        let (origin, cache, id) = refreshing_object(ttl);
         cache.get(&id).await.unwrap();
         origin.put("k", bytes::Bytes::from_static(b"v2"), "\"e2\"");
         tokio::time::sleep(ttl * 3 / 4 + Duration::from_millis(20)).await;
@@ -941,8 +946,7 @@ mod tests {
     #[tokio::test]
     async fn an_object_read_rarely_is_not_refreshed() {
         let ttl = Duration::from_millis(800);
-        let (origin, cache, id) = one_object(b"v1", "\"e1\"", ttl, Duration::ZERO);
-        let cache = Arc::new(Arc::into_inner(cache).unwrap().refreshing_ahead(true));
+        let (origin, cache, id) = refreshing_object(ttl);
         cache.get(&id).await.unwrap();
         tokio::time::sleep(ttl * 3 / 4 + Duration::from_millis(20)).await;
         // Its first read in the refresh window: a refresh would most likely be a HEAD for
