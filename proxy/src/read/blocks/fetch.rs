@@ -252,6 +252,9 @@ impl BlockStore {
                 self.metrics.cache_write_dropped(WriteDropped::MixedSource);
             }
             Ok(Supplier::Upstream) => {
+                // Noted while the fetch is still running, so a shutdown that waits for running
+                // fetches (`BlockStore::fetches`) finds the note offered to disk with the block.
+                self.remember(object);
                 match purpose {
                     Purpose::Demand | Purpose::Prefetch | Purpose::Peer => {
                         fill.commit().await;
@@ -262,7 +265,6 @@ impl BlockStore {
                         }
                     }
                 }
-                self.remember(object);
             }
             Err(e) => {
                 tracing::warn!(object = %object, block = index, error = %e, "block fetch failed");
