@@ -5,7 +5,7 @@
 //! instead.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cache_core::{BlockSlice, Fill, Miss};
@@ -19,6 +19,7 @@ use crate::telemetry::labels::Source;
 use tracing::Instrument;
 
 use super::fetch::Supplier;
+use super::pace::Carve;
 use super::split::Split;
 use super::{part, BlockStore, Purpose};
 
@@ -155,7 +156,8 @@ impl BlockStore {
         };
         let index = first / block_size;
         let pieces = last.map_or(1, |l| (l / block_size).saturating_sub(index) + 1);
-        (index..index.saturating_add(pieces.min(self.read_window as u64)))
+        let mut spans: Vec<ByteRange> = (index
+            ..index.saturating_add(pieces.min(self.read_window as u64)))
             .filter_map(|i| {
                 let remote = self.remote_owner(object, i, purpose).is_some();
                 if remote && i != index {
@@ -175,7 +177,19 @@ impl BlockStore {
                 };
                 Some(ByteRange::bytes(span))
             })
-            .collect()
+            .collect();
+        // To the object's end from a block's first byte: the GET runs on past the block as far
+        // as its connection is expected to bring within a round trip (`pace`). Not in a fleet,
+        // where the blocks past it may be another replica's.
+        if last.is_none() && first % block_size == 0 && purpose == Purpose::Demand {
+            let most = self.read_window.saturating_sub(1) as u64;
+            let past = self.pace.blocks_past(block_size, most);
+            if let (Some(span), true, None) = (spans.first_mut(), past > 0, &self.fleet) {
+                let end = first.saturating_add((past + 1).saturating_mul(block_size));
+                *span = ByteRange::bytes(first..end);
+            }
+        }
+        spans
     }
 
     async fn fetch_cold(
@@ -209,9 +223,16 @@ impl BlockStore {
                 Some(opened) => {
                     opened.map(|o| o.map(|(meta, age, body)| (meta, age, body, Supplier::Peer)))
                 }
-                None => self.get_cold(&object, first_span).await.map(|o| {
-                    o.map(|(meta, body)| (meta, Duration::ZERO, body, Supplier::Upstream))
-                }),
+                None => {
+                    let sent = Instant::now();
+                    let answer = self.get_cold(&object, first_span).await;
+                    if let Ok(Some(_)) = answer {
+                        self.pace.answered(sent.elapsed());
+                    }
+                    answer.map(|o| {
+                        o.map(|(meta, body)| (meta, Duration::ZERO, body, Supplier::Upstream))
+                    })
+                }
             }
         });
         // The further pieces' GETs go out with the first, each holding an upstream slot. Only
@@ -247,7 +268,7 @@ impl BlockStore {
         };
         let etag: Arc<str> = meta.etag.as_str().into();
         let (size, version) = (meta.size, meta.etag.clone());
-        let first_fill = self.cold_fill(&object, &etag, size, first_span, purpose);
+        let first_fills = self.cold_run(&object, &etag, size, first_span, purpose);
         let rest_fills: Vec<_> = rest
             .into_iter()
             .map(|(span, slot)| (self.cold_fill(&object, &etag, size, span, purpose), slot))
@@ -256,11 +277,25 @@ impl BlockStore {
         // instead of starting its own.
         let _ = tx.send(Ok(Some((meta, age))));
         let first_fetch = async {
-            if let Some(fill) = first_fill {
-                let body = Some((body, supplier));
-                self.fetch_cold_fill(fill, (&object, &etag), Some(slot), body, purpose)
+            let got = first_span.within(size);
+            let carve = Carve::new(body, got.end - got.start);
+            let mut slot = Some(slot);
+            let mut fills = first_fills.into_iter();
+            for (fill, len) in fills.by_ref() {
+                let body = Some((carve.next(len), supplier));
+                self.fetch_cold_fill(fill, (&object, &etag), slot.take(), body, purpose)
                     .await;
+                if !carve.whole() {
+                    break;
+                }
             }
+            if supplier == Supplier::Upstream {
+                carve.measure(&self.pace);
+            }
+            // The body broke: the blocks it did not reach are fetched on their own.
+            let alone = fills
+                .map(|(fill, _)| self.fetch_cold_fill(fill, (&object, &etag), None, None, purpose));
+            future::join_all(alone).await;
         };
         let rest_fetches = async {
             let answers = match answered {
@@ -302,6 +337,34 @@ impl BlockStore {
             }
             ColdFill::TailFirst(split) => self.fetch_split(*split, target, body, slot).await,
         }
+    }
+
+    /// What a cold GET of `span` fills, in order, with the bytes of its body each takes: one
+    /// flight ([`BlockStore::cold_fill`]), or for a GET run on past its first block (`pace`),
+    /// each block's, as far as none is cached or being fetched already.
+    fn cold_run(
+        self: &Arc<Self>,
+        object: &ObjectId,
+        etag: &Arc<str>,
+        size: u64,
+        span: ByteRange,
+        purpose: Purpose,
+    ) -> Vec<(ColdFill, u64)> {
+        let block_size = self.keys.layout().block_size();
+        let got = span.within(size);
+        if got.start % block_size != 0 || got.end - got.start <= block_size {
+            let fill = self.cold_fill(object, etag, size, span, purpose);
+            return fill.map(|f| (f, got.end - got.start)).into_iter().collect();
+        }
+        (got.start..got.end)
+            .step_by(block_size as usize)
+            .map_while(|start| {
+                let end = (start + block_size).min(got.end);
+                let fill =
+                    self.cold_fill(object, etag, size, ByteRange::bytes(start..end), purpose)?;
+                Some((fill, end - start))
+            })
+            .collect()
     }
 
     /// The flight a cold GET of `span` fills, of an object of `size` bytes at `etag`: what the

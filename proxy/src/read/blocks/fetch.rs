@@ -223,20 +223,20 @@ impl BlockStore {
         if result.is_ok() {
             readers_first(slice.block_len).await;
         }
-        self.settle(fill, result, &object, slice.index, purpose)
-            .await;
+        self.settle(fill, result, &object, &slice, purpose).await;
     }
 
-    /// End the fetch of block `index` of `object` into `fill` as `result` and `purpose` say:
+    /// End the fetch of block `slice` of `object` into `fill` as `result` and `purpose` say:
     /// cached here, cold, only kept as a brief copy (a peer's block), or failed.
     pub(super) async fn settle(
         &self,
         fill: Fill<BlockId, UpstreamError>,
         result: Result<Supplier, UpstreamError>,
         object: &ObjectId,
-        index: u64,
+        slice: &BlockSlice,
         purpose: Purpose,
     ) {
+        let index = slice.index;
         match result {
             // The owner caches it; here only a brief copy for the next local reader (and none
             // for a warm-up, whose point is the owner's disk).
@@ -256,6 +256,14 @@ impl BlockStore {
                 // fetches (`BlockStore::fetches`) finds the note offered to disk with the block.
                 self.remember(object);
                 match purpose {
+                    // A large block is joined and cached in a task of its own: joining is a
+                    // copy of all of it, which the next block of the same GET's body (`pace`)
+                    // need not wait for. Still counted as a running fetch until it is cached.
+                    Purpose::Demand | Purpose::Prefetch | Purpose::Peer
+                        if slice.block_len >= READERS_FIRST_FROM =>
+                    {
+                        tokio::spawn(fill.commit());
+                    }
                     Purpose::Demand | Purpose::Prefetch | Purpose::Peer => {
                         fill.commit().await;
                     }

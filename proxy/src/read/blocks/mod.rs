@@ -42,6 +42,7 @@ mod ahead;
 mod classify;
 mod cold;
 mod fetch;
+mod pace;
 mod part;
 mod split;
 #[cfg(test)]
@@ -107,6 +108,8 @@ pub struct BlockStore {
     fleet: Option<Arc<Fleet>>,
     /// Blocks being read from the disk tier now: one alone is streamed in pieces.
     disk_reads: AtomicUsize,
+    /// How far a cold read's first GET runs past its first block.
+    pace: pace::Pace,
     metrics: Arc<Metrics>,
 }
 
@@ -237,6 +240,7 @@ impl BlockStore {
                 .build(),
             fleet: config.fleet,
             disk_reads: AtomicUsize::new(0),
+            pace: Default::default(),
             metrics,
         }
     }

@@ -218,7 +218,7 @@ impl BlockStore {
                     }
                 }
             }
-            self.settle(block, result, &object, slice.index, Purpose::Demand)
+            self.settle(block, result, &object, &slice, Purpose::Demand)
                 .await;
         };
         tokio::join!(fetch_tail, fetch_block);

@@ -169,3 +169,122 @@ async fn a_readers_last_bytes_go_out_before_its_block_is_joined_and_cached() {
         CacheResult::HitMemory
     );
 }
+
+/// A store of 4 KiB blocks over `origin` holding `data` as `k`, with a window of 8 blocks.
+fn cold_store(origin: &Arc<MemoryUpstream>, data: &Bytes) -> Arc<BlockStore> {
+    origin.put("k", data.clone(), "\"e1\"");
+    let config = BlockStoreConfig {
+        read_window: 8,
+        upstream_concurrency: 8,
+        ..BlockStoreConfig::for_tests()
+    };
+    Arc::new(BlockStore::new(config, origin.clone(), Arc::default()))
+}
+
+/// A cold read of `k` to its end, as a client's GET without a range: opened, then read.
+async fn read_cold_to_end(store: &Arc<BlockStore>) -> Result<Vec<u8>, UpstreamError> {
+    let id = crate::upstream::memory::fixtures::object();
+    let asked = crate::model::ByteRange::FromTo {
+        first: 0,
+        last: None,
+    };
+    let (meta, _) = store.open_cold(id.clone(), asked).await?.expect("found");
+    let etag: Arc<str> = meta.etag.as_str().into();
+    store
+        .read(id, etag, 0..meta.size, meta.size)
+        .map_ok(|b| b.to_vec())
+        .try_concat()
+        .await
+}
+
+async fn settled(store: &BlockStore) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while store.fetches() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// Where one connection brings several blocks per round trip, a cold read to the object's end
+/// asks them of its first GET, whose body fills each in turn (chunks of 1,000 bytes straddle
+/// the 4 KiB blocks), instead of one GET per block a round trip later.
+#[tokio::test]
+async fn a_cold_read_to_the_end_runs_its_first_get_on_as_far_as_a_round_trip_brings() {
+    let data = crate::upstream::memory::fixtures::data(5 * 4096 + 100);
+    let origin = Arc::new(MemoryUpstream::default());
+    let store = cold_store(&origin, &data);
+    // Nothing measured yet: one GET per block, as on S3.
+    assert_eq!(read_cold_to_end(&store).await.unwrap(), data);
+    settled(&store).await;
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 6);
+
+    let origin = Arc::new(MemoryUpstream::default());
+    let store = cold_store(&origin, &data);
+    // 30 ms and 1 MB/s: 30 KB per round trip, the whole window of 4 KiB blocks.
+    store.pace.set(Duration::from_millis(30), 1_000_000);
+    assert_eq!(read_cold_to_end(&store).await.unwrap(), data);
+    settled(&store).await;
+    assert_eq!(
+        origin.gets.load(Ordering::SeqCst),
+        1,
+        "one GET for all six blocks"
+    );
+    // And each block was cached as its own.
+    let (id, etag) = (crate::upstream::memory::fixtures::object(), "\"e1\"".into());
+    for i in 0..6 {
+        let block = i * 4096..((i + 1) * 4096).min(data.len() as u64);
+        let found = store.classify(&id, &etag, block, data.len() as u64);
+        assert_eq!(found, CacheResult::HitMemory, "block {i}");
+    }
+}
+
+/// A run's body that breaks part-way fails the block it broke in (no resume layer here), and
+/// the blocks it had not reached are fetched on their own: no block holds a wrong byte.
+#[tokio::test]
+async fn a_run_broken_part_way_leaves_its_later_blocks_to_gets_of_their_own() {
+    let data = crate::upstream::memory::fixtures::data(6 * 4096);
+    let origin = Arc::new(MemoryUpstream::default());
+    let store = cold_store(&origin, &data);
+    store.pace.set(Duration::from_millis(30), 1_000_000);
+    origin.break_at.store(2 * 4096 + 500, Ordering::SeqCst);
+    origin.breaks_left.store(1, Ordering::SeqCst);
+    assert!(read_cold_to_end(&store).await.is_err());
+    settled(&store).await;
+    // The run, then blocks 3 to 5 alone.
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 4);
+    // Block 2 again, and every byte right.
+    let (id, size) = (
+        crate::upstream::memory::fixtures::object(),
+        data.len() as u64,
+    );
+    let got: Vec<u8> = store
+        .read(id, "\"e1\"".into(), 0..size, size)
+        .map_ok(|b| b.to_vec())
+        .try_concat()
+        .await
+        .unwrap();
+    assert_eq!(got, data);
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 5);
+}
+
+/// A cold GET of a block of 1 MiB or more teaches the store the upstream's round trip and
+/// per-connection rate.
+#[tokio::test]
+async fn cold_gets_measure_the_round_trip_and_rate() {
+    let data = crate::upstream::memory::fixtures::data(2 << 20);
+    let origin = Arc::new(MemoryUpstream::default());
+    origin.put("k", data.clone(), "\"e1\"");
+    let config = BlockStoreConfig {
+        layout: BlockLayout::new(1 << 20),
+        memory_capacity: 4 << 20,
+        ..BlockStoreConfig::for_tests()
+    };
+    let store = Arc::new(BlockStore::new(config, origin, Arc::default()));
+    assert_eq!(store.pace.measured(), (Duration::ZERO, 0));
+    assert_eq!(read_cold_to_end(&store).await.unwrap(), data);
+    settled(&store).await;
+    let (round_trip, rate) = store.pace.measured();
+    assert!(
+        round_trip > Duration::ZERO && rate > 0,
+        "{round_trip:?} {rate}"
+    );
+}
