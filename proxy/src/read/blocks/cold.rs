@@ -181,7 +181,7 @@ impl BlockStore {
         // To the object's end from a block's first byte: the GET runs on past the block as far
         // as its connection is expected to bring within a round trip (`pace`). Not in a fleet,
         // where the blocks past it may be another replica's.
-        if last.is_none() && first % block_size == 0 && purpose == Purpose::Demand {
+        if last.is_none() && first.is_multiple_of(block_size) && purpose == Purpose::Demand {
             let most = self.read_window.saturating_sub(1) as u64;
             let past = self.pace.blocks_past(block_size, most);
             if let (Some(span), true, None) = (spans.first_mut(), past > 0, &self.fleet) {
@@ -352,7 +352,7 @@ impl BlockStore {
     ) -> Vec<(ColdFill, u64)> {
         let block_size = self.keys.layout().block_size();
         let got = span.within(size);
-        if got.start % block_size != 0 || got.end - got.start <= block_size {
+        if !got.start.is_multiple_of(block_size) || got.end - got.start <= block_size {
             let fill = self.cold_fill(object, etag, size, span, purpose);
             return fill.map(|f| (f, got.end - got.start)).into_iter().collect();
         }
