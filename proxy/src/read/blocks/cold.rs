@@ -281,12 +281,15 @@ impl BlockStore {
             let carve = Carve::new(body, got.end - got.start);
             let mut slot = Some(slot);
             let mut fills = first_fills.into_iter();
-            for (fill, len) in fills.by_ref() {
+            for (i, (fill, len)) in fills.by_ref().enumerate() {
                 let body = Some((carve.next(len), supplier));
                 self.fetch_cold_fill(fill, (&object, &etag), slot.take(), body, purpose)
                     .await;
                 if !carve.whole() {
                     break;
+                }
+                if i > 0 {
+                    self.metrics.run_block();
                 }
             }
             if supplier == Supplier::Upstream {

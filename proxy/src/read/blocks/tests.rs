@@ -228,6 +228,8 @@ async fn a_cold_read_to_the_end_runs_its_first_get_on_as_far_as_a_round_trip_bri
         1,
         "one GET for all six blocks"
     );
+    let s = store.metrics.snapshot();
+    assert_eq!(s.sum("larder_upstream_run_blocks_total", &[]), 5.0);
     // And each block was cached as its own.
     let (id, etag) = (crate::upstream::memory::fixtures::object(), "\"e1\"".into());
     for i in 0..6 {
@@ -251,6 +253,12 @@ async fn a_run_broken_part_way_leaves_its_later_blocks_to_gets_of_their_own() {
     settled(&store).await;
     // The run, then blocks 3 to 5 alone.
     assert_eq!(origin.gets.load(Ordering::SeqCst), 4);
+    let s = store.metrics.snapshot();
+    assert_eq!(
+        s.sum("larder_upstream_run_blocks_total", &[]),
+        1.0,
+        "block 1"
+    );
     // Block 2 again, and every byte right.
     let (id, size) = (
         crate::upstream::memory::fixtures::object(),

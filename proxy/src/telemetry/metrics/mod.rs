@@ -86,6 +86,7 @@ pub struct Metrics {
     cost_upstream: Counter<f64>,
     resumes: Counter<u64>,
     hedges: Counter<u64>,
+    run_blocks: Counter<u64>,
     throttle: Counter<u64>,
     prefetch_blocks: Counter<u64>,
     prefetch_bytes: Counter<u64>,
@@ -225,6 +226,11 @@ impl Metrics {
             "larder.upstream.hedges",
             "Hedged block GETs sent (outcome=sent) and those that answered first (outcome=won)",
         );
+        let run_blocks = counter(
+            "larder.upstream.run_blocks",
+            "Blocks a cold read's first GET brought past its first block, each a GET not sent",
+        );
+        run_blocks.add(0, &[]);
         let throttle = counter(
             "larder.upstream.throttle",
             "The per-prefix throttle, by event: limited (a prefix answered SlowDown and is paced), cut (answered it again), lifted (no longer paced), delayed (a request waited for its prefix's pace)",
@@ -304,6 +310,7 @@ impl Metrics {
             fleet_changes,
             resumes,
             hedges,
+            run_blocks,
             throttle,
             prefetch_blocks,
             prefetch_bytes,
@@ -477,6 +484,11 @@ impl Metrics {
     pub fn hedged(&self, won: bool) {
         let outcome = if won { "won" } else { "sent" };
         self.hedges.add(1, &[kv("outcome", outcome)]);
+    }
+
+    /// A cold read's first GET brought a block past its first (`read/blocks/pace.rs`).
+    pub fn run_block(&self) {
+        self.run_blocks.add(1, &[]);
     }
 
     /// The per-prefix throttle did `event`.
