@@ -278,6 +278,33 @@ def s3_like(workdir, minio):
     p.stop()
 
 
+def test_a_cold_read_to_the_end_from_a_near_upstream_is_one_get(make_larder, s3_like, direct, bucket):
+    """An upstream whose one connection brings several blocks per round trip (the latency proxy
+    on loopback, 100 ms before each answer): once Larder has measured it, a cold GET of a whole
+    object asks its first upstream GET for the blocks a round trip brings, instead of asking
+    for each further block a round trip later. One GET for a four-block object, every byte
+    right; without the run it is four."""
+    objs = {f"near/o{i}": random.Random(200 + i).randbytes(4 * MiB) for i in range(2)}
+    for key, body in objs.items():
+        direct.put_object(Bucket=bucket, Key=key, Body=body)
+    larder = make_larder("--block-size", "1MiB", "--memory-capacity", "64MiB", name="near",
+                         upstream_url=s3_like.endpoint)
+    s3_like.latency(delay_ms=100, jitter_ms=0, tail_fraction=0, tail_ms=0)
+    client = larder.client()
+    # The first cold read measures the round trip, and the rate on its first block.
+    assert client.get_object(Bucket=bucket, Key="near/o0")["Body"].read() == objs["near/o0"]
+    assert metric(larder, "larder_upstream_run_blocks_total") == 0
+    s3_like.control("reset")
+    assert client.get_object(Bucket=bucket, Key="near/o1")["Body"].read() == objs["near/o1"]
+    # 1 MiB per round trip needs only 10 MB/s through the proxy: the run covers the object.
+    assert s3_like.control("stats")["by_method"].get("GET", 0) == 1
+    assert metric(larder, "larder_upstream_run_blocks_total") == 3
+    # Cached block by block, as any fetch: a range in the last block is a hit.
+    last = client.get_object(Bucket=bucket, Key="near/o1", Range=f"bytes={3 * MiB}-{3 * MiB + 99}")
+    assert last["Body"].read() == objs["near/o1"][3 * MiB:3 * MiB + 100]
+    assert s3_like.control("stats")["by_method"].get("GET", 0) == 1
+
+
 def test_a_prefix_answering_slowdown_is_paced_and_other_prefixes_are_not(make_larder, s3_like, direct, bucket):
     """S3 answers 503 SlowDown past a prefix's request rate. Larder, fanning each cold read out
     into block GETs, must slow down that prefix, not every request to the upstream, and not

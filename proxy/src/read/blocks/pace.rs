@@ -213,10 +213,11 @@ impl Stream for Piece {
         }
         c.owed -= chunk.len() as u64;
         if c.owed == 0 && !c.first_done {
-            // The first block is whole: its bytes after the first chunk, over the time they took.
+            // The first block is whole: its bytes after the first chunk, over the time they took
+            // (when most of them came after it: else there is no time to measure).
             c.first_done = true;
             let len = c.first_len.unwrap_or(0);
-            if len >= MEASURED_FROM {
+            if len >= MEASURED_FROM && first.1 as u64 <= len / 2 {
                 c.measured = Some((len.saturating_sub(first.1 as u64), now - first.0));
             }
         }
