@@ -15,12 +15,13 @@
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::stream::{Stream, StreamExt};
+use parking_lot::Mutex;
 
 use crate::model::{BodyStream, UpstreamError};
 
@@ -134,7 +135,7 @@ impl Carve {
     /// The body of the next `len` bytes. The one before it must have been read to its end
     /// ([`Carve::whole`]).
     pub(super) fn next(&self, len: u64) -> BodyStream {
-        let mut c = self.shared.lock().expect("carve lock");
+        let mut c = self.shared.lock();
         c.owed = len;
         c.first_len.get_or_insert(len);
         Piece {
@@ -145,13 +146,13 @@ impl Carve {
 
     /// Whether the last body handed out was read to its end, so the next can follow.
     pub(super) fn whole(&self) -> bool {
-        let c = self.shared.lock().expect("carve lock");
+        let c = self.shared.lock();
         !c.broken && c.owed == 0
     }
 
     /// Tell `pace` the rate the first block came at, if it was long enough to say.
     pub(super) fn measure(&self, pace: &Pace) {
-        let c = self.shared.lock().expect("carve lock");
+        let c = self.shared.lock();
         if let Some((bytes, took)) = c.measured {
             pace.streamed(bytes, took);
         }
@@ -167,7 +168,7 @@ impl Stream for Piece {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         // Only one piece is read at a time: the lock is never contended.
-        let mut c = self.shared.lock().expect("carve lock");
+        let mut c = self.shared.lock();
         if c.broken || c.ended {
             return Poll::Ready(None);
         }
