@@ -284,7 +284,7 @@ def test_a_cold_read_to_the_end_from_a_near_upstream_is_one_get(make_larder, s3_
     object asks its first upstream GET for the blocks a round trip brings, instead of asking
     for each further block a round trip later. One GET for a four-block object, every byte
     right; without the run it is four."""
-    objs = {f"near/o{i}": random.Random(200 + i).randbytes(4 * MiB) for i in range(2)}
+    objs = {f"near/o{i}": random.Random(200 + i).randbytes(4 * MiB) for i in range(3)}
     for key, body in objs.items():
         direct.put_object(Bucket=bucket, Key=key, Body=body)
     larder = make_larder("--block-size", "1MiB", "--memory-capacity", "64MiB", name="near",
@@ -298,11 +298,23 @@ def test_a_cold_read_to_the_end_from_a_near_upstream_is_one_get(make_larder, s3_
     assert client.get_object(Bucket=bucket, Key="near/o1")["Body"].read() == objs["near/o1"]
     # 1 MiB per round trip needs only 10 MB/s through the proxy: the run covers the object.
     assert s3_like.control("stats")["by_method"].get("GET", 0) == 1
+    # Counted as each block's fetch ends, which may be a moment after its bytes went out.
+    wait_until(lambda: metric(larder, "larder_upstream_run_blocks_total") >= 3, 5, "the run's blocks counted")
     assert metric(larder, "larder_upstream_run_blocks_total") == 3
     # Cached block by block, as any fetch: a range in the last block is a hit.
     last = client.get_object(Bucket=bucket, Key="near/o1", Range=f"bytes={3 * MiB}-{3 * MiB + 99}")
     assert last["Body"].read() == objs["near/o1"][3 * MiB:3 * MiB + 100]
     assert s3_like.control("stats")["by_method"].get("GET", 0) == 1
+
+    # The upstream turns S3-shaped: 10 MB/s per connection, 1 MB per round trip. The next run,
+    # planned on the old rate, stops after its first block (which came at under half that
+    # rate), and the other three blocks are asked for at once, a GET each; without the stop,
+    # one slow connection would bring all four.
+    s3_like.limits(connection_mbps=10)
+    s3_like.control("reset")
+    assert client.get_object(Bucket=bucket, Key="near/o2")["Body"].read() == objs["near/o2"]
+    assert s3_like.control("stats")["by_method"].get("GET", 0) == 4
+    assert metric(larder, "larder_upstream_run_blocks_total") == 3
 
 
 def test_a_prefix_answering_slowdown_is_paced_and_other_prefixes_are_not(make_larder, s3_like, direct, bucket):

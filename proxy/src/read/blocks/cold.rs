@@ -281,21 +281,27 @@ impl BlockStore {
             let carve = Carve::new(body, got.end - got.start);
             let mut slot = Some(slot);
             let mut fills = first_fills.into_iter();
-            for (i, (fill, len)) in fills.by_ref().enumerate() {
+            let mut first = true;
+            while let Some((fill, len)) = fills.next() {
                 let body = Some((carve.next(len), supplier));
                 self.fetch_cold_fill(fill, (&object, &etag), slot.take(), body, purpose)
                     .await;
                 if !carve.whole() {
                     break;
                 }
-                if i > 0 {
+                if !first {
                     self.metrics.run_block();
+                } else if supplier == Supplier::Upstream {
+                    let rate = carve.measure(&self.pace);
+                    if !self.pace.keeps(rate, fills.len() as u64, len) {
+                        break;
+                    }
                 }
+                first = false;
             }
-            if supplier == Supplier::Upstream {
-                carve.measure(&self.pace);
-            }
-            // The body broke: the blocks it did not reach are fetched on their own.
+            // The body broke, or came too slowly to go on: the blocks it did not reach are
+            // fetched on their own, at once; its connection is let go.
+            drop(carve);
             let alone = fills
                 .map(|(fill, _)| self.fetch_cold_fill(fill, (&object, &etag), None, None, purpose));
             future::join_all(alone).await;

@@ -39,10 +39,13 @@ pub(super) struct Pace {
     rate: AtomicU64,
 }
 
+/// A moving average that falls at once: a lower sample replaces it, a higher one weighs a
+/// quarter. Both estimates err low, toward no run (what S3 gets): a run planned on a rate the
+/// connection no longer has holds its blocks back, where a run too short costs a round trip.
 fn average(into: &AtomicU64, sample: u64) {
     // Racing updates may lose one sample; an estimate does not need them all.
     let old = into.load(Ordering::Relaxed);
-    let new = if old == 0 {
+    let new = if old == 0 || sample < old {
         sample
     } else {
         old - old / 4 + sample / 4
@@ -62,6 +65,19 @@ impl Pace {
         if secs > 0.0 {
             average(&self.rate, (bytes as f64 / secs) as u64);
         }
+    }
+
+    /// Whether a run whose first block came at `rate` bytes a second goes on for `remaining`
+    /// more blocks of `block_size`: only if they would come within two round trips. A run
+    /// planned on a rate the connection turned out not to have (the upstream got slower, or
+    /// caps each connection as S3 does) stops after its first block, and the rest are asked
+    /// for at once, each with a GET of its own.
+    pub(super) fn keeps(&self, rate: Option<f64>, remaining: u64, block_size: u64) -> bool {
+        let round_trip = self.round_trip_us.load(Ordering::Relaxed) as f64 / 1e6;
+        let Some(rate) = rate else {
+            return true;
+        };
+        (remaining * block_size) as f64 <= 2.0 * round_trip * rate
     }
 
     /// Blocks of `block_size` past its first that a cold GET's connection is expected to bring
@@ -150,12 +166,14 @@ impl Carve {
         !c.broken && c.owed == 0
     }
 
-    /// Tell `pace` the rate the first block came at, if it was long enough to say.
-    pub(super) fn measure(&self, pace: &Pace) {
+    /// Tell `pace` the rate the first block came at, if it was long enough to say; that rate,
+    /// in bytes a second.
+    pub(super) fn measure(&self, pace: &Pace) -> Option<f64> {
         let c = self.shared.lock();
-        if let Some((bytes, took)) = c.measured {
-            pace.streamed(bytes, took);
-        }
+        let (bytes, took) = c.measured?;
+        pace.streamed(bytes, took);
+        let secs = took.as_secs_f64();
+        (secs > 0.0).then(|| bytes as f64 / secs)
     }
 }
 
@@ -300,8 +318,28 @@ mod tests {
         pace.set(Duration::from_millis(30), 1_200_000_000);
         assert_eq!(pace.blocks_past(8 << 20, 7), 4);
         assert_eq!(pace.blocks_past(8 << 20, 2), 2, "at most `most`");
-        // A new measurement weighs a quarter.
+        // A lower measurement replaces the estimate; a higher one weighs a quarter.
         pace.answered(Duration::from_millis(10));
-        assert_eq!(pace.round_trip_us.load(Ordering::Relaxed), 25_000);
+        assert_eq!(pace.round_trip_us.load(Ordering::Relaxed), 10_000);
+        pace.answered(Duration::from_millis(30));
+        assert_eq!(pace.round_trip_us.load(Ordering::Relaxed), 15_000);
+    }
+
+    #[test]
+    fn a_run_stops_when_its_first_block_came_at_under_half_the_rate_it_was_planned_on() {
+        let pace = Pace::default();
+        // Planned at 1.2 GB/s and 30 ms: four blocks past the first.
+        pace.set(Duration::from_millis(30), 1_200_000_000);
+        let block = 8 << 20;
+        assert!(pace.keeps(Some(1_200_000_000.0), 4, block));
+        assert!(
+            pace.keeps(Some(600_000_000.0), 4, block),
+            "half the rate: within two round trips"
+        );
+        assert!(
+            !pace.keeps(Some(90_000_000.0), 4, block),
+            "S3's 90 MB/s: the rest at once"
+        );
+        assert!(pace.keeps(None, 4, block), "nothing measured: as planned");
     }
 }
