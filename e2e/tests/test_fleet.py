@@ -4,6 +4,8 @@ client a wrong byte, and a fourth replica joining moves about a quarter of the b
 
 Upstream requests are counted where they land (the counting pass-through), not by Larder."""
 
+import hashlib
+import hmac
 import json
 import random
 import re
@@ -14,7 +16,7 @@ import urllib.request
 
 import pytest
 
-from conftest import ROOT, FleetOf, fleet_state, free_port, metric, owner
+from conftest import FLEET_SECRET, ROOT, FleetOf, fleet_state, free_port, metric, owner
 from threads import run_all
 
 def put_objects(direct, bucket, sizes, seed=1):
@@ -223,6 +225,53 @@ def test_peer_requests_must_be_signed_with_the_fleet_secret(make_larder, workdir
             urllib.request.urlopen(forged, timeout=5)
         assert refused.value.code == 403
     assert metric(fleet.nodes[0], "larder_fleet_notices_total", outcome="received") == 0
+
+
+def peer_signature(method, path_and_query) -> str:
+    """What a replica sends in `x-larder-peer-auth` (`proxy/src/fleet/auth.rs`)."""
+    now = int(time.time())
+    message = f"larder-peer-v1\n{now}\n{method}\n{path_and_query}".encode()
+    return f"{now}:{hmac.new(FLEET_SECRET.encode(), message, hashlib.sha256).hexdigest()}"
+
+
+def test_a_replica_told_of_a_change_never_takes_the_old_version_from_an_owner_not_yet_told(
+        make_larder, workdir, direct, bucket):
+    # Notices of a change reach the replicas one by one (and an S3 event reaches only one of
+    # them, which tells the rest). A replica told first must not read the object back from its
+    # owner, which still has the old version's metadata cached for an hour: CI caught a fleet
+    # of three serving the old bytes 5 s after such a change.
+    fleet = FleetOf(make_larder, workdir, "told-first", "--metadata-ttl", "1h", "--list-ttl", "1h")
+    fleet.start(2)
+    told, owner_not_told = fleet.nodes
+    key = next(k for k in (f"obj-{i}" for i in range(64)) if owner(told, bucket, k, 0) == fleet.peer(1))
+    client = told.client()
+
+    def read():
+        return client.get_object(Bucket=bucket, Key=key)["Body"].read()
+
+    def opens():
+        return metric(told, "larder_peer_requests_total", direction="made", kind="open", outcome="ok")
+
+    direct.put_object(Bucket=bucket, Key=key, Body=b"v1")
+    assert read() == b"v1"
+    assert opens() == 1, "opened at its owner, which has v1's metadata cached now"
+    assert owner_not_told.client().get_object(Bucket=bucket, Key=key)["Body"].read() == b"v1"
+
+    new = b"v2, written straight to the bucket"
+    direct.put_object(Bucket=bucket, Key=key, Body=new)
+    # The notice a third replica sends when a write or an event reaches it, to this one only
+    # so far.
+    path = f"/v1/changed?bucket={bucket}&key={key}"
+    notice = urllib.request.Request(f"http://{fleet.peer(0)}{path}", method="POST",
+                                    headers={"x-larder-peer-auth": peer_signature("POST", path)})
+    urllib.request.urlopen(notice, timeout=5).read()
+    assert metric(told, "larder_fleet_notices_total", outcome="received") == 1
+
+    assert read() == new
+    assert opens() == 2, "asked the owner again, and did not take its answer"
+    assert read() == new, "nor cached it"
+    # The owner, never told here, still serves what it cached: its TTL is its bound.
+    assert owner_not_told.client().get_object(Bucket=bucket, Key=key)["Body"].read() == b"v1"
 
 
 def test_a_replica_that_hangs_costs_a_peer_timeout_not_a_failure(make_larder, workdir, upstream, direct, bucket):

@@ -46,7 +46,9 @@ pub fn encode_meta(meta: &ObjectMeta, age: Duration) -> Bytes {
             .iter()
             .map(|(n, v)| (n.as_str().to_owned(), b64.encode(v.as_bytes())))
             .collect(),
-        age_ms: u64::try_from(age.as_millis()).unwrap_or(u64::MAX),
+        // Rounded up: an asker must never take metadata for younger than it is (it weighs the
+        // age against when it learnt of a change).
+        age_ms: u64::try_from(age.as_micros().div_ceil(1000)).unwrap_or(u64::MAX),
     };
     // Plain strings and numbers: serialising cannot fail.
     let json = serde_json::to_vec(&wire).unwrap_or_default();
@@ -226,6 +228,12 @@ mod tests {
         assert_eq!(back, meta);
         assert_eq!(age, Duration::from_millis(1500));
         assert_eq!(&buf[..], b"block bytes");
+        // A part of a millisecond counts as one: never younger than it is.
+        let mut buf = BytesMut::from(&encode_meta(&meta, Duration::from_micros(1_500_001))[..]);
+        assert_eq!(
+            decode_meta(&mut buf).unwrap().1,
+            Duration::from_millis(1501)
+        );
     }
 
     #[test]

@@ -117,6 +117,13 @@ pub struct MetadataCache {
     /// Changes of whole buckets ([`MetadataCache::invalidate_bucket`]: a DeleteObjects names
     /// its keys only in its body), which every fetch running then must not outlive either.
     bulk_changes: AtomicU64,
+    /// When each slot of [`MetadataCache::changes`] last moved, and when a whole bucket last
+    /// changed ([`Moment`]s): metadata another replica had cached since before then is not
+    /// taken from it ([`MetadataCache::get_or_open_aged`]).
+    changed_at: Box<[AtomicU64]>,
+    bulk_changed_at: AtomicU64,
+    /// What [`Moment`]s count from.
+    epoch: Instant,
     hasher: std::collections::hash_map::RandomState,
     origin: Arc<dyn Upstream>,
     /// Whether metadata is refreshed ahead of its expiry (`metadata_refresh_ahead`).
@@ -213,6 +220,12 @@ const CHANGE_SLOTS: usize = 4096;
 /// A change that did not say which version it made (a write, a delete, a peer's notice).
 const UNKNOWN: u64 = 0;
 
+/// A moment: microseconds from [`MetadataCache`]'s epoch, rounded up (a change is never taken
+/// for older than it is), or [`NO_MOMENT`].
+type Moment = u64;
+/// No change recorded.
+const NO_MOMENT: Moment = 0;
+
 /// Where metadata came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {
@@ -266,6 +279,11 @@ impl MetadataCache {
             changes: (0..CHANGE_SLOTS).map(|_| AtomicU64::new(0)).collect(),
             announced: (0..CHANGE_SLOTS).map(|_| AtomicU64::new(UNKNOWN)).collect(),
             bulk_changes: AtomicU64::new(0),
+            changed_at: (0..CHANGE_SLOTS)
+                .map(|_| AtomicU64::new(NO_MOMENT))
+                .collect(),
+            bulk_changed_at: AtomicU64::new(NO_MOMENT),
+            epoch: Instant::now(),
             hasher: Default::default(),
             origin,
             refresh_ahead: false,
@@ -342,8 +360,25 @@ impl MetadataCache {
         // Announced before the count moves: a fetch that sees the count move then reads this
         // announcement or a later one, never an earlier one.
         self.announced[slot].store(version, Ordering::Release);
+        self.changed_at[slot].fetch_max(self.now(), Ordering::AcqRel);
         self.changes[slot].fetch_add(1, Ordering::AcqRel);
         self.invalidate(id).await;
+    }
+
+    /// Now, as a [`Moment`] (never [`NO_MOMENT`]).
+    fn now(&self) -> Moment {
+        u64::try_from(self.epoch.elapsed().as_micros())
+            .unwrap_or(u64::MAX - 1)
+            .saturating_add(1)
+    }
+
+    /// How long ago this replica last learnt that `id` (or anything sharing its slot, or a
+    /// whole bucket) changed; `None` if it never did.
+    fn since_change(&self, id: &ObjectId) -> Option<Duration> {
+        let last = self.changed_at[self.slot(id)]
+            .load(Ordering::Acquire)
+            .max(self.bulk_changed_at.load(Ordering::Acquire));
+        (last != NO_MOMENT).then(|| Duration::from_micros(self.now().saturating_sub(last)))
     }
 
     /// The ETag cached for `id`, if any, without asking the upstream.
@@ -404,21 +439,35 @@ impl MetadataCache {
         open: impl std::future::Future<Output = Result<Option<(ObjectMeta, Duration)>, UpstreamError>>,
     ) -> Result<(Arc<ObjectMeta>, Source, Duration), (UpstreamError, bool)> {
         let fetch = async {
-            match open.await {
-                Ok(Some((meta, age))) => Ok(Entry {
+            // Taken before the open is sent: what it brings is trusted from then, never longer,
+            // and the age a replica asking this one is told is never short.
+            let started = Instant::now();
+            let since_change = self.since_change(id);
+            let opened = open.await.map_err(|e| (e, false))?;
+            // Another replica had it cached since before this one learnt that the object
+            // changed (the change's notice may not have reached it yet): it may be the old
+            // version, which must not be served, let alone kept for the rest of the TTL.
+            let opened = opened.filter(|(_, age)| {
+                let older = since_change.is_some_and(|since| *age > since);
+                if older {
+                    tracing::debug!(object = %id, ?age, ?since_change, "metadata from before a change: asking the upstream");
+                }
+                !older
+            });
+            Ok(match opened {
+                Some((meta, age)) => Entry {
                     meta: Arc::new(meta),
-                    fetched: Instant::now().checked_sub(age).unwrap_or_else(Instant::now),
+                    fetched: started.checked_sub(age).unwrap_or(started),
                     trust: self.trust(id),
                     reads: Default::default(),
-                }),
-                Ok(None) => Ok(Entry {
+                },
+                None => Entry {
                     fetched: Instant::now(),
                     meta: self.head(id).await.map_err(|e| (e, true))?,
                     trust: self.trust(id),
                     reads: Default::default(),
-                }),
-                Err(e) => Err((e, false)),
-            }
+                },
+            })
         };
         let (entry, source) = self.lookup(id, fetch).await?;
         Ok((entry.meta, source, entry.fetched.elapsed()))
@@ -605,6 +654,7 @@ impl MetadataCache {
     /// Forget every object of `bucket` (a write that names its keys only in its body).
     pub fn invalidate_bucket(&self, bucket: &str) {
         // Counted before the entries go, as in `changed_to`.
+        self.bulk_changed_at.fetch_max(self.now(), Ordering::AcqRel);
         self.bulk_changes.fetch_add(1, Ordering::AcqRel);
         for cache in self.cache.iter().chain(&self.stale) {
             let bucket: Arc<str> = bucket.into();
@@ -765,6 +815,55 @@ mod tests {
             cache.get(&id).await.unwrap();
             assert_eq!(cache.cached_etag(&id).await.as_deref(), Some("\"e1\""));
         }
+    }
+
+    #[tokio::test]
+    async fn another_replicas_metadata_older_than_a_change_known_here_is_not_taken() {
+        // This replica was told that `b/k` changed; the replica owning it may not have been
+        // yet, and answers an open with what it cached before. That answer is older than the
+        // change, so the upstream is asked instead: v1 is what it holds now. An answer younger
+        // than the change is taken, and before any change any age is (within the TTL).
+        let (origin, cache, id) =
+            one_object(b"v1", "\"e1\"", Duration::from_secs(3600), Duration::ZERO);
+        let mut old = origin.head(&id).await.unwrap();
+        old.etag = "\"e0\"".into();
+        let open = |age: Duration| {
+            let old = old.clone();
+            async move { Ok(Some((old, age))) }
+        };
+        let (got, _) = cache
+            .get_or_open(&id, open(Duration::from_secs(30)))
+            .await
+            .unwrap();
+        assert_eq!(got.etag, "\"e0\"", "no change known: taken");
+
+        cache.changed(&id).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let (got, source) = cache
+            .get_or_open(&id, open(Duration::from_millis(200)))
+            .await
+            .unwrap();
+        assert_eq!((got.etag.as_str(), source), ("\"e1\"", Source::Fetched));
+        assert_eq!(cache.cached_etag(&id).await.as_deref(), Some("\"e1\""));
+
+        cache.invalidate(&id).await;
+        let (got, _) = cache
+            .get_or_open(&id, open(Duration::from_millis(1)))
+            .await
+            .unwrap();
+        assert_eq!(
+            got.etag, "\"e0\"",
+            "cached after the change was learnt: taken"
+        );
+
+        // A whole bucket's change counts too.
+        cache.invalidate_bucket("b");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let (got, _) = cache
+            .get_or_open(&id, open(Duration::from_millis(200)))
+            .await
+            .unwrap();
+        assert_eq!(got.etag, "\"e1\"");
     }
 
     #[tokio::test]
