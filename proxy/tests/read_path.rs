@@ -75,16 +75,8 @@ async fn read_settled(
     s: impl Stream<Item = Result<Bytes, UpstreamError>>,
 ) -> Result<Vec<u8>, UpstreamError> {
     let got = collect(s).await;
-    settle(store).await;
+    assert!(store.settled(Duration::from_secs(5)).await);
     got
-}
-
-/// Wait (at most 5 s) until no fetch is running.
-async fn settle(store: &BlockStore) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while store.fetches() > 0 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
 }
 
 #[tokio::test]
@@ -760,7 +752,7 @@ mod disk_tests {
         let (store, disk) = store_with(&path, origin.clone(), geometry, metrics).await;
         let got = collect(store.read(id.clone(), etag.clone(), 0..size, size)).await;
         assert_eq!(got.unwrap(), body);
-        settle(&store).await;
+        assert!(store.settled(Duration::from_secs(5)).await);
         disk.close().await;
         drop((store, disk));
 
@@ -809,7 +801,7 @@ mod disk_tests {
         let (store, disk) = store_over(&path, origin.clone()).await;
         let got = collect(store.read(id.clone(), etag.clone(), 0..size, size)).await;
         assert_eq!(got.unwrap(), body);
-        settle(&store).await;
+        assert!(store.settled(Duration::from_secs(5)).await);
         disk.close().await;
         drop((store, disk));
 
@@ -861,7 +853,7 @@ mod disk_tests {
             .await;
         assert_eq!(got.concat(), body.to_vec());
         let fetched = origin.gets.load(std::sync::atomic::Ordering::SeqCst);
-        settle(&store).await;
+        assert!(store.settled(Duration::from_secs(5)).await);
         disk.close().await;
         drop((store, disk));
 
@@ -881,7 +873,7 @@ mod disk_tests {
             fetched,
             "no upstream GET after restart"
         );
-        settle(&store).await;
+        assert!(store.settled(Duration::from_secs(5)).await);
         // Promoted: now every touched block is in memory.
         assert_eq!(
             store.classify(&id, &etag, 1000..250_000, 300_000),

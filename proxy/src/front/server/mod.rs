@@ -488,10 +488,7 @@ impl Running {
         // already accepted, so the next start finds them (a crash would only lose them, never
         // corrupt anything).
         if let Some(disk) = self.blocks.disk() {
-            let deadline = tokio::time::Instant::now() + FETCHES_WITHIN;
-            while self.blocks.fetches() > 0 && tokio::time::Instant::now() < deadline {
-                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-            }
+            self.blocks.settled(FETCHES_WITHIN).await;
             let spilled = self.blocks.spill(SPILL_WITHIN).await;
             if spilled > 0 {
                 tracing::info!(blocks = spilled, "wrote the memory tier down to disk");

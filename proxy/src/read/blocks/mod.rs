@@ -260,11 +260,19 @@ impl BlockStore {
         self.cache.disk()
     }
 
-    /// Fetches running now (blocks and parts, read-ahead's included). A fetch of a large block
-    /// hands its readers the last bytes before it caches the block, so a read can end a moment
-    /// before the cache holds it; a shutdown (and tests) wait for this to reach 0.
-    pub fn fetches(&self) -> usize {
-        self.cache.fetches()
+    /// Wait, at most `within`, for the fetches running now (blocks and parts, read-ahead's
+    /// included) to land; whether they all did. A fetch of a large block hands its readers the
+    /// last bytes before it caches the block, so a read can end a moment before the cache holds
+    /// it: a shutdown (and tests) wait here before they look.
+    pub async fn settled(&self, within: std::time::Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        while self.cache.fetches() > 0 {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        true
     }
 
     /// Write the blocks only memory holds down to disk, for at most `within` (at shutdown,

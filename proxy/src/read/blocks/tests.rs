@@ -197,13 +197,6 @@ async fn read_cold_to_end(store: &Arc<BlockStore>) -> Result<Vec<u8>, UpstreamEr
         .await
 }
 
-async fn settled(store: &BlockStore) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while store.fetches() > 0 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-}
-
 /// Where one connection brings several blocks per round trip, a cold read to the object's end
 /// asks them of its first GET, whose body fills each in turn (chunks of 1,000 bytes straddle
 /// the 4 KiB blocks), instead of one GET per block a round trip later.
@@ -214,7 +207,7 @@ async fn a_cold_read_to_the_end_runs_its_first_get_on_as_far_as_a_round_trip_bri
     let store = cold_store(&origin, &data);
     // Nothing measured yet: one GET per block, as on S3.
     assert_eq!(read_cold_to_end(&store).await.unwrap(), data);
-    settled(&store).await;
+    assert!(store.settled(Duration::from_secs(5)).await);
     assert_eq!(origin.gets.load(Ordering::SeqCst), 6);
 
     let origin = Arc::new(MemoryUpstream::default());
@@ -222,7 +215,7 @@ async fn a_cold_read_to_the_end_runs_its_first_get_on_as_far_as_a_round_trip_bri
     // 30 ms and 1 MB/s: 30 KB per round trip, the whole window of 4 KiB blocks.
     store.pace.set(Duration::from_millis(30), 1_000_000);
     assert_eq!(read_cold_to_end(&store).await.unwrap(), data);
-    settled(&store).await;
+    assert!(store.settled(Duration::from_secs(5)).await);
     assert_eq!(
         origin.gets.load(Ordering::SeqCst),
         1,
@@ -250,7 +243,7 @@ async fn a_run_broken_part_way_leaves_its_later_blocks_to_gets_of_their_own() {
     origin.break_at.store(2 * 4096 + 500, Ordering::SeqCst);
     origin.breaks_left.store(1, Ordering::SeqCst);
     assert!(read_cold_to_end(&store).await.is_err());
-    settled(&store).await;
+    assert!(store.settled(Duration::from_secs(5)).await);
     // The run, then blocks 3 to 5 alone.
     assert_eq!(origin.gets.load(Ordering::SeqCst), 4);
     let s = store.metrics.snapshot();
@@ -289,7 +282,7 @@ async fn cold_gets_measure_the_round_trip_and_rate() {
     let store = Arc::new(BlockStore::new(config, origin, Arc::default()));
     assert_eq!(store.pace.measured(), (Duration::ZERO, 0));
     assert_eq!(read_cold_to_end(&store).await.unwrap(), data);
-    settled(&store).await;
+    assert!(store.settled(Duration::from_secs(5)).await);
     let (round_trip, rate) = store.pace.measured();
     assert!(
         round_trip > Duration::ZERO && rate > 0,
