@@ -197,6 +197,46 @@ async fn blocks_owned_elsewhere_come_from_their_owner_once() {
     assert_eq!(sent, peer_bytes(&metrics, "received"));
 }
 
+/// An owner asked for an object by a replica that learnt it changed, before the owner itself
+/// was told (notices go out one by one), drops what it cached before then instead of
+/// answering with the old version; asked without that, it answers from its cache.
+#[tokio::test]
+async fn an_owner_told_of_a_change_by_an_open_drops_what_it_cached_before() {
+    let origin = Arc::new(MemoryUpstream::default());
+    origin.put("k", data(), "\"e1\"");
+    let (peer, _) = owner_replica(origin.clone()).await;
+    let client = PeerClient::new(secret(), Duration::from_secs(2), BLOCK);
+    let peer = peer.to_string();
+    let etag = |opened: Option<client::Opened>| opened.expect("found").0.etag;
+    assert_eq!(
+        etag(client.open(&peer, &object(), 0, None).await.unwrap()),
+        "\"e1\""
+    );
+    // Written straight to the bucket; the owner's metadata is cached for 60 s.
+    origin.put("k", Bytes::from_static(b"v2"), "\"e2\"");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(
+        etag(client.open(&peer, &object(), 0, None).await.unwrap()),
+        "\"e1\""
+    );
+    // Learnt a change longer ago than the owner fetched: nothing to drop.
+    let long_ago = Some(Duration::from_secs(30));
+    assert_eq!(
+        etag(client.open(&peer, &object(), 0, long_ago).await.unwrap()),
+        "\"e1\""
+    );
+    // Learnt it 5 ms ago: the owner's metadata is older, and goes.
+    let just_now = Some(Duration::from_millis(5));
+    assert_eq!(
+        etag(client.open(&peer, &object(), 0, just_now).await.unwrap()),
+        "\"e2\""
+    );
+    assert_eq!(
+        etag(client.open(&peer, &object(), 0, None).await.unwrap()),
+        "\"e2\""
+    );
+}
+
 #[tokio::test]
 async fn a_cold_object_opens_at_its_owner_with_one_upstream_get() {
     let origin = Arc::new(MemoryUpstream::default());
@@ -211,6 +251,7 @@ async fn a_cold_object_opens_at_its_owner_with_one_upstream_get() {
                 first: index * BLOCK,
                 last: None,
             },
+            None,
         )
         .await
         .unwrap()
@@ -448,7 +489,7 @@ async fn answers_from_a_peer_without_the_secret_are_never_used() {
     }
     // Its error answers are not relayed as the upstream's (a fallback to S3 instead).
     assert!(matches!(
-        client.open(&peer, &object(), 0).await,
+        client.open(&peer, &object(), 0, None).await,
         Err(client::PeerError::Unavailable { .. })
     ));
 }

@@ -446,7 +446,11 @@ async fn a_cold_range_spanning_blocks_sends_every_piece_at_once() {
         first: 0,
         last: Some(9000),
     };
-    let (meta, _) = store.open_cold(id.clone(), asked).await.unwrap().unwrap();
+    let (meta, _) = store
+        .open_cold(id.clone(), asked, None)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(origin.gets.load(Ordering::SeqCst), 3);
     let etag: Arc<str> = meta.etag.as_str().into();
     let got = collect(store.read(id.clone(), etag.clone(), 0..9001, meta.size)).await;
@@ -464,7 +468,7 @@ async fn a_cold_range_spanning_blocks_sends_every_piece_at_once() {
     };
     let asked = larder::model::ByteRange::Suffix(100);
     let (meta, _) = store
-        .open_cold(other.clone(), asked)
+        .open_cold(other.clone(), asked, None)
         .await
         .unwrap()
         .unwrap();
@@ -618,7 +622,11 @@ async fn a_cold_range_from_inside_its_block_opens_with_its_tail() {
         first: 1000,
         last: Some(9000),
     };
-    let (meta, _) = store.open_cold(id.clone(), asked).await.unwrap().unwrap();
+    let (meta, _) = store
+        .open_cold(id.clone(), asked, None)
+        .await
+        .unwrap()
+        .unwrap();
     let etag: Arc<str> = meta.etag.as_str().into();
     let read = collect(store.read(id.clone(), etag.clone(), 1000..9001, meta.size));
     let got = tokio::time::timeout(Duration::from_secs(5), read).await;

@@ -208,14 +208,23 @@ impl PeerClient {
 
     /// Metadata and block `index` of an object this replica knows nothing of, from its owner,
     /// which reads them as it would for a client of its own (usually one GET upstream, shared
-    /// with everyone else asking). `Ok(None)`: the answer cannot stand for a HEAD.
+    /// with everyone else asking). `changed`: how long ago this replica learnt that the object
+    /// changed (`changed_us`): the owner drops what it cached before then, which the change's
+    /// notice may not have reached yet. `Ok(None)`: the answer cannot stand for a HEAD.
     pub async fn open(
         &self,
         peer: &str,
         object: &ObjectId,
         index: u64,
+        changed: Option<Duration>,
     ) -> Result<Option<Opened>, PeerError> {
-        let query = self.query(object, &[("index", &index.to_string())]);
+        let index = index.to_string();
+        let changed = changed.map(|d| d.as_micros().to_string());
+        let mut extra = vec![("index", index.as_str())];
+        if let Some(us) = &changed {
+            extra.push(("changed_us", us));
+        }
+        let query = self.query(object, &extra);
         let (status, mut body) = self.send(peer, format!("/v1/open?{query}")).await?;
         if status == StatusCode::NO_CONTENT {
             return Ok(None);

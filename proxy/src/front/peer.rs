@@ -5,9 +5,11 @@
 //! - `GET /v1/block?bucket&key[&version]&etag&start&end&bs`: one block's bytes, read as for a
 //!   client of this replica (memory, disk, single-flight, upstream) but never from a third
 //!   replica.
-//! - `GET /v1/open?bucket&key[&version]&index&bs`: an object this replica's asker knows nothing
-//!   of: its metadata (with its age) and then block `index`, usually from one upstream GET that
-//!   serves every replica asking.
+//! - `GET /v1/open?bucket&key[&version]&index&bs[&changed_us]`: an object this replica's asker
+//!   knows nothing of: its metadata (with its age) and then block `index`, usually from one
+//!   upstream GET that serves every replica asking. `changed_us`: the asker learnt that many
+//!   microseconds ago that the object changed; what this replica cached before then is
+//!   dropped first (the change's notice may not have reached it yet).
 //!
 //! - `POST /v1/changed?bucket[&key][&event=1]`: an object (or any object of a bucket) changed,
 //!   learnt by the sender from a write through it or an S3 event (which also shows this
@@ -259,6 +261,11 @@ async fn open(peer: &PeerState, params: &Params) -> Response {
         (Ok(id), Ok(index)) => (id, index),
         (Err(e), _) | (_, Err(e)) => return error(&e),
     };
+    if let Ok(us) = number(params, "changed_us") {
+        peer.metadata
+            .forget_older_than(&id, std::time::Duration::from_micros(us))
+            .await;
+    }
     // As the S3 front does: an object nothing is known of is opened with a GET that brings a
     // block; one known before (or on disk) revalidates with a HEAD.
     let cold = peer.metadata.is_unknown(&id) && !peer.blocks.known_on_disk(&id);

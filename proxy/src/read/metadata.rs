@@ -373,12 +373,30 @@ impl MetadataCache {
     }
 
     /// How long ago this replica last learnt that `id` (or anything sharing its slot, or a
-    /// whole bucket) changed; `None` if it never did.
-    fn since_change(&self, id: &ObjectId) -> Option<Duration> {
+    /// whole bucket) changed; `None` if it never did. An owner asked for the object is told
+    /// it ([`MetadataCache::forget_older_than`]).
+    pub fn since_change(&self, id: &ObjectId) -> Option<Duration> {
         let last = self.changed_at[self.slot(id)]
             .load(Ordering::Acquire)
             .max(self.bulk_changed_at.load(Ordering::Acquire));
         (last != NO_MOMENT).then(|| Duration::from_micros(self.now().saturating_sub(last)))
+    }
+
+    /// Another replica learnt `ago` that `id` changed, and this one may not have been told yet
+    /// (the notices go out one by one): what it holds of `id` from before then (metadata, or a
+    /// remembered 404) is dropped, as the notice will drop it, before it answers that replica.
+    pub async fn forget_older_than(&self, id: &ObjectId, ago: Duration) {
+        let meta = match &self.cache {
+            Some(cache) => cache.get(id).await.map(|e| e.fetched),
+            None => None,
+        };
+        let missing = match &self.missing {
+            Some(missing) => missing.get(id).await.map(|m| m.fetched),
+            None => None,
+        };
+        if meta.into_iter().chain(missing).any(|at| at.elapsed() > ago) {
+            self.changed(id).await;
+        }
     }
 
     /// The ETag cached for `id`, if any, without asking the upstream.

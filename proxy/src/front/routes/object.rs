@@ -95,7 +95,8 @@ impl AppState {
             Some(Cold::Range(asked)) => {
                 let open = async {
                     opened.store(true, Ordering::Relaxed);
-                    self.blocks.open_cold(id.clone(), asked).await
+                    let changed = self.metadata.since_change(id);
+                    self.blocks.open_cold(id.clone(), asked, changed).await
                 };
                 self.metadata.get_or_open(id, open).await
             }

@@ -100,13 +100,17 @@ impl BlockStore {
     /// everyone asking). With the metadata comes how long ago the upstream said it. `Ok(None)`
     /// when the answer cannot stand for a HEAD (see
     /// [`crate::upstream::Upstream::get_with_meta`]). The fetches run in a task of their own,
-    /// like any block fetch, so the bytes land even if the caller goes away.
+    /// like any block fetch, so the bytes land even if the caller goes away. `changed`: how
+    /// long ago this replica learnt that the object changed, which an owner asked for it is
+    /// told, so that it does not answer with what it cached before then.
     pub async fn open_cold(
         self: &Arc<Self>,
         object: ObjectId,
         asked: ByteRange,
+        changed: Option<Duration>,
     ) -> Result<Option<(ObjectMeta, Duration)>, UpstreamError> {
-        self.open_cold_as(object, asked, Purpose::Demand).await
+        self.open_cold_as(object, asked, Purpose::Demand, changed)
+            .await
     }
 
     /// [`BlockStore::open_cold`] of block `index`, for another replica: never asks a third one.
@@ -117,7 +121,7 @@ impl BlockStore {
     ) -> Result<Option<(ObjectMeta, Duration)>, UpstreamError> {
         let first = index.saturating_mul(self.keys.layout().block_size());
         let asked = ByteRange::FromTo { first, last: None };
-        self.open_cold_as(object, asked, Purpose::Peer).await
+        self.open_cold_as(object, asked, Purpose::Peer, None).await
     }
 
     /// Whether a cold suffix read is opened like any range ([`BlockStore::open_cold`], its
@@ -133,12 +137,18 @@ impl BlockStore {
         object: ObjectId,
         asked: ByteRange,
         purpose: Purpose,
+        changed: Option<Duration>,
     ) -> Result<Option<(ObjectMeta, Duration)>, UpstreamError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let store = self.clone();
         let span = tracing::info_span!("block fetch", larder.source = "upstream");
         tokio::spawn(
-            async move { store.fetch_cold(object, asked, purpose, tx).await }.instrument(span),
+            async move {
+                store
+                    .fetch_cold(object, (asked, changed), purpose, tx)
+                    .await
+            }
+            .instrument(span),
         );
         rx.await.unwrap_or(Err(UpstreamError::Abandoned))
     }
@@ -195,7 +205,7 @@ impl BlockStore {
     async fn fetch_cold(
         self: &Arc<Self>,
         object: ObjectId,
-        asked: ByteRange,
+        (asked, changed): (ByteRange, Option<Duration>),
         purpose: Purpose,
         tx: tokio::sync::oneshot::Sender<Result<Option<(ObjectMeta, Duration)>, UpstreamError>>,
     ) {
@@ -210,7 +220,7 @@ impl BlockStore {
             return;
         };
         let at_owner = match (&owner, first_index) {
-            (Some(peer), Some(index)) => self.open_at_owner(peer, &object, index).await,
+            (Some(peer), Some(index)) => self.open_at_owner(peer, &object, index, changed).await,
             _ => None,
         };
         let mut spans = self.cold_spans(&object, asked, purpose).into_iter();

@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use cache_core::{BlockSlice, Fill};
 use futures::stream::StreamExt;
@@ -158,17 +158,19 @@ impl BlockStore {
         result
     }
 
-    /// Metadata and block `index` of `object` from `peer`, its owner; `None` when the peer
-    /// could not be used (the caller asks the upstream).
+    /// Metadata and block `index` of `object` from `peer`, its owner, told that this replica
+    /// learnt `changed` ago that the object changed; `None` when the peer could not be used
+    /// (the caller asks the upstream).
     pub(super) async fn open_at_owner(
         &self,
         peer: &str,
         object: &ObjectId,
         index: u64,
+        changed: Option<Duration>,
     ) -> Option<Result<Option<crate::fleet::client::Opened>, UpstreamError>> {
         let fleet = self.fleet.as_ref()?;
         match self
-            .ask_peer("open", fleet.client().open(peer, object, index))
+            .ask_peer("open", fleet.client().open(peer, object, index, changed))
             .await
         {
             Ok(opened) => Some(Ok(opened)),

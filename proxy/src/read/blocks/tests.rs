@@ -188,7 +188,10 @@ async fn read_cold_to_end(store: &Arc<BlockStore>) -> Result<Vec<u8>, UpstreamEr
         first: 0,
         last: None,
     };
-    let (meta, _) = store.open_cold(id.clone(), asked).await?.expect("found");
+    let (meta, _) = store
+        .open_cold(id.clone(), asked, None)
+        .await?
+        .expect("found");
     let etag: Arc<str> = meta.etag.as_str().into();
     store
         .read(id, etag, 0..meta.size, meta.size)
