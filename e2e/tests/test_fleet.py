@@ -243,6 +243,23 @@ def tell(fleet, i, bucket, key):
     urllib.request.urlopen(notice, timeout=5).read()
 
 
+def told_first(make_larder, workdir, bucket, name, *extra):
+    """Two replicas trusting metadata for an hour; a key whose first block the second owns, so
+    the first opens it there; and a read of it through the first: its body, or its error code."""
+    fleet = FleetOf(make_larder, workdir, name, "--metadata-ttl", "1h", *extra)
+    fleet.start(2)
+    key = next(k for k in (f"k-{i}" for i in range(64)) if owner(fleet.nodes[0], bucket, k, 0) == fleet.peer(1))
+    client = fleet.nodes[0].client()
+
+    def read():
+        try:
+            return client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        except ClientError as e:
+            return e.response["Error"]["Code"]
+
+    return fleet, key, read
+
+
 def test_a_replica_told_of_a_change_never_takes_the_old_version_from_an_owner_not_yet_told(
         make_larder, workdir, direct, bucket):
     # Notices of a change reach the replicas one by one (and an S3 event reaches only one of
@@ -253,14 +270,8 @@ def test_a_replica_told_of_a_change_never_takes_the_old_version_from_an_owner_no
     # (`tests/fleet_peers.rs` checks this one alone); the asker does not take metadata older
     # than that either, which covers an owner whose fetch was under way across the change
     # (`read/metadata.rs`'s unit tests). This test fails without both (7e2b5c4 had neither).
-    fleet = FleetOf(make_larder, workdir, "told-first", "--metadata-ttl", "1h", "--list-ttl", "1h")
-    fleet.start(2)
+    fleet, key, read = told_first(make_larder, workdir, bucket, "told-first", "--list-ttl", "1h")
     told, owner_not_told = fleet.nodes
-    key = next(k for k in (f"obj-{i}" for i in range(64)) if owner(told, bucket, k, 0) == fleet.peer(1))
-    client = told.client()
-
-    def read():
-        return client.get_object(Bucket=bucket, Key=key)["Body"].read()
 
     def opens():
         return metric(told, "larder_peer_requests_total", direction="made", kind="open", outcome="ok")
@@ -290,18 +301,8 @@ def test_a_key_created_after_its_404_was_remembered_is_found_by_a_replica_told_b
     # With 404s remembered (`negative_ttl`), the owner of a key that did not exist remembers
     # that, and answers a replica opening it so until it is told the key was created. The
     # replica told first says when it learnt of the change, and the owner drops its older 404.
-    fleet = FleetOf(make_larder, workdir, "created", "--metadata-ttl", "1h", "--negative-ttl", "1h")
-    fleet.start(2)
-    told, owner_not_told = fleet.nodes
-    key = next(k for k in (f"new-{i}" for i in range(64)) if owner(told, bucket, k, 0) == fleet.peer(1))
-    client = told.client()
-
-    def read():
-        try:
-            return client.get_object(Bucket=bucket, Key=key)["Body"].read()
-        except ClientError as e:
-            return e.response["Error"]["Code"]
-
+    fleet, key, read = told_first(make_larder, workdir, bucket, "created", "--negative-ttl", "1h")
+    told = fleet.nodes[0]
     assert read() == "NoSuchKey"
     assert metric(told, "larder_peer_requests_total", direction="made", kind="open", outcome="answer") == 1, \
         "the owner answered the open with the upstream's 404, and remembers it"
