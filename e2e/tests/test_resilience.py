@@ -124,6 +124,20 @@ def test_stale_metadata_is_served_while_the_upstream_is_down_only_when_allowed(m
     with pytest.raises(ClientError) as e:
         strict.client(retries={"total_max_attempts": 1}).get_object(Bucket=bucket, Key="k")
     assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 503
+    # A hot object while the upstream is down: its reads are served stale without asking the
+    # failing upstream each time, only the first read of each second does (up to 3 attempts).
+    # Every read used to send its own, and wait for its retries: 30 reads took 90 s.
+    client = stale.client()
+    asked_before = len(faulty.seen(None, f"/{bucket}/k"))
+    started = time.monotonic()
+    for _ in range(30):
+        r = client.get_object(Bucket=bucket, Key="k")
+        assert r["Body"].read() == data
+        assert r["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "stale-hit-memory"
+    seconds = time.monotonic() - started
+    asked = len(faulty.seen(None, f"/{bucket}/k")) - asked_before
+    print(f"during the outage: {asked} upstream requests for 30 stale reads in {seconds:.2f} s")
+    assert asked <= 6, f"{asked} upstream requests for 30 reads in {seconds:.2f} s"
 
 
 def test_a_slow_block_get_is_hedged(make_larder, faulty, direct, bucket):

@@ -99,6 +99,11 @@ pub struct MetadataCache {
     cache: Option<Cache<ObjectId, Entry>>,
     /// The same answers kept `serve_stale_on_error` longer, for when the upstream fails.
     stale: Option<Cache<ObjectId, Entry>>,
+    /// Objects whose revalidation (a read's, or a refresh behind one) just failed with an
+    /// outage: for [`STALE_RETRY_AFTER`], their reads are served the stale copy (if
+    /// `serve_stale_on_error` keeps one) and no refresh starts, so a hot object does not send
+    /// the failing upstream a HEAD per read.
+    failing: moka::sync::Cache<ObjectId, ()>,
     /// Keys the upstream said do not exist (`negative_ttl`).
     missing: Option<Cache<ObjectId, Missing>>,
     policy: Arc<Policy>,
@@ -215,6 +220,11 @@ struct Watch {
     bulk: u64,
 }
 
+/// How long reads of an object whose revalidation failed with an outage are served its stale
+/// metadata before the upstream is asked again: one HEAD a second per hot object while the
+/// upstream is down, instead of one per read.
+pub const STALE_RETRY_AFTER: Duration = Duration::from_secs(1);
+
 /// Slots of [`MetadataCache::changes`]. Keys sharing a slot only cost each other a refetch.
 const CHANGE_SLOTS: usize = 4096;
 /// A change that did not say which version it made (a write, a delete, a peer's notice).
@@ -266,6 +276,10 @@ impl MetadataCache {
         Self {
             cache: caches.then(|| expiring(capacity, Duration::ZERO)),
             stale: (!stale_for.is_zero()).then(|| expiring(capacity, stale_for)),
+            failing: moka::sync::Cache::builder()
+                .max_capacity(capacity)
+                .time_to_live(STALE_RETRY_AFTER)
+                .build(),
             missing: policy
                 .caches_misses()
                 .then(|| expiring(capacity, Duration::ZERO)),
@@ -521,6 +535,14 @@ impl MetadataCache {
                 }
             }
         }
+        // Asked a moment ago, and the upstream was failing: stale again, without asking.
+        if let Some(stale) = &self.stale {
+            if self.failing.contains_key(id) {
+                if let Some(entry) = stale.get(id).await {
+                    return Ok((entry, Source::Stale));
+                }
+            }
+        }
         // Read only on a miss: a hit needs no change counter (nor the hash that finds it).
         let watch = self.watch(id);
         let fetched = match &self.cache {
@@ -533,12 +555,15 @@ impl MetadataCache {
         let answer = match (fetched, &self.stale) {
             (Ok(meta), Some(stale)) => {
                 stale.insert(id.clone(), meta.clone()).await;
+                // The upstream answers again: no more stale copies of this one.
+                self.failing.invalidate(id);
                 Ok((meta, Source::Fetched))
             }
             (Ok(meta), None) => Ok((meta, Source::Fetched)),
             (Err((e, from_head)), Some(stale)) if e.is_outage() => match stale.get(id).await {
                 Some(meta) => {
                     tracing::warn!(object = %id, error = %e, "upstream failing: serving stale metadata");
+                    self.failing.insert(id.clone(), ());
                     Ok((meta, Source::Stale))
                 }
                 None => Err((e, from_head)),
@@ -574,6 +599,7 @@ impl MetadataCache {
         let max_age = self.policy.max_age(entry.trust);
         if reads < REFRESH_AFTER_READS
             || entry.fetched.elapsed() < max_age - refresh_window(max_age)
+            || self.failing.contains_key(id)
         {
             return;
         }
@@ -613,6 +639,9 @@ impl MetadataCache {
             }
             Err(e) => {
                 tracing::debug!(object = %id, error = %e, "metadata refresh failed");
+                if e.is_outage() {
+                    self.failing.insert(id.clone(), ());
+                }
                 return Refresh::Failed;
             }
         };
@@ -667,6 +696,7 @@ impl MetadataCache {
         if let Some(seen) = &self.seen {
             seen.invalidate(id);
         }
+        self.failing.invalidate(id);
     }
 
     /// Forget every object of `bucket` (a write that names its keys only in its body).
@@ -804,6 +834,34 @@ mod tests {
         origin.delete("k");
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(cache.get(&id).await.unwrap_err().is_not_found());
+    }
+
+    #[tokio::test]
+    async fn a_failing_upstream_is_asked_once_a_second_not_once_per_read() {
+        // A hot object's metadata expires while the upstream is down: its reads are served
+        // stale, and only the first of each second asks the upstream again.
+        let (origin, cache, id) = one_object(
+            b"data",
+            "\"e\"",
+            Duration::from_millis(50),
+            Duration::from_secs(60),
+        );
+        assert_eq!(cache.get(&id).await.unwrap().1, Source::Fetched);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        origin.outage.store(true, Ordering::SeqCst);
+        let heads = || origin.heads.load(Ordering::SeqCst);
+        let before = heads();
+        for _ in 0..50 {
+            assert_eq!(cache.get(&id).await.unwrap().1, Source::Stale);
+        }
+        assert_eq!(heads(), before + 1, "one HEAD for 50 reads");
+        tokio::time::sleep(STALE_RETRY_AFTER + Duration::from_millis(100)).await;
+        assert_eq!(cache.get(&id).await.unwrap().1, Source::Stale);
+        assert_eq!(heads(), before + 2, "asked again a second later");
+        // Back up: within a second, fetched again.
+        origin.outage.store(false, Ordering::SeqCst);
+        tokio::time::sleep(STALE_RETRY_AFTER + Duration::from_millis(100)).await;
+        assert_eq!(cache.get(&id).await.unwrap().1, Source::Fetched);
     }
 
     #[tokio::test]
