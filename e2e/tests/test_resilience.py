@@ -138,6 +138,24 @@ def test_stale_metadata_is_served_while_the_upstream_is_down_only_when_allowed(m
     asked = len(faulty.seen(None, f"/{bucket}/k")) - asked_before
     print(f"during the outage: {asked} upstream requests for 30 stale reads in {seconds:.2f} s")
     assert asked <= 6, f"{asked} upstream requests for 30 reads in {seconds:.2f} s"
+    # Nor does any read wait for the upstream once the outage is known: the revalidation each
+    # second runs behind a read served stale. The read that revalidated used to wait for its
+    # retries, about 2 s, every second or so.
+    asked_before = len(faulty.seen(None, f"/{bucket}/k"))
+    started, reads, slowest = time.monotonic(), 0, 0.0
+    while time.monotonic() - started < 4.0:
+        t0 = time.monotonic()
+        r = client.get_object(Bucket=bucket, Key="k")
+        assert r["Body"].read() == data
+        assert r["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "stale-hit-memory"
+        slowest = max(slowest, time.monotonic() - t0)
+        reads += 1
+    seconds = time.monotonic() - started
+    asked = len(faulty.seen(None, f"/{bucket}/k")) - asked_before
+    print(f"then {reads} stale reads in {seconds:.2f} s, the slowest {slowest * 1000:.0f} ms, "
+          f"{asked} upstream requests")
+    assert slowest < 1.0, f"a stale read waited {slowest:.2f} s for the failing upstream"
+    assert asked <= 3 * (int(seconds) + 2), f"{asked} upstream requests in {seconds:.2f} s"
 
 
 def test_a_slow_block_get_is_hedged(make_larder, faulty, direct, bucket):

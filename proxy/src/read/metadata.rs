@@ -99,11 +99,13 @@ pub struct MetadataCache {
     cache: Option<Cache<ObjectId, Entry>>,
     /// The same answers kept `serve_stale_on_error` longer, for when the upstream fails.
     stale: Option<Cache<ObjectId, Entry>>,
-    /// Objects whose revalidation (a read's, or a refresh behind one) just failed with an
-    /// outage: for [`STALE_RETRY_AFTER`], their reads are served the stale copy (if
-    /// `serve_stale_on_error` keeps one) and no refresh starts, so a hot object does not send
-    /// the failing upstream a HEAD per read.
-    failing: moka::sync::Cache<ObjectId, ()>,
+    /// Objects whose revalidation (a read's, or a refresh behind one) failed with an outage
+    /// in the last [`OUTAGE_HELD_FOR`], with when. Their reads are served the stale copy (if
+    /// `serve_stale_on_error` keeps one) at once: a hot object neither sends the failing
+    /// upstream a HEAD per read nor makes a read wait for one. At most once per
+    /// [`STALE_RETRY_AFTER`], such a read starts a revalidation behind it, which clears the
+    /// mark when the upstream answers.
+    failing: moka::sync::Cache<ObjectId, Instant>,
     /// Keys the upstream said do not exist (`negative_ttl`).
     missing: Option<Cache<ObjectId, Missing>>,
     policy: Arc<Policy>,
@@ -111,22 +113,15 @@ pub struct MetadataCache {
     /// with a HEAD, cheap next to fetching a block again that is likely still cached; objects
     /// not in it are opened with a GET that brings metadata and a block at once.
     seen: Option<moka::sync::Cache<ObjectId, ()>>,
-    /// Change counters, one per slot of keys (a fixed table: bounded whatever the key count).
-    /// [`MetadataCache::changed`] bumps a key's slot; a fetch that saw its slot move while it
-    /// ran does not stay cached, so metadata read just before a change cannot outlive it...
-    changes: Box<[AtomicU64]>,
-    /// ...unless it brought the version the slot's latest change announced (an event's ETag,
-    /// as [`MetadataCache::version`] hashes it with its key; [`UNKNOWN`] when the change named
-    /// none): then nothing newer is known, and dropping it would only cost the next read a GET.
-    announced: Box<[AtomicU64]>,
+    /// What this replica learnt of changes, one record per slot of keys (a fixed table:
+    /// bounded whatever the key count). [`MetadataCache::changed`] records one in its key's
+    /// slot; a fetch that saw its slot's count move while it ran does not stay cached, so
+    /// metadata read just before a change cannot outlive it (see [`KeySlot::announced`] for
+    /// the exception).
+    slots: Box<[KeySlot]>,
     /// Changes of whole buckets ([`MetadataCache::invalidate_bucket`]: a DeleteObjects names
     /// its keys only in its body), which every fetch running then must not outlive either.
-    bulk_changes: AtomicU64,
-    /// When each slot of [`MetadataCache::changes`] last moved, and when a whole bucket last
-    /// changed ([`Moment`]s): metadata another replica had cached since before then is not
-    /// taken from it ([`MetadataCache::get_or_open_aged`]).
-    changed_at: Box<[AtomicU64]>,
-    bulk_changed_at: AtomicU64,
+    bulk: Changes,
     /// What [`Moment`]s count from.
     epoch: Instant,
     hasher: std::collections::hash_map::RandomState,
@@ -210,28 +205,79 @@ where
         .build()
 }
 
-/// The change counters a fetch started under.
+/// Changes learnt of, for one slot of keys or for whole buckets.
+struct Changes {
+    /// How many.
+    count: AtomicU64,
+    /// When the last was learnt ([`NO_MOMENT`]: never). Metadata another replica had cached
+    /// since before then is not taken from it ([`MetadataCache::get_or_open_aged`]).
+    at: AtomicU64,
+}
+
+impl Changes {
+    fn new() -> Self {
+        Self {
+            count: AtomicU64::new(0),
+            at: AtomicU64::new(NO_MOMENT),
+        }
+    }
+
+    /// One more change, learnt `now`. The time goes first: a fetch that sees the count move
+    /// sees this time or a later one.
+    fn record(&self, now: Moment) {
+        self.at.fetch_max(now, Ordering::AcqRel);
+        self.count.fetch_add(1, Ordering::AcqRel);
+    }
+
+    fn count(&self) -> u64 {
+        self.count.load(Ordering::Acquire)
+    }
+
+    fn at(&self) -> Moment {
+        self.at.load(Ordering::Acquire)
+    }
+}
+
+/// One slot of keys in [`MetadataCache::slots`]. Keys sharing a slot only cost each other a
+/// refetch.
+struct KeySlot {
+    changes: Changes,
+    /// The version the slot's latest change announced (an event's ETag, as
+    /// [`MetadataCache::version`] hashes it with its key; [`UNKNOWN`] when the change named
+    /// none). A fetch that saw the count move yet brought this very version stays cached:
+    /// nothing newer is known, and dropping it would only cost the next read a GET.
+    announced: AtomicU64,
+}
+
+/// The change counts a fetch started under.
 struct Watch {
-    /// The key's slot in [`MetadataCache::changes`].
+    /// The key's slot in [`MetadataCache::slots`].
     slot: usize,
     /// That slot's count.
     key: u64,
-    /// [`MetadataCache::bulk_changes`].
+    /// [`MetadataCache::bulk`]'s count.
     bulk: u64,
 }
 
-/// How long reads of an object whose revalidation failed with an outage are served its stale
-/// metadata before the upstream is asked again: one HEAD a second per hot object while the
-/// upstream is down, instead of one per read.
+/// How long after a revalidation of an object failed with an outage its upstream is asked
+/// again (behind a read served stale): one HEAD a second per hot object while the upstream is
+/// down, instead of one per read.
 pub const STALE_RETRY_AFTER: Duration = Duration::from_secs(1);
+/// How long an object whose revalidation failed with an outage is taken to be behind a
+/// failing upstream when nothing has asked since: its reads are served stale without waiting
+/// for the upstream (and its retries) meanwhile. Past it, the next read revalidates and waits,
+/// as the first read of an outage does. Longer would serve stale copies longer after the
+/// upstream is back to reads that nothing else asked for.
+pub const OUTAGE_HELD_FOR: Duration = Duration::from_secs(10);
 
-/// Slots of [`MetadataCache::changes`]. Keys sharing a slot only cost each other a refetch.
+/// Slots of [`MetadataCache::slots`].
 const CHANGE_SLOTS: usize = 4096;
 /// A change that did not say which version it made (a write, a delete, a peer's notice).
 const UNKNOWN: u64 = 0;
 
-/// A moment: microseconds from [`MetadataCache`]'s epoch, rounded up (a change is never taken
-/// for older than it is), or [`NO_MOMENT`].
+/// A moment: whole microseconds from [`MetadataCache`]'s epoch plus one, so that a change is
+/// never taken for older than it is (it may be taken for up to a microsecond younger), or
+/// [`NO_MOMENT`].
 type Moment = u64;
 /// No change recorded.
 const NO_MOMENT: Moment = 0;
@@ -278,7 +324,7 @@ impl MetadataCache {
             stale: (!stale_for.is_zero()).then(|| expiring(capacity, stale_for)),
             failing: moka::sync::Cache::builder()
                 .max_capacity(capacity)
-                .time_to_live(STALE_RETRY_AFTER)
+                .time_to_live(OUTAGE_HELD_FOR)
                 .build(),
             missing: policy
                 .caches_misses()
@@ -290,13 +336,13 @@ impl MetadataCache {
                     .support_invalidation_closures()
                     .build()
             }),
-            changes: (0..CHANGE_SLOTS).map(|_| AtomicU64::new(0)).collect(),
-            announced: (0..CHANGE_SLOTS).map(|_| AtomicU64::new(UNKNOWN)).collect(),
-            bulk_changes: AtomicU64::new(0),
-            changed_at: (0..CHANGE_SLOTS)
-                .map(|_| AtomicU64::new(NO_MOMENT))
+            slots: (0..CHANGE_SLOTS)
+                .map(|_| KeySlot {
+                    changes: Changes::new(),
+                    announced: AtomicU64::new(UNKNOWN),
+                })
                 .collect(),
-            bulk_changed_at: AtomicU64::new(NO_MOMENT),
+            bulk: Changes::new(),
             epoch: Instant::now(),
             hasher: Default::default(),
             origin,
@@ -341,8 +387,8 @@ impl MetadataCache {
         let slot = self.slot(id);
         Watch {
             slot,
-            key: self.changes[slot].load(Ordering::Acquire),
-            bulk: self.bulk_changes.load(Ordering::Acquire),
+            key: self.slots[slot].changes.count(),
+            bulk: self.bulk.count(),
         }
     }
 
@@ -351,12 +397,13 @@ impl MetadataCache {
     /// very version that change announced. Otherwise it may predate the change: the reader
     /// that fetched it may use it (the two were concurrent), the cache must not keep it.
     fn may_keep(&self, id: &ObjectId, watch: &Watch, etag: Option<&str>) -> bool {
-        if self.bulk_changes.load(Ordering::Acquire) != watch.bulk {
+        if self.bulk.count() != watch.bulk {
             return false;
         }
-        self.changes[watch.slot].load(Ordering::Acquire) == watch.key
+        let slot = &self.slots[watch.slot];
+        slot.changes.count() == watch.key
             || etag.is_some_and(|etag| {
-                self.announced[watch.slot].load(Ordering::Acquire) == self.version(id, etag)
+                slot.announced.load(Ordering::Acquire) == self.version(id, etag)
             })
     }
 
@@ -369,13 +416,12 @@ impl MetadataCache {
     /// [`MetadataCache::changed`], by a change that says it made the version whose ETag is
     /// `etag` (an S3 event's): a fetch running now that brings that very version is kept.
     pub async fn changed_to(&self, id: &ObjectId, etag: Option<&str>) {
-        let slot = self.slot(id);
+        let slot = &self.slots[self.slot(id)];
         let version = etag.map_or(UNKNOWN, |etag| self.version(id, etag));
         // Announced before the count moves: a fetch that sees the count move then reads this
         // announcement or a later one, never an earlier one.
-        self.announced[slot].store(version, Ordering::Release);
-        self.changed_at[slot].fetch_max(self.now(), Ordering::AcqRel);
-        self.changes[slot].fetch_add(1, Ordering::AcqRel);
+        slot.announced.store(version, Ordering::Release);
+        slot.changes.record(self.now());
         self.invalidate(id).await;
     }
 
@@ -390,9 +436,7 @@ impl MetadataCache {
     /// whole bucket) changed; `None` if it never did. An owner asked for the object is told
     /// it ([`MetadataCache::forget_older_than`]).
     pub fn since_change(&self, id: &ObjectId) -> Option<Duration> {
-        let last = self.changed_at[self.slot(id)]
-            .load(Ordering::Acquire)
-            .max(self.bulk_changed_at.load(Ordering::Acquire));
+        let last = self.slots[self.slot(id)].changes.at().max(self.bulk.at());
         (last != NO_MOMENT).then(|| Duration::from_micros(self.now().saturating_sub(last)))
     }
 
@@ -535,10 +579,14 @@ impl MetadataCache {
                 }
             }
         }
-        // Asked a moment ago, and the upstream was failing: stale again, without asking.
+        // The upstream was failing when last asked: stale again, without waiting for it; asked
+        // again behind the read once a second.
         if let Some(stale) = &self.stale {
-            if self.failing.contains_key(id) {
+            if let Some(failed) = self.failing.get(id) {
                 if let Some(entry) = stale.get(id).await {
+                    if failed.elapsed() >= STALE_RETRY_AFTER {
+                        self.refresh_behind(id, &entry.meta.etag);
+                    }
                     return Ok((entry, Source::Stale));
                 }
             }
@@ -563,7 +611,7 @@ impl MetadataCache {
             (Err((e, from_head)), Some(stale)) if e.is_outage() => match stale.get(id).await {
                 Some(meta) => {
                     tracing::warn!(object = %id, error = %e, "upstream failing: serving stale metadata");
-                    self.failing.insert(id.clone(), ());
+                    self.failing.insert(id.clone(), Instant::now());
                     Ok((meta, Source::Stale))
                 }
                 None => Err((e, from_head)),
@@ -599,10 +647,19 @@ impl MetadataCache {
         let max_age = self.policy.max_age(entry.trust);
         if reads < REFRESH_AFTER_READS
             || entry.fetched.elapsed() < max_age - refresh_window(max_age)
-            || self.failing.contains_key(id)
+            || self
+                .failing
+                .get(id)
+                .is_some_and(|failed| failed.elapsed() < STALE_RETRY_AFTER)
         {
             return;
         }
+        self.refresh_behind(id, &entry.meta.etag);
+    }
+
+    /// Revalidate `id`, cached at `etag`, behind the reader, unless it is being revalidated
+    /// already or [`MAX_REFRESHES`] are.
+    fn refresh_behind(self: &Arc<Self>, id: &ObjectId, etag: &str) {
         {
             let mut refreshing = self.refreshing.lock();
             if refreshing.contains(id) {
@@ -617,7 +674,7 @@ impl MetadataCache {
         }
         let this = self.clone();
         let id = id.clone();
-        let etag = entry.meta.etag.clone();
+        let etag = etag.to_owned();
         tokio::spawn(async move {
             let outcome = this.refresh(&id, &etag).await;
             this.refreshing.lock().remove(&id);
@@ -640,7 +697,10 @@ impl MetadataCache {
             Err(e) => {
                 tracing::debug!(object = %id, error = %e, "metadata refresh failed");
                 if e.is_outage() {
-                    self.failing.insert(id.clone(), ());
+                    self.failing.insert(id.clone(), Instant::now());
+                } else {
+                    // An answer (a 403, say): the next read asks and gets it, not a stale copy.
+                    self.failing.invalidate(id);
                 }
                 return Refresh::Failed;
             }
@@ -659,6 +719,7 @@ impl MetadataCache {
         for cache in self.cache.iter().chain(&self.stale) {
             cache.insert(id.clone(), entry.clone()).await;
         }
+        self.failing.invalidate(id);
         if !self.may_keep(id, &watch, Some(&entry.meta.etag)) {
             self.invalidate(id).await;
             return Refresh::Failed;
@@ -702,8 +763,7 @@ impl MetadataCache {
     /// Forget every object of `bucket` (a write that names its keys only in its body).
     pub fn invalidate_bucket(&self, bucket: &str) {
         // Counted before the entries go, as in `changed_to`.
-        self.bulk_changed_at.fetch_max(self.now(), Ordering::AcqRel);
-        self.bulk_changes.fetch_add(1, Ordering::AcqRel);
+        self.bulk.record(self.now());
         for cache in self.cache.iter().chain(&self.stale) {
             let bucket: Arc<str> = bucket.into();
             // Fails only if closures were not enabled at build time, which they are.
@@ -839,7 +899,8 @@ mod tests {
     #[tokio::test]
     async fn a_failing_upstream_is_asked_once_a_second_not_once_per_read() {
         // A hot object's metadata expires while the upstream is down: its reads are served
-        // stale, and only the first of each second asks the upstream again.
+        // stale, only the first asks the upstream and waits for it; after that, one read a
+        // second starts a revalidation behind it, and no read waits.
         let (origin, cache, id) = one_object(
             b"data",
             "\"e\"",
@@ -855,13 +916,47 @@ mod tests {
             assert_eq!(cache.get(&id).await.unwrap().1, Source::Stale);
         }
         assert_eq!(heads(), before + 1, "one HEAD for 50 reads");
+        assert_eq!(
+            refreshed(&cache, Refresh::Failed),
+            0,
+            "that one in the read"
+        );
         tokio::time::sleep(STALE_RETRY_AFTER + Duration::from_millis(100)).await;
-        assert_eq!(cache.get(&id).await.unwrap().1, Source::Stale);
-        assert_eq!(heads(), before + 2, "asked again a second later");
-        // Back up: within a second, fetched again.
+        for _ in 0..50 {
+            assert_eq!(cache.get(&id).await.unwrap().1, Source::Stale);
+        }
+        refresh_ends(&cache, Refresh::Failed).await;
+        assert_eq!(heads(), before + 2, "asked again a second later, once");
+        // Back up: the next read due to ask is served stale at once and revalidates behind
+        // itself; the reads after it have the fresh answer.
         origin.outage.store(false, Ordering::SeqCst);
         tokio::time::sleep(STALE_RETRY_AFTER + Duration::from_millis(100)).await;
+        assert_eq!(cache.get(&id).await.unwrap().1, Source::Stale);
+        refresh_ends(&cache, Refresh::Unchanged).await;
+        assert_eq!(cache.get(&id).await.unwrap().1, Source::Cached);
+        // Nothing asked while the upstream stayed down: past OUTAGE_HELD_FOR the next read
+        // asks and waits again, as the outage's first did (not tested: 10 s).
+    }
+
+    #[tokio::test]
+    async fn an_answer_other_than_an_outage_ends_stale_serving_at_once() {
+        // A revalidation behind a stale read gets a 404: the next read gets it too.
+        let (origin, cache, id) = one_object(
+            b"data",
+            "\"e\"",
+            Duration::from_millis(50),
+            Duration::from_secs(60),
+        );
         assert_eq!(cache.get(&id).await.unwrap().1, Source::Fetched);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        origin.outage.store(true, Ordering::SeqCst);
+        assert_eq!(cache.get(&id).await.unwrap().1, Source::Stale);
+        origin.outage.store(false, Ordering::SeqCst);
+        origin.delete("k");
+        tokio::time::sleep(STALE_RETRY_AFTER + Duration::from_millis(100)).await;
+        assert_eq!(cache.get(&id).await.unwrap().1, Source::Stale);
+        refresh_ends(&cache, Refresh::Gone).await;
+        assert!(cache.get(&id).await.unwrap_err().is_not_found());
     }
 
     #[tokio::test]
