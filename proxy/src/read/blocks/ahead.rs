@@ -10,6 +10,7 @@ use cache_core::{Miss, Tier};
 use crate::model::{ObjectId, UpstreamError};
 use crate::telemetry::labels::{PrefetchBlock, WriteDropped};
 
+use super::slots::Turn;
 use super::{BlockStore, Purpose};
 
 /// What warming one block did.
@@ -91,7 +92,7 @@ impl BlockStore {
                     store.metrics.prefetch_blocks(PrefetchBlock::SkippedBudget);
                     return;
                 };
-                let Ok(slot) = store.slots(remote).try_acquire() else {
+                let Some(slot) = store.slots(remote).try_acquire(Turn::Ahead) else {
                     store.metrics.prefetch_blocks(PrefetchBlock::SkippedBusy);
                     return;
                 };

@@ -8,6 +8,7 @@ use cache_core::Tier;
 
 use crate::model::ObjectId;
 
+use super::slots::Turn;
 use super::{BlockStore, Purpose};
 
 /// How a response's bytes are being found, for the `X-Cache` header.
@@ -71,7 +72,7 @@ impl BlockStore {
             // then, so a hit costs one lookup.
             if tier.is_none() {
                 if let Some((part, _)) =
-                    self.part_instead(object, etag, &id, &slice, Purpose::Demand)
+                    self.part_instead(object, etag, &id, &slice, Purpose::Demand(Turn::First))
                 {
                     tier = self.cache.locate(&part);
                     id = part;

@@ -11,7 +11,6 @@ use bytes::Bytes;
 use cache_core::{BlockSlice, Fill, Miss};
 use futures::future;
 use futures::stream::StreamExt;
-use tokio::sync::SemaphorePermit;
 
 use crate::cache_key::BlockId;
 use crate::model::{BodyStream, ByteRange, ObjectId, ObjectMeta, UpstreamError};
@@ -20,6 +19,7 @@ use tracing::Instrument;
 
 use super::fetch::Supplier;
 use super::pace::Carve;
+use super::slots::{Slot, Turn};
 use super::split::Split;
 use super::{part, BlockStore, Purpose};
 
@@ -109,7 +109,7 @@ impl BlockStore {
         asked: ByteRange,
         changed: Option<Duration>,
     ) -> Result<Option<(ObjectMeta, Duration)>, UpstreamError> {
-        self.open_cold_as(object, asked, Purpose::Demand, changed)
+        self.open_cold_as(object, asked, Purpose::Demand(Turn::First), changed)
             .await
     }
 
@@ -176,7 +176,7 @@ impl BlockStore {
                 let block = i * block_size..(i * block_size).saturating_add(block_size);
                 let end = last.map_or(block.end, |l| l.saturating_add(1).min(block.end));
                 let piece = first.max(block.start)..end;
-                let exact = self.exact_ranges && purpose == Purpose::Demand && !remote;
+                let exact = self.exact_ranges && purpose.demand() && !remote;
                 let span = if exact && part::fetched_alone(piece.end - piece.start, block_size) {
                     piece
                 } else if exact && piece.start > block.start {
@@ -191,7 +191,7 @@ impl BlockStore {
         // To the object's end from a block's first byte: the GET runs on past the block as far
         // as its connection is expected to bring within a round trip (`pace`). Not in a fleet,
         // where the blocks past it may be another replica's.
-        if last.is_none() && first.is_multiple_of(block_size) && purpose == Purpose::Demand {
+        if last.is_none() && first.is_multiple_of(block_size) && purpose.demand() {
             let most = self.read_window.saturating_sub(1) as u64;
             let past = self.pace.blocks_past(block_size, most);
             if let (Some(span), true, None) = (spans.first_mut(), past > 0, &self.fleet) {
@@ -215,7 +215,7 @@ impl BlockStore {
             ByteRange::Suffix(_) => None,
         };
         let owner = first_index.and_then(|i| self.remote_owner(&object, i, purpose));
-        let Ok(slot) = self.slots(owner.is_some()).acquire().await else {
+        let Some(slot) = self.slots(owner.is_some()).acquire(purpose.turn()).await else {
             let _ = tx.send(Err(UpstreamError::Abandoned));
             return;
         };
@@ -250,7 +250,7 @@ impl BlockStore {
         // piece not sent here is fetched by the read path once the metadata is known.
         let target = &object;
         let rest: Vec<_> = spans
-            .map_while(|span| Some((span, self.upstream_slots.try_acquire().ok()?)))
+            .map_while(|span| Some((span, self.upstream_slots.try_acquire(Turn::Ahead)?)))
             .collect();
         let mut answers =
             std::pin::pin!(future::join_all(rest.iter().map(|&(span, _)| async move {
@@ -344,7 +344,7 @@ impl BlockStore {
         &self,
         fill: ColdFill,
         (object, etag): (&ObjectId, &Arc<str>),
-        slot: Option<SemaphorePermit<'_>>,
+        slot: Option<Slot<'_>>,
         body: Option<(BodyStream, Supplier)>,
         purpose: Purpose,
     ) {

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use cache_core::{BlockSlice, Fill};
 use futures::stream::StreamExt;
-use tokio::sync::{Semaphore, SemaphorePermit};
 
 use crate::cache_key::BlockId;
 use crate::fleet::client::PeerError;
@@ -16,6 +15,7 @@ use crate::model::{BodyStream, ObjectId, UpstreamError};
 use crate::telemetry::labels::WriteDropped;
 use tracing::Instrument;
 
+use super::slots::{Slot, Slots, Turn};
 use super::{BlockStore, Purpose};
 
 /// Where a fetched block's bytes came from.
@@ -103,7 +103,7 @@ impl BlockStore {
     /// The fetch budget for a block asked of its owner (`remote`) or of the upstream. A fetch
     /// that falls back from its owner to the upstream keeps the slot it has: memory stays within
     /// both budgets together.
-    pub(super) fn slots(&self, remote: bool) -> &Semaphore {
+    pub(super) fn slots(&self, remote: bool) -> &Slots {
         if remote {
             &self.peer_slots
         } else {
@@ -186,7 +186,7 @@ impl BlockStore {
         &self,
         fill: Fill<BlockId, UpstreamError>,
         (object, etag, slice): (ObjectId, Arc<str>, BlockSlice),
-        slot: Option<SemaphorePermit<'_>>,
+        slot: Option<Slot<'_>>,
         body: Option<(BodyStream, Supplier)>,
         purpose: Purpose,
     ) {
@@ -220,7 +220,7 @@ impl BlockStore {
             },
         };
         let result = self
-            .fetch_into(&fill, &object, &etag, slice, slot, first)
+            .fetch_into(&fill, &object, &etag, slice, (slot, purpose.turn()), first)
             .await;
         if result.is_ok() {
             readers_first(slice.block_len).await;
@@ -261,12 +261,12 @@ impl BlockStore {
                     // A large block is joined and cached in a task of its own: joining is a
                     // copy of all of it, which the next block of the same GET's body (`pace`)
                     // need not wait for. Still counted as a running fetch until it is cached.
-                    Purpose::Demand | Purpose::Prefetch | Purpose::Peer
+                    Purpose::Demand(_) | Purpose::Prefetch | Purpose::Peer
                         if slice.block_len >= READERS_FIRST_FROM =>
                     {
                         tokio::spawn(fill.commit());
                     }
-                    Purpose::Demand | Purpose::Prefetch | Purpose::Peer => {
+                    Purpose::Demand(_) | Purpose::Prefetch | Purpose::Peer => {
                         fill.commit().await;
                     }
                     Purpose::Warm => {
@@ -371,7 +371,7 @@ impl BlockStore {
         object: &ObjectId,
         etag: &str,
         slice: BlockSlice,
-        slot: Option<SemaphorePermit<'_>>,
+        (slot, turn): (Option<Slot<'_>>, Turn),
         first: FirstAttempt,
     ) -> Result<Supplier, UpstreamError> {
         let range = slice.block_start..slice.block_start + slice.block_len;
@@ -381,9 +381,9 @@ impl BlockStore {
             Some(slot) => slot,
             None => self
                 .slots(matches!(first, FirstAttempt::Owner(_)))
-                .acquire()
+                .acquire(turn)
                 .await
-                .map_err(|_| UpstreamError::Abandoned)?,
+                .ok_or(UpstreamError::Abandoned)?,
         };
         let from = match first {
             FirstAttempt::UpstreamFrom(at) => at,

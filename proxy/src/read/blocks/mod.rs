@@ -14,6 +14,8 @@
 //! - `cold`: the first read of an object nothing is known of, whose GET brings its metadata;
 //! - `part`: range-first: a cold range much smaller than its block fetched exactly;
 //! - `ahead`: read-ahead and warm-up, fetches nobody is waiting for yet.
+//! - `slots`: the upstream fetch budget, in which a response's first block goes before the
+//!   blocks responses open ahead.
 
 use std::ops::Range;
 use std::sync::atomic::AtomicUsize;
@@ -36,6 +38,7 @@ use crate::read::prefetch::{Detector, PrefetchConfig};
 use crate::telemetry::labels::{Lookup, PrefetchBytes, Rejected, Source};
 use crate::telemetry::metrics::Metrics;
 use crate::upstream::Upstream;
+use slots::{Slots, Turn};
 use tracing::Instrument;
 
 mod ahead;
@@ -44,6 +47,7 @@ mod cold;
 mod fetch;
 mod pace;
 mod part;
+mod slots;
 mod split;
 #[cfg(test)]
 mod tests;
@@ -87,11 +91,13 @@ pub struct BlockStore {
     pinned: Arc<Semaphore>,
     pinned_total: u64,
     idle_timeout: Duration,
-    upstream_slots: Semaphore,
+    /// The fetch budget (`upstream_concurrency`), a quarter of it kept for the blocks responses
+    /// start with ([`slots`]).
+    upstream_slots: Slots,
     /// The same budget for fetches asked of another replica. Apart, because a replica serving a
     /// peer needs an upstream slot: were asks holding upstream slots, two busy replicas could
     /// each hold every slot waiting on the other, and both stall until the peer deadline.
-    peer_slots: Semaphore,
+    peer_slots: Slots,
     prefetch: PrefetchConfig,
     sequences: Detector,
     prefetch_slots: Semaphore,
@@ -116,8 +122,9 @@ pub struct BlockStore {
 /// Why a block is being fetched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Purpose {
-    /// A client is reading it.
-    Demand,
+    /// A client is reading it: first in its response, or opened ahead of the block the
+    /// response sends ([`Turn`]).
+    Demand(Turn),
     /// Read-ahead: a client is expected to read it.
     Prefetch,
     /// A warm-up job: it goes to the disk tier, not into the hot memory set.
@@ -131,6 +138,21 @@ impl Purpose {
     /// Whether a block this replica does not own is asked of its owner.
     fn asks_owner(self) -> bool {
         self != Purpose::Peer
+    }
+
+    /// Whether a client is reading the block now.
+    fn demand(self) -> bool {
+        matches!(self, Purpose::Demand(_))
+    }
+
+    /// Where in the fetch budget the block waits for a slot: read-ahead and warm-up go behind
+    /// the blocks readers wait for first; a peer's block may be its reader's first.
+    fn turn(self) -> Turn {
+        match self {
+            Purpose::Demand(turn) => turn,
+            Purpose::Prefetch | Purpose::Warm => Turn::Ahead,
+            Purpose::Peer => Turn::First,
+        }
     }
 }
 
@@ -213,8 +235,8 @@ impl BlockStore {
             pinned: Arc::new(Semaphore::new(pinned_kib as usize)),
             pinned_total: pinned_kib * 1024,
             idle_timeout: config.idle_timeout,
-            upstream_slots: Semaphore::new(config.upstream_concurrency),
-            peer_slots: Semaphore::new(config.upstream_concurrency),
+            upstream_slots: Slots::new(config.upstream_concurrency),
+            peer_slots: Slots::new(config.upstream_concurrency),
             prefetch: config.prefetch,
             sequences: Detector::new(config.prefetch, block_size),
             prefetch_slots: Semaphore::new(config.prefetch.max_inflight.max(1)),
@@ -318,7 +340,7 @@ impl BlockStore {
         range: Range<u64>,
         size: u64,
     ) -> impl Stream<Item = Result<Bytes, UpstreamError>> + Send + 'static {
-        self.read_as(object, etag, range, size, Purpose::Demand)
+        self.read_as(object, etag, range, size, Purpose::Demand(Turn::First))
     }
 
     /// [`BlockStore::read`] for another replica that found this one owns the blocks: what is
@@ -350,8 +372,15 @@ impl BlockStore {
         // Bytes read for a peer are counted where they reach a client, by the peer.
         let bucket = (purpose != Purpose::Peer).then(|| object.bucket.clone());
         stream::iter(slices)
-            .map(move |slice| {
+            .enumerate()
+            .map(move |(i, slice)| {
                 let (store, object, etag) = (store.clone(), object.clone(), etag.clone());
+                // The response's reader waits for its first block; the others are opened
+                // ahead, and wait behind other readers' first blocks for an upstream slot.
+                let purpose = match purpose {
+                    Purpose::Demand(_) if i > 0 => Purpose::Demand(Turn::Ahead),
+                    purpose => purpose,
+                };
                 let mut open = Box::pin(async move {
                     // Room for the whole block first, in order: `buffered` polls the window's
                     // opens in order and the semaphore is fair, so a response's next block is
@@ -461,7 +490,9 @@ impl BlockStore {
     ) -> (BlockSlice, OpenBlock) {
         match self.open_block(object, etag, slice, purpose).await {
             Opening::Block(block) => (slice, block),
-            Opening::Part(id, part) => (part, self.open_part(object, etag, id, part).await),
+            Opening::Part(id, part) => {
+                (part, self.open_part(object, etag, id, part, purpose).await)
+            }
             Opening::Tail(tail, opened) => (tail, opened),
         }
     }

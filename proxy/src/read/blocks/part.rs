@@ -67,7 +67,7 @@ impl BlockStore {
     ) -> Option<(BlockId, BlockSlice)> {
         let len = slice.to - slice.from;
         if !self.exact_ranges
-            || purpose != Purpose::Demand
+            || !purpose.demand()
             || !fetched_alone(len, slice.block_len)
             || self.remote_owner(object, slice.index, purpose).is_some()
         {
@@ -106,6 +106,7 @@ impl BlockStore {
         etag: &Arc<str>,
         id: BlockId,
         part: BlockSlice,
+        purpose: Purpose,
     ) -> OpenBlock {
         let in_memory = self.cache.memory().get(&id).await;
         if let Some(bytes) = in_memory.and_then(|b| self.checked(b, &part)) {
@@ -134,7 +135,7 @@ impl BlockStore {
                     larder.source = tier.as_str()
                 );
                 tokio::spawn(tracing::Instrument::instrument(
-                    async move { store.fetch(fill, fetch, None, None, Purpose::Demand).await },
+                    async move { store.fetch(fill, fetch, None, None, purpose).await },
                     span,
                 ));
                 OpenBlock::Streaming(reader, tier)

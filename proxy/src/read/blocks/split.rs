@@ -13,13 +13,13 @@
 use std::sync::Arc;
 
 use cache_core::{BlockSlice, Fill, FlightReader, Miss};
-use tokio::sync::SemaphorePermit;
 
 use crate::cache_key::BlockId;
 use crate::model::{BodyStream, ObjectId, UpstreamError};
 use crate::telemetry::labels::Source;
 
 use super::fetch::{FirstAttempt, Supplier};
+use super::slots::{Slot, Turn};
 use super::{part, BlockStore, OpenBlock, Opening, Purpose};
 
 /// A block being fetched tail first: its flight and its tail's, and where the tail starts.
@@ -48,7 +48,7 @@ impl BlockStore {
         purpose: Purpose,
     ) -> bool {
         self.exact_ranges
-            && purpose == Purpose::Demand
+            && purpose.demand()
             && slice.from > 0
             && !part::fetched_alone(slice.to - slice.from, slice.block_len)
             && self.remote_owner(object, slice.index, purpose).is_none()
@@ -136,9 +136,11 @@ impl BlockStore {
             // fetched whole, as it would have been.
             let store = self.clone();
             let fetch = (object.clone(), etag.clone(), whole);
-            tokio::spawn(
-                async move { store.fetch(block, fetch, None, None, Purpose::Demand).await },
-            );
+            tokio::spawn(async move {
+                store
+                    .fetch(block, fetch, None, None, Purpose::Demand(Turn::First))
+                    .await
+            });
             return None;
         };
         let tail_for_block = tail.reader();
@@ -162,7 +164,7 @@ impl BlockStore {
         split: Split,
         (object, etag): (ObjectId, Arc<str>),
         tail_body: Option<(BodyStream, Supplier)>,
-        slot: Option<SemaphorePermit<'_>>,
+        slot: Option<Slot<'_>>,
     ) {
         let Split {
             block,
@@ -189,7 +191,14 @@ impl BlockStore {
         };
         let fetch_tail = async {
             match self
-                .fetch_into(&tail, &object, &etag, tail_slice, slot, first)
+                .fetch_into(
+                    &tail,
+                    &object,
+                    &etag,
+                    tail_slice,
+                    (slot, Turn::First),
+                    first,
+                )
                 .await
             {
                 Ok(_) => tail.end(),
@@ -203,7 +212,7 @@ impl BlockStore {
                     &object,
                     &etag,
                     head_slice,
-                    None,
+                    (None, Turn::First),
                     FirstAttempt::Upstream,
                 )
                 .await;
@@ -218,7 +227,7 @@ impl BlockStore {
                     }
                 }
             }
-            self.settle(block, result, &object, &slice, Purpose::Demand)
+            self.settle(block, result, &object, &slice, Purpose::Demand(Turn::First))
                 .await;
         };
         tokio::join!(fetch_tail, fetch_block);

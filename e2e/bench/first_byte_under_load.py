@@ -1,0 +1,104 @@
+"""A new reader's cold first byte while other readers stream large cold objects, through Larder
+builds (or settings) side by side: how long a reader that arrives at a busy cache waits.
+
+    python3 e2e/bench/first_byte_under_load.py before:prev after:release
+    python3 e2e/bench/first_byte_under_load.py --readers 10 --size 64 --probes 6 --rounds 3 ...
+    # the same at an eighth of the scale, where a 2-core machine's CPU is not what binds:
+    python3 e2e/bench/first_byte_under_load.py --readers 2 --connection-mbps 20 \
+        before:prev::--upstream-concurrency=8 after:release::--upstream-concurrency=8
+
+Each variant is NAME:PROFILE[:ENV=V,...[:ARG;ARG...]] as in hit_cpu.py. The upstream is the
+latency proxy (30 ms before every answer, each connection capped at `--connection-mbps`, S3's
+90 MB/s by default). In each
+round, for each variant in turn, `--readers` threads each read a new `--size` MiB object whole,
+enough blocks opened ahead to hold every upstream slot (64 by default, 8 blocks ahead per
+response); once they have started, a probe reads `--probes` new 1 MiB objects one after
+another, timing each first byte. Direct reads of new 1 MiB objects, with no load, are the
+floor. Every body is checked. Not part of the test suite.
+"""
+
+import argparse
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compare import (  # noqa: E402
+    CLIENT_KEY, CLIENT_SECRET, S3_CONNECTION_MBPS, MiB, Bench, Larder, Target, percentile, s3_client)
+from cold_ab import read  # noqa: E402
+from hit_cpu import variant  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--readers", type=int, default=10, help="readers streaming large cold objects")
+    ap.add_argument("--size", type=int, default=64, help="their objects' size, MiB")
+    ap.add_argument("--probes", type=int, default=6, help="1 MiB cold reads per variant and round")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--connection-mbps", type=int, default=S3_CONNECTION_MBPS,
+                    help="cap on each upstream connection (MB/s; S3's by default)")
+    ap.add_argument("--out", type=Path, default=Path("target/bench/first-byte-under-load"))
+    ap.add_argument("variants", nargs="+", type=variant)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    os.environ["LARDER_E2E_PROFILE"] = args.variants[0][1]
+    size, probe_size = args.size * MiB, MiB
+    bench = Bench("quick", args.out)
+    names = [v[0] for v in args.variants]
+    firsts = {name: [] for name in ["direct"] + names}
+    try:
+        bench.start()
+        big = {(n, r): [f"under-load/{n}/{r}/big-{i}" for i in range(args.readers)]
+               for n in names for r in range(args.rounds)}
+        probes = {(n, r): [f"under-load/{n}/{r}/probe-{i}" for i in range(args.probes)]
+                  for n in ["direct"] + names for r in range(args.rounds)}
+        bench.upload([(k, size) for ks in big.values() for k in ks]
+                     + [(k, probe_size) for ks in probes.values() for k in ks])
+        targets = {"direct": bench.direct()}
+        for name, profile, env, extra in args.variants:
+            os.environ["LARDER_E2E_PROFILE"] = profile
+            larder = Larder(bench.work, bench.proxy.endpoint, "--memory-capacity", "4GiB", *extra, name=name, env=env)
+            bench.stoppers.append(larder.stop)
+            presigner = s3_client(larder.endpoint, CLIENT_KEY, CLIENT_SECRET, signature_version="s3v4")
+            targets[name] = Target("Larder", larder.endpoint, presigner)
+        bench.proxy.latency(delay_ms=30, jitter_ms=0, tail_fraction=0, tail_ms=0)
+        bench.proxy.control(f"limits?connection_mbps={args.connection_mbps}")
+        for r in range(args.rounds):
+            for key in probes[("direct", r)]:
+                firsts["direct"].append(read(targets["direct"], key, probe_size)[0])
+            for name in names:
+                errors = []
+
+                def stream(key, t=targets[name]):
+                    try:
+                        read(t, key, size)
+                    except Exception as e:  # noqa: BLE001 - reported after the round
+                        errors.append(e)
+
+                readers = [threading.Thread(target=stream, args=(k,)) for k in big[(name, r)]]
+                for t in readers:
+                    t.start()
+                # Their first blocks asked, their windows filling the slots.
+                time.sleep(0.3)
+                got = []
+                for key in probes[(name, r)]:
+                    got.append(read(targets[name], key, probe_size)[0])
+                busy = sum(t.is_alive() for t in readers)
+                for t in readers:
+                    t.join(timeout=600)
+                if errors:
+                    raise errors[0]
+                firsts[name] += got
+                print(f"round {r} {name}: probe first bytes {[round(f, 1) for f in got]} ms "
+                      f"({busy} of {args.readers} readers still streaming after them)", flush=True)
+        for name, values in firsts.items():
+            print(f"{name}: first byte p50 {percentile(values, 50):.1f} ms, p90 {percentile(values, 90):.1f} ms, "
+                  f"max {max(values):.1f} ms ({len(values)} reads)")
+    finally:
+        bench.stop()
+
+
+if __name__ == "__main__":
+    main()
