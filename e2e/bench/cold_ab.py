@@ -52,6 +52,19 @@ def read(t: Target, key: str, size: int) -> tuple[float, list[float]]:
     return t_first, marks
 
 
+def start_variants(bench: Bench, variants) -> dict[str, Target]:
+    """A Larder per variant (NAME, PROFILE, ENV, ARGS) in front of `bench`'s upstream, with a
+    4 GiB memory tier, stopped with the bench: their targets by name."""
+    targets = {}
+    for name, profile, env, extra in variants:
+        os.environ["LARDER_E2E_PROFILE"] = profile
+        larder = Larder(bench.work, bench.proxy.endpoint, "--memory-capacity", "4GiB", *extra, name=name, env=env)
+        bench.stoppers.append(larder.stop)
+        presigner = s3_client(larder.endpoint, CLIENT_KEY, CLIENT_SECRET, signature_version="s3v4")
+        targets[name] = Target("Larder", larder.endpoint, presigner)
+    return targets
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", type=int, default=8, help="object size, MiB")
@@ -75,12 +88,7 @@ def main():
                 for name in names}
         bench.upload([(k, size) for ks in keys.values() for k in ks])
         targets = {"direct": bench.direct()}
-        for name, profile, env, extra in args.variants:
-            os.environ["LARDER_E2E_PROFILE"] = profile
-            larder = Larder(bench.work, bench.proxy.endpoint, "--memory-capacity", "4GiB", *extra, name=name, env=env)
-            bench.stoppers.append(larder.stop)
-            presigner = s3_client(larder.endpoint, CLIENT_KEY, CLIENT_SECRET, signature_version="s3v4")
-            targets[name] = Target("Larder", larder.endpoint, presigner)
+        targets.update(start_variants(bench, args.variants))
         bench.proxy.latency(delay_ms=args.delay, jitter_ms=0, tail_fraction=0, tail_ms=0)
         if args.capped:
             bench.proxy.control(f"limits?connection_mbps={S3_CONNECTION_MBPS}")

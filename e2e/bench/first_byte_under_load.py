@@ -13,7 +13,7 @@ latency proxy (30 ms before every answer, each connection capped at `--connectio
 round, for each variant in turn, `--readers` threads each read a new `--size` MiB object whole,
 enough blocks opened ahead to hold every upstream slot (64 by default, 8 blocks ahead per
 response); once they have started, a probe reads `--probes` new 1 MiB objects one after
-another, timing each first byte. Direct reads of new 1 MiB objects, with no load, are the
+another, timing each first byte; the large reads are timed too. Direct reads of new 1 MiB objects, with no load, are the
 floor. Every body is checked. Not part of the test suite.
 """
 
@@ -25,9 +25,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import (  # noqa: E402
-    CLIENT_KEY, CLIENT_SECRET, S3_CONNECTION_MBPS, MiB, Bench, Larder, Target, percentile, s3_client)
-from cold_ab import read  # noqa: E402
+from compare import S3_CONNECTION_MBPS, MiB, Bench, percentile  # noqa: E402
+from cold_ab import read, start_variants  # noqa: E402
 from hit_cpu import variant  # noqa: E402
 
 
@@ -48,6 +47,7 @@ def main():
     bench = Bench("quick", args.out)
     names = [v[0] for v in args.variants]
     firsts = {name: [] for name in ["direct"] + names}
+    wholes = {name: [] for name in names}
     try:
         bench.start()
         big = {(n, r): [f"under-load/{n}/{r}/big-{i}" for i in range(args.readers)]
@@ -57,23 +57,18 @@ def main():
         bench.upload([(k, size) for ks in big.values() for k in ks]
                      + [(k, probe_size) for ks in probes.values() for k in ks])
         targets = {"direct": bench.direct()}
-        for name, profile, env, extra in args.variants:
-            os.environ["LARDER_E2E_PROFILE"] = profile
-            larder = Larder(bench.work, bench.proxy.endpoint, "--memory-capacity", "4GiB", *extra, name=name, env=env)
-            bench.stoppers.append(larder.stop)
-            presigner = s3_client(larder.endpoint, CLIENT_KEY, CLIENT_SECRET, signature_version="s3v4")
-            targets[name] = Target("Larder", larder.endpoint, presigner)
+        targets.update(start_variants(bench, args.variants))
         bench.proxy.latency(delay_ms=30, jitter_ms=0, tail_fraction=0, tail_ms=0)
         bench.proxy.control(f"limits?connection_mbps={args.connection_mbps}")
         for r in range(args.rounds):
             for key in probes[("direct", r)]:
                 firsts["direct"].append(read(targets["direct"], key, probe_size)[0])
             for name in names:
-                errors = []
+                errors, took = [], []
 
                 def stream(key, t=targets[name]):
                     try:
-                        read(t, key, size)
+                        took.append(read(t, key, size)[1][3])
                     except Exception as e:  # noqa: BLE001 - reported after the round
                         errors.append(e)
 
@@ -91,11 +86,15 @@ def main():
                 if errors:
                     raise errors[0]
                 firsts[name] += got
+                wholes[name] += took
                 print(f"round {r} {name}: probe first bytes {[round(f, 1) for f in got]} ms "
-                      f"({busy} of {args.readers} readers still streaming after them)", flush=True)
+                      f"({busy} of {args.readers} readers still streaming after them; they took "
+                      f"{[round(w) for w in took]} ms)", flush=True)
         for name, values in firsts.items():
+            streams = (f"; the large reads took {percentile(wholes[name], 50):.0f} ms at p50"
+                       if name in wholes else "")
             print(f"{name}: first byte p50 {percentile(values, 50):.1f} ms, p90 {percentile(values, 90):.1f} ms, "
-                  f"max {max(values):.1f} ms ({len(values)} reads)")
+                  f"max {max(values):.1f} ms ({len(values)} reads){streams}")
     finally:
         bench.stop()
 

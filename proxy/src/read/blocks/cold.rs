@@ -215,10 +215,7 @@ impl BlockStore {
             ByteRange::Suffix(_) => None,
         };
         let owner = first_index.and_then(|i| self.remote_owner(&object, i, purpose));
-        let Some(slot) = self.slots(owner.is_some()).acquire(purpose.turn()).await else {
-            let _ = tx.send(Err(UpstreamError::Abandoned));
-            return;
-        };
+        let slot = self.slots(owner.is_some()).acquire(purpose.turn()).await;
         let at_owner = match (&owner, first_index) {
             (Some(peer), Some(index)) => self.open_at_owner(peer, &object, index, changed).await,
             _ => None,

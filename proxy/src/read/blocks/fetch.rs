@@ -379,11 +379,11 @@ impl BlockStore {
         // The permit is held until the body is complete: it bounds fetch buffers, not just requests.
         let _slot = match slot {
             Some(slot) => slot,
-            None => self
-                .slots(matches!(first, FirstAttempt::Owner(_)))
-                .acquire(turn)
-                .await
-                .ok_or(UpstreamError::Abandoned)?,
+            None => {
+                self.slots(matches!(first, FirstAttempt::Owner(_)))
+                    .acquire(turn)
+                    .await
+            }
         };
         let from = match first {
             FirstAttempt::UpstreamFrom(at) => at,

@@ -295,36 +295,43 @@ async fn cold_gets_measure_the_round_trip_and_rate() {
 
 #[tokio::test(start_paused = true)]
 async fn a_new_readers_first_block_does_not_wait_behind_blocks_others_opened_ahead() {
-    // Eight upstream slots and a window of eight: one reader of a large cold object has blocks
-    // opened ahead to fill every slot. A second reader's first (and only) block must not wait
-    // for one of them to finish: a quarter of the slots are kept for first blocks. Time is
-    // paused (each 1,000-byte chunk takes 100 ms of it), so the order below is exact.
+    // Eight upstream slots and a window of eight: a reader of a large cold object holds every
+    // slot, and a second one queues eight more fetches (its first block and seven ahead). A
+    // third reader's one block must take the next slot freed, not wait behind the second
+    // reader's blocks ahead. Time is paused (each 1,000-byte chunk takes 100 ms of it, a 4 KiB
+    // block 500 ms), so the times below are exact.
     use crate::upstream::memory::fixtures;
     let origin = Arc::new(MemoryUpstream::with_delay(Duration::from_millis(100)));
     let (big, small) = (fixtures::data(16 * 4096), fixtures::data(1000));
     let store = cold_store(&origin, &big);
+    origin.put("k2", big.clone(), "\"e1\"");
     origin.put("small", small.clone(), "\"e2\"");
-    let etag: Arc<str> = "\"e1\"".into();
-    let big_id = fixtures::object();
+    let start = tokio::time::Instant::now();
+    let readers: Vec<_> = ["k", "k2"]
+        .into_iter()
+        .map(|key| {
+            let store = store.clone();
+            let (id, size) = (
+                ObjectId {
+                    key: key.into(),
+                    ..fixtures::object()
+                },
+                big.len() as u64,
+            );
+            let reader = tokio::spawn(async move {
+                let body = store.read(id, "\"e1\"".into(), 0..size, size);
+                body.map_ok(|b| b.len()).try_collect::<Vec<_>>().await
+            });
+            reader
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 8, "the first reader's");
+    assert_eq!(store.upstream_slots.available(), 0);
     let small_id = ObjectId {
         key: "small".into(),
-        ..big_id.clone()
+        ..fixtures::object()
     };
-    let first_read = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let reader = {
-        let (store, first_read) = (store.clone(), first_read.clone());
-        let size = big.len() as u64;
-        tokio::spawn(async move {
-            let mut body = std::pin::pin!(store.read(big_id, etag, 0..size, size));
-            while let Some(chunk) = body.next().await {
-                first_read.fetch_add(chunk.unwrap().len() as u64, Ordering::SeqCst);
-            }
-        })
-    };
-    // The large read's blocks are all asked for: its first, and six ahead of it (the share).
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    assert_eq!(origin.gets.load(Ordering::SeqCst), 7);
-    assert_eq!(store.upstream_slots.available(), 1);
     let got: Vec<u8> = store
         .read(small_id, "\"e2\"".into(), 0..1000, 1000)
         .map_ok(|b| b.to_vec())
@@ -332,9 +339,12 @@ async fn a_new_readers_first_block_does_not_wait_behind_blocks_others_opened_ahe
         .await
         .unwrap();
     assert_eq!(got, small[..]);
-    // Read in one chunk's time, before the large read's first block (five chunks) was in.
-    let before = first_read.load(Ordering::SeqCst);
-    assert!(before < 4096, "{before} bytes of the large read came first");
-    reader.await.unwrap();
-    assert_eq!(first_read.load(Ordering::SeqCst), 16 * 4096);
+    // A slot came free at 500 ms and the chunk took 100: waiting behind the second reader's
+    // blocks too, it would have been 1,100.
+    let took = start.elapsed();
+    assert!(took < Duration::from_millis(800), "{took:?}");
+    for reader in readers {
+        let sizes = reader.await.unwrap().unwrap();
+        assert_eq!(sizes.iter().sum::<usize>(), big.len());
+    }
 }
