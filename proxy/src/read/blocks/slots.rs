@@ -10,9 +10,9 @@
 //!   [`AHEAD_EVERY`]th while both wait, so a stream of first blocks cannot starve the others);
 //! - blocks ahead hold at most seven eighths of the slots, so that a new reader usually finds
 //!   one free instead of waiting for the next to be freed. A larger share kept back cost large
-//!   reads their parallelism when no new reader came (a quarter made them 23 % slower where
-//!   the budget, not the network, was the limit); priority alone left new readers waiting
-//!   for the next block to finish, 230 ms at the benchmark's p50.
+//!   reads their parallelism when no new reader came (a quarter made them about 20 % slower
+//!   where the budget, not the network, was the limit); priority alone left new readers
+//!   waiting for the next block to finish, 230 to 385 ms at the benchmark's p50.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -46,8 +46,8 @@ struct State {
     /// Slots blocks ahead hold, and the most they may.
     ahead_held: usize,
     ahead_most: usize,
-    /// Who waits, by [`Turn`]: the sending half of each waiter's wake-up. A waiter that gave
-    /// up leaves a closed sender, skipped when its turn comes.
+    /// Who waits, by [`Turn`]: the sending half of each waiter's wake-up. A waiter that gives
+    /// up closes its own, which is then dropped from here (and skipped if its turn came).
     first: VecDeque<oneshot::Sender<()>>,
     ahead: VecDeque<oneshot::Sender<()>>,
     /// Slots handed to first blocks in a row while blocks ahead waited.
