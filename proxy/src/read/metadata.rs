@@ -808,6 +808,19 @@ mod tests {
         (origin, cache, id)
     }
 
+    /// [`one_object`] (`data` at `"e"`) cached with a 50 ms TTL and kept `stale_for` longer
+    /// for outages, then expired, and its upstream down.
+    async fn expired_in_an_outage(
+        stale_for: Duration,
+    ) -> (Arc<MemoryUpstream>, Arc<MetadataCache>, ObjectId) {
+        let (origin, cache, id) =
+            one_object(b"data", "\"e\"", Duration::from_millis(50), stale_for);
+        assert_eq!(cache.get(&id).await.unwrap().1, Source::Fetched);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        origin.outage.store(true, Ordering::SeqCst);
+        (origin, cache, id)
+    }
+
     /// [`one_object`] (`v1` at `"e1"`, no stale serving) with refresh-ahead on.
     fn refreshing_object(ttl: Duration) -> (Arc<MemoryUpstream>, Arc<MetadataCache>, ObjectId) {
         let (origin, cache, id) = one_object(b"v1", "\"e1\"", ttl, Duration::ZERO);
@@ -872,15 +885,7 @@ mod tests {
 
     #[tokio::test]
     async fn stale_metadata_is_served_only_in_an_outage_and_only_for_so_long() {
-        let (origin, cache, id) = one_object(
-            b"data",
-            "\"e\"",
-            Duration::from_millis(50),
-            Duration::from_millis(300),
-        );
-        assert_eq!(cache.get(&id).await.unwrap().1, Source::Fetched);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        origin.outage.store(true, Ordering::SeqCst);
+        let (origin, cache, id) = expired_in_an_outage(Duration::from_millis(300)).await;
         let (meta, source) = cache.get(&id).await.unwrap();
         assert_eq!((source, meta.etag.as_str()), (Source::Stale, "\"e\""));
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -901,15 +906,7 @@ mod tests {
         // A hot object's metadata expires while the upstream is down: its reads are served
         // stale, only the first asks the upstream and waits for it; after that, one read a
         // second starts a revalidation behind it, and no read waits.
-        let (origin, cache, id) = one_object(
-            b"data",
-            "\"e\"",
-            Duration::from_millis(50),
-            Duration::from_secs(60),
-        );
-        assert_eq!(cache.get(&id).await.unwrap().1, Source::Fetched);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        origin.outage.store(true, Ordering::SeqCst);
+        let (origin, cache, id) = expired_in_an_outage(Duration::from_secs(60)).await;
         let heads = || origin.heads.load(Ordering::SeqCst);
         let before = heads();
         for _ in 0..50 {
@@ -941,15 +938,7 @@ mod tests {
     #[tokio::test]
     async fn an_answer_other_than_an_outage_ends_stale_serving_at_once() {
         // A revalidation behind a stale read gets a 404: the next read gets it too.
-        let (origin, cache, id) = one_object(
-            b"data",
-            "\"e\"",
-            Duration::from_millis(50),
-            Duration::from_secs(60),
-        );
-        assert_eq!(cache.get(&id).await.unwrap().1, Source::Fetched);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        origin.outage.store(true, Ordering::SeqCst);
+        let (origin, cache, id) = expired_in_an_outage(Duration::from_secs(60)).await;
         assert_eq!(cache.get(&id).await.unwrap().1, Source::Stale);
         origin.outage.store(false, Ordering::SeqCst);
         origin.delete("k");
