@@ -91,8 +91,8 @@ pub struct BlockStore {
     pinned: Arc<Semaphore>,
     pinned_total: u64,
     idle_timeout: Duration,
-    /// The fetch budget (`upstream_concurrency`), a quarter of it kept for the blocks responses
-    /// start with ([`slots`]).
+    /// The fetch budget (`upstream_concurrency`), in which the blocks responses start with go
+    /// first and an eighth is kept for them ([`slots`]).
     upstream_slots: Slots,
     /// The same budget for fetches asked of another replica. Apart, because a replica serving a
     /// peer needs an upstream slot: were asks holding upstream slots, two busy replicas could
