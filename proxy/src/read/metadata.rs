@@ -584,8 +584,12 @@ impl MetadataCache {
         if let Some(stale) = &self.stale {
             if let Some(failed) = self.failing.get(id) {
                 if let Some(entry) = stale.get(id).await {
-                    if failed.elapsed() >= STALE_RETRY_AFTER {
-                        self.refresh_behind(id, &entry.meta.etag);
+                    if failed.elapsed() >= STALE_RETRY_AFTER
+                        && !self.refresh_behind(id, &entry.meta.etag)
+                    {
+                        // No room to ask now ([`Refresh::Busy`]): tried again a second later,
+                        // so a hot object counts one skip a second, not one per read.
+                        self.failing.insert(id.clone(), Instant::now());
                     }
                     return Ok((entry, Source::Stale));
                 }
@@ -658,17 +662,17 @@ impl MetadataCache {
     }
 
     /// Revalidate `id`, cached at `etag`, behind the reader, unless it is being revalidated
-    /// already or [`MAX_REFRESHES`] are.
-    fn refresh_behind(self: &Arc<Self>, id: &ObjectId, etag: &str) {
+    /// already or [`MAX_REFRESHES`] are (then counted [`Refresh::Busy`], and false).
+    fn refresh_behind(self: &Arc<Self>, id: &ObjectId, etag: &str) -> bool {
         {
             let mut refreshing = self.refreshing.lock();
             if refreshing.contains(id) {
-                return;
+                return true;
             }
             if refreshing.len() >= MAX_REFRESHES {
                 drop(refreshing);
                 self.count(Refresh::Busy);
-                return;
+                return false;
             }
             refreshing.insert(id.clone());
         }
@@ -680,6 +684,7 @@ impl MetadataCache {
             this.refreshing.lock().remove(&id);
             this.count(outcome);
         });
+        true
     }
 
     /// Revalidate `id`, cached at `etag`, with a HEAD, and cache what it says as a read that
@@ -933,6 +938,28 @@ mod tests {
         assert_eq!(cache.get(&id).await.unwrap().1, Source::Cached);
         // Nothing asked while the upstream stayed down: past OUTAGE_HELD_FOR the next read
         // asks and waits again, as the outage's first did (not tested: 10 s).
+    }
+
+    #[tokio::test]
+    async fn a_stale_read_with_no_room_to_revalidate_counts_one_skip_a_second() {
+        // Every refresh slot is taken (more hot objects than MAX_REFRESHES in an outage):
+        // the reads past the object's second are served stale, and one skip is counted for
+        // them, not one per read; a second later the next is.
+        let (_origin, cache, id) = expired_in_an_outage(Duration::from_secs(60)).await;
+        assert_eq!(cache.get(&id).await.unwrap().1, Source::Stale);
+        let others = (0..MAX_REFRESHES).map(|i| ObjectId {
+            bucket: "b".into(),
+            key: format!("other-{i}").into(),
+            version_id: None,
+        });
+        cache.refreshing.lock().extend(others);
+        for round in 1..=2 {
+            tokio::time::sleep(STALE_RETRY_AFTER + Duration::from_millis(100)).await;
+            for _ in 0..50 {
+                assert_eq!(cache.get(&id).await.unwrap().1, Source::Stale);
+            }
+            assert_eq!(refreshed(&cache, Refresh::Busy), round);
+        }
     }
 
     #[tokio::test]

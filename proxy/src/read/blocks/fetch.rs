@@ -15,7 +15,7 @@ use crate::model::{BodyStream, ObjectId, UpstreamError};
 use crate::telemetry::labels::WriteDropped;
 use tracing::Instrument;
 
-use super::slots::{Slot, Slots, Turn};
+use super::slots::{Slot, Slots};
 use super::{BlockStore, Purpose};
 
 /// Where a fetched block's bytes came from.
@@ -219,8 +219,15 @@ impl BlockStore {
                 None => FirstAttempt::Upstream,
             },
         };
+        let slot = match slot {
+            Some(slot) => slot,
+            None => {
+                let remote = matches!(first, FirstAttempt::Owner(_));
+                self.slots(remote).acquire(purpose.turn()).await
+            }
+        };
         let result = self
-            .fetch_into(&fill, &object, &etag, slice, (slot, purpose.turn()), first)
+            .fetch_into(&fill, &object, &etag, slice, slot, first)
             .await;
         if result.is_ok() {
             readers_first(slice.block_len).await;
@@ -364,27 +371,19 @@ impl BlockStore {
     /// bodies arrive already resumed where they broke or stalled (the upstream's
     /// [`crate::upstream::resume`] layer), so their failures stand. A peer that fails, before its
     /// first byte or after, or stalls for `idle_timeout`, is replaced by the upstream from the
-    /// byte where it stopped. Says who supplied the bytes.
+    /// byte where it stopped. Says who supplied the bytes. `_slot` is held until the body is
+    /// complete: it bounds fetch buffers, not just requests.
     pub(super) async fn fetch_into(
         &self,
         fill: &Fill<BlockId, UpstreamError>,
         object: &ObjectId,
         etag: &str,
         slice: BlockSlice,
-        (slot, turn): (Option<Slot<'_>>, Turn),
+        _slot: Slot<'_>,
         first: FirstAttempt,
     ) -> Result<Supplier, UpstreamError> {
         let range = slice.block_start..slice.block_start + slice.block_len;
         let expected = range.end - range.start;
-        // The permit is held until the body is complete: it bounds fetch buffers, not just requests.
-        let _slot = match slot {
-            Some(slot) => slot,
-            None => {
-                self.slots(matches!(first, FirstAttempt::Owner(_)))
-                    .acquire(turn)
-                    .await
-            }
-        };
         let from = match first {
             FirstAttempt::UpstreamFrom(at) => at,
             _ => 0,

@@ -190,15 +190,12 @@ impl BlockStore {
             None => FirstAttempt::Upstream,
         };
         let fetch_tail = async {
+            let slot = match slot {
+                Some(slot) => slot,
+                None => self.upstream_slots.acquire(Turn::First).await,
+            };
             match self
-                .fetch_into(
-                    &tail,
-                    &object,
-                    &etag,
-                    tail_slice,
-                    (slot, Turn::First),
-                    first,
-                )
+                .fetch_into(&tail, &object, &etag, tail_slice, slot, first)
                 .await
             {
                 Ok(_) => tail.end(),
@@ -206,13 +203,14 @@ impl BlockStore {
             }
         };
         let fetch_block = async {
+            let slot = self.upstream_slots.acquire(Turn::First).await;
             let mut result = self
                 .fetch_into(
                     &block,
                     &object,
                     &etag,
                     head_slice,
-                    (None, Turn::First),
+                    slot,
                     FirstAttempt::Upstream,
                 )
                 .await;
