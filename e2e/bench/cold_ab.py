@@ -4,42 +4,56 @@ change's effect on the miss path on a noisy machine.
 
     python3 e2e/bench/cold_ab.py --size 8 --objects 6 --rounds 3 before:prev after:release
     python3 e2e/bench/cold_ab.py --capped ...   # each upstream connection at 90 MB/s, as S3
+    python3 e2e/bench/cold_ab.py --size 24 --range 16 ...   # a 16 MiB range at a random offset
+
+With `--range`, `direct-pieces` reads each range straight from the upstream as Larder's cold
+open asks for it (one GET per block it touches, sent at once): the reference that shows what
+of Larder's gap to `direct` is the upstream answering several GETs at once.
 
 Each variant is NAME:PROFILE[:ENV=V,...[:ARG;ARG...]] as in hit_cpu.py. The upstream is the
 latency proxy with `--delay` ms (default 30, as compare.py's cold steps) before every answer. Each round reads
 `--objects` new objects of `--size` MiB through every variant in turn, and as many straight
 from the upstream, one at a time, each on a new connection opened beforehand, every body
 checked. Prints each read's first byte and quarter marks (ms), and per variant the p50 of the
-first byte, the whole read, and the last quarter (from the 3/4 mark to the end). Not part of
+first byte, the whole read, and the last quarter (from the 3/4 mark to the end), and the
+upstream GETs per read (counted at the latency proxy as each read ends). Not part of
 the test suite.
 """
 
 import argparse
 import http.client
 import os
+import random
+import threading
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare import (  # noqa: E402
-    CLIENT_KEY, CLIENT_SECRET, S3_CONNECTION_MBPS, MiB, Bench, Larder, Target, content, percentile, s3_client)
+    BLOCK, CLIENT_KEY, CLIENT_SECRET, S3_CONNECTION_MBPS, MiB, Bench, Larder, Target, content, percentile, s3_client)
 from hit_cpu import variant  # noqa: E402
 
 
-def read(t: Target, key: str, size: int) -> tuple[float, list[float]]:
-    """First byte and the times the body's quarters were complete, ms after the request."""
+def read(t: Target, key: str, size: int, span: tuple[int, int] | None = None) -> tuple[float, list[float]]:
+    """First byte and the times the body's quarters were complete, ms after the request; of the
+    bytes `span` (first, length) of the object when given."""
     conn = http.client.HTTPConnection(t.host, t.port, timeout=120)
     conn.connect()
     expected = content(key, size)
+    if span:
+        expected = expected[span[0]:span[0] + span[1]]
     # Presigned before the clock starts: boto3 takes a millisecond or two to sign.
     path = t.path(key)
     t0 = time.perf_counter()
     conn.putrequest("GET", path, skip_accept_encoding=True)
+    if span:
+        conn.putheader("Range", f"bytes={span[0]}-{span[0] + span[1] - 1}")
     conn.endheaders()
     resp = conn.getresponse()
     first = resp.read(1)
     t_first = (time.perf_counter() - t0) * 1000
+    size = len(expected)
     parts, got, marks, quarter = [first], 1, [], size // 4
     while chunk := resp.read(256 << 10):
         parts.append(chunk)
@@ -47,9 +61,46 @@ def read(t: Target, key: str, size: int) -> tuple[float, list[float]]:
         while len(marks) < 4 and got >= quarter * (len(marks) + 1):
             marks.append((time.perf_counter() - t0) * 1000)
     conn.close()
-    if resp.status != 200 or b"".join(parts) != expected:
+    if resp.status not in (200, 206) or b"".join(parts) != expected:
         raise RuntimeError(f"{t.name} {key}: status {resp.status}, {got} bytes, expected {size}")
     return t_first, marks
+
+
+def read_in_pieces(t: Target, key: str, size: int, span: tuple[int, int]) -> tuple[float, list[float]]:
+    """A range as Larder's cold open asks the upstream for it: one GET per block it touches, the
+    first from the range's first byte, all sent at once, each on a connection opened
+    beforehand. The first piece's first byte, and when all were complete (as [`read`]'s last
+    quarter mark): what the upstream itself gives a reader that fans out this way."""
+    start, end = span[0], span[0] + span[1]
+    pieces = [(max(start, b), min(end, b + BLOCK)) for b in range(start - start % BLOCK, end, BLOCK)]
+    expected = content(key, size)
+    conns = [http.client.HTTPConnection(t.host, t.port, timeout=120) for _ in pieces]
+    for c in conns:
+        c.connect()
+    path = t.path(key)
+    firsts = [0.0] * len(pieces)
+    t0 = time.perf_counter()
+
+    def get(i: int):
+        a, b = pieces[i]
+        conns[i].putrequest("GET", path, skip_accept_encoding=True)
+        conns[i].putheader("Range", f"bytes={a}-{b - 1}")
+        conns[i].endheaders()
+        resp = conns[i].getresponse()
+        first = resp.read(1)
+        firsts[i] = (time.perf_counter() - t0) * 1000
+        if resp.status != 206 or first + resp.read() != expected[a:b]:
+            raise RuntimeError(f"{key} bytes {a}-{b - 1}: status {resp.status}")
+
+    threads = [threading.Thread(target=get, args=(i,)) for i in range(len(pieces))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    done = (time.perf_counter() - t0) * 1000
+    for c in conns:
+        c.close()
+    return firsts[0], [done] * 4
 
 
 def start_variants(bench: Bench, variants) -> dict[str, Target]:
@@ -72,6 +123,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--delay", type=int, default=30, help="ms the upstream waits before each answer")
     ap.add_argument("--capped", action="store_true", help=f"cap each upstream connection at {S3_CONNECTION_MBPS} MB/s")
+    ap.add_argument("--range", type=float, default=0,
+                    help="read a range of this many MiB at a random offset of each object, not all of it")
     ap.add_argument("--out", type=Path, default=Path("target/bench/cold-ab"))
     ap.add_argument("variants", nargs="+", type=variant)
     args = ap.parse_args()
@@ -80,30 +133,40 @@ def main():
     os.environ["LARDER_E2E_PROFILE"] = args.variants[0][1]
     size = args.size * MiB
     bench = Bench("quick", args.out)
-    names = ["direct"] + [v[0] for v in args.variants]
+    names = ["direct"] + (["direct-pieces"] if args.range else []) + [v[0] for v in args.variants]
     results = {name: [] for name in names}
+    gets = {name: 0 for name in names}
     try:
         bench.start()
         keys = {name: [f"cold-ab/{name}/{r}/{i}" for r in range(args.rounds) for i in range(args.objects)]
                 for name in names}
         bench.upload([(k, size) for ks in keys.values() for k in ks])
-        targets = {"direct": bench.direct()}
+        targets = {"direct": bench.direct(), "direct-pieces": bench.direct()}
         targets.update(start_variants(bench, args.variants))
         bench.proxy.latency(delay_ms=args.delay, jitter_ms=0, tail_fraction=0, tail_ms=0)
         if args.capped:
             bench.proxy.control(f"limits?connection_mbps={S3_CONNECTION_MBPS}")
+        rng, length = random.Random(11), int(args.range * MiB)
+        spans = {k: (rng.randrange(0, size - length + 1), length) if length else None
+                 for ks in keys.values() for k in ks}
         for r in range(args.rounds):
             for name in names:
                 for key in keys[name][r * args.objects:(r + 1) * args.objects]:
-                    first, marks = read(targets[name], key, size)
+                    how = read_in_pieces if name == "direct-pieces" else read
+                    bench.proxy.control("reset")
+                    first, marks = how(targets[name], key, size, spans[key])
                     results[name].append((first, marks))
+                    # Counted once the read is done: a block completed behind it may still come.
+                    gets[name] += bench.upstream()["gets"]
                     print(f"round {r} {name}: first {first:.1f}, quarters {[round(m, 1) for m in marks]}", flush=True)
         for name, reads in results.items():
             firsts = [f for f, _ in reads]
             wholes = [m[3] for _, m in reads]
             lasts = [m[3] - m[2] for _, m in reads]
-            print(f"{name}: first byte p50 {percentile(firsts, 50):.1f} ms, whole p50 {percentile(wholes, 50):.1f} ms "
-                  f"({size / percentile(wholes, 50) / 1e3:.0f} MB/s), last quarter p50 {percentile(lasts, 50):.1f} ms")
+            read_size = length or size
+            print(f"{name}: first byte p50 {percentile(firsts, 50):.2f} ms, whole p50 {percentile(wholes, 50):.1f} ms "
+                  f"({read_size / percentile(wholes, 50) / 1e3:.0f} MB/s), last quarter p50 {percentile(lasts, 50):.1f} ms, "
+                  f"upstream GETs per read {gets[name] / len(reads):.1f}")
     finally:
         bench.stop()
 

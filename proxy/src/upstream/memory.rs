@@ -26,6 +26,8 @@ pub struct MemoryUpstream {
     open_bodies: Arc<AtomicUsize>,
     pub most_open_bodies: Arc<AtomicUsize>,
     pub chunk_delay: Duration,
+    /// How long each GET takes to answer, as a distant upstream's round trip.
+    pub round_trip: Duration,
     /// While set, every request fails with 503.
     pub outage: AtomicBool,
     /// The next this many bodies break (a transport error) after `break_at` bytes.
@@ -39,6 +41,11 @@ impl MemoryUpstream {
             chunk_delay,
             ..Self::default()
         }
+    }
+
+    /// This upstream, each of its GETs answering `round_trip` after it is asked.
+    pub fn with_round_trip(self, round_trip: Duration) -> Self {
+        Self { round_trip, ..self }
     }
 
     /// Store (or replace) `key` with `data` under `etag`.
@@ -147,6 +154,9 @@ impl Upstream for MemoryUpstream {
         range: Option<Range<u64>>,
     ) -> Result<BodyStream, UpstreamError> {
         self.gets.fetch_add(1, Ordering::SeqCst);
+        if !self.round_trip.is_zero() {
+            tokio::time::sleep(self.round_trip).await;
+        }
         let (data, etag) = self.lookup(object)?;
         if if_match.is_some_and(|e| e != etag) {
             return Err(UpstreamError::Changed);

@@ -1,16 +1,18 @@
 //! The first read of an object nothing is known of: the GET of its first needed block (or,
 //! range-first, of the bytes asked of it, or of a suffix) brings its metadata, saving a HEAD
-//! round trip; a range spanning blocks sends each block's GET at once. The disk tier notes
-//! which objects it holds blocks of, so that after a restart they revalidate with a HEAD
-//! instead.
+//! round trip; a range spanning blocks sends each block's GET at once, or, where one
+//! connection brings more than a block within a round trip, one GET for as many of them as it
+//! brings (`pace`). The disk tier notes which objects it holds blocks of, so that after a
+//! restart they revalidate with a HEAD instead.
 
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cache_core::{BlockSlice, Fill, Miss};
 use futures::future;
-use futures::stream::StreamExt;
+use futures::stream::{FuturesUnordered, StreamExt};
 
 use crate::cache_key::BlockId;
 use crate::model::{BodyStream, ByteRange, ObjectId, ObjectMeta, UpstreamError};
@@ -157,7 +159,9 @@ impl BlockStore {
     /// piece: the block under the first byte (or, range-first, the bytes asked of it), then
     /// for a bounded range spanning blocks each further block's piece, up to `read_window`
     /// pieces, except those owned by another replica (asked of it once the metadata is known).
-    /// A suffix is one piece, the suffix.
+    /// A suffix is one piece, the suffix. Where one connection brings more than a block
+    /// within a round trip (`pace`), the first GET runs on past its first piece instead:
+    /// over the next pieces of the range, or to the object's end from a block's first byte.
     fn cold_spans(&self, object: &ObjectId, asked: ByteRange, purpose: Purpose) -> Vec<ByteRange> {
         let block_size = self.keys.layout().block_size();
         let (first, last) = match asked {
@@ -166,7 +170,7 @@ impl BlockStore {
         };
         let index = first / block_size;
         let pieces = last.map_or(1, |l| (l / block_size).saturating_sub(index) + 1);
-        let mut spans: Vec<ByteRange> = (index
+        let mut spans: Vec<Range<u64>> = (index
             ..index.saturating_add(pieces.min(self.read_window as u64)))
             .filter_map(|i| {
                 let remote = self.remote_owner(object, i, purpose).is_some();
@@ -177,29 +181,44 @@ impl BlockStore {
                 let end = last.map_or(block.end, |l| l.saturating_add(1).min(block.end));
                 let piece = first.max(block.start)..end;
                 let exact = self.exact_ranges && purpose.demand() && !remote;
-                let span = if exact && part::fetched_alone(piece.end - piece.start, block_size) {
-                    piece
-                } else if exact && piece.start > block.start {
-                    // Tail first (`split`): the head is asked once the metadata is known.
-                    piece.start..block.end
-                } else {
-                    block
-                };
-                Some(ByteRange::bytes(span))
+                Some(
+                    if exact && part::fetched_alone(piece.end - piece.start, block_size) {
+                        piece
+                    } else if exact && piece.start > block.start {
+                        // Tail first (`split`): the head is asked once the metadata is known.
+                        piece.start..block.end
+                    } else {
+                        block
+                    },
+                )
             })
             .collect();
-        // To the object's end from a block's first byte: the GET runs on past the block as far
-        // as its connection is expected to bring within a round trip (`pace`). Not in a fleet,
-        // where the blocks past it may be another replica's.
-        if last.is_none() && first.is_multiple_of(block_size) && purpose.demand() {
-            let most = self.read_window.saturating_sub(1) as u64;
-            let past = self.pace.blocks_past(block_size, most);
-            if let (Some(span), true, None) = (spans.first_mut(), past > 0, &self.fleet) {
-                let end = first.saturating_add((past + 1).saturating_mul(block_size));
-                *span = ByteRange::bytes(first..end);
+        // Not in a fleet, where the blocks past the first may be another replica's.
+        let past = match (purpose.demand(), &self.fleet) {
+            (true, None) => {
+                let most = self.read_window.saturating_sub(1) as u64;
+                self.pace.blocks_past(block_size, most)
+            }
+            _ => 0,
+        };
+        if past > 0 {
+            match last {
+                // To the object's end: as far as the connection brings.
+                None if first.is_multiple_of(block_size) => {
+                    spans[0].end = first.saturating_add((past + 1).saturating_mul(block_size));
+                }
+                None => {}
+                // A range: its pieces are consecutive (none is another replica's here), and
+                // the first `past` after the first join it; `cold_run` hands each its bytes.
+                Some(_) => {
+                    let joined = (past as usize + 1).min(spans.len());
+                    let end = spans[joined - 1].end;
+                    spans.drain(1..joined);
+                    spans[0].end = end;
+                }
             }
         }
-        spans
+        spans.into_iter().map(ByteRange::bytes).collect()
     }
 
     async fn fetch_cold(
@@ -258,6 +277,9 @@ impl BlockStore {
         let mut answered = None;
         let first = loop {
             tokio::select! {
+                // The first piece's GET is sent first: the upstream answers in about the
+                // order it is asked, and its answer is the one the reader waits for.
+                biased;
                 first = first.as_mut() => break first,
                 all = answers.as_mut(), if answered.is_none() => answered = Some(all),
             }
@@ -288,11 +310,31 @@ impl BlockStore {
             let carve = Carve::new(body, got.end - got.start);
             let mut slot = Some(slot);
             let mut fills = first_fills.into_iter();
+            // Each block goes on filling (and caching) while the next takes the body's bytes
+            // after its own: the next starts once this one's were read, not once it is done.
+            // A block's tail fetched tail first is then still waiting for its head's GET.
+            let mut running = FuturesUnordered::new();
             let mut first = true;
             while let Some((fill, len)) = fills.next() {
-                let body = Some((carve.next(len), supplier));
-                self.fetch_cold_fill(fill, (&object, &etag), slot.take(), body, purpose)
-                    .await;
+                let (read_tx, mut read) = tokio::sync::oneshot::channel::<()>();
+                // Dropped, and so `read` told, when the fill has read its bytes or gave up.
+                let body = carve.next(len).inspect(move |_| {
+                    let _held = &read_tx;
+                });
+                let body = Some((body.boxed(), supplier));
+                running.push(self.fetch_cold_fill(
+                    fill,
+                    (&object, &etag),
+                    slot.take(),
+                    body,
+                    purpose,
+                ));
+                loop {
+                    tokio::select! {
+                        _ = &mut read => break,
+                        Some(()) = running.next() => {}
+                    }
+                }
                 if !carve.whole() {
                     break;
                 }
@@ -300,7 +342,7 @@ impl BlockStore {
                     self.metrics.run_block();
                 } else if supplier == Supplier::Upstream {
                     let rate = carve.measure(&self.pace);
-                    if !self.pace.keeps(rate, fills.len() as u64, len) {
+                    if !self.pace.keeps(rate, fills.len() as u64, block_size) {
                         break;
                     }
                 }
@@ -311,7 +353,7 @@ impl BlockStore {
             drop(carve);
             let alone = fills
                 .map(|(fill, _)| self.fetch_cold_fill(fill, (&object, &etag), None, None, purpose));
-            future::join_all(alone).await;
+            tokio::join!(future::join_all(alone), running.collect::<Vec<()>>());
         };
         let rest_fetches = async {
             let answers = match answered {
@@ -368,14 +410,18 @@ impl BlockStore {
     ) -> Vec<(ColdFill, u64)> {
         let block_size = self.keys.layout().block_size();
         let got = span.within(size);
-        if !got.start.is_multiple_of(block_size) || got.end - got.start <= block_size {
+        if got.end - got.start <= block_size - got.start % block_size {
             let fill = self.cold_fill(object, etag, size, span, purpose);
             return fill.map(|f| (f, got.end - got.start)).into_iter().collect();
         }
-        (got.start..got.end)
-            .step_by(block_size as usize)
+        // Cut at block boundaries: a range's first piece may start inside its block.
+        let bounds = (got.start / block_size + 1..)
+            .map(|i| i * block_size)
+            .take_while(|&b| b < got.end);
+        std::iter::once(got.start)
+            .chain(bounds)
             .map_while(|start| {
-                let end = (start + block_size).min(got.end);
+                let end = (start - start % block_size + block_size).min(got.end);
                 let fill =
                     self.cold_fill(object, etag, size, ByteRange::bytes(start..end), purpose)?;
                 Some((fill, end - start))

@@ -235,6 +235,105 @@ async fn a_cold_read_to_the_end_runs_its_first_get_on_as_far_as_a_round_trip_bri
     }
 }
 
+/// A cold range spanning blocks, where one connection brings several blocks per round trip:
+/// one GET from its first byte to its end, whose body fills its first block's tail (fetched
+/// tail first, the head asked behind it) and each block after, instead of one GET per block.
+#[tokio::test]
+async fn a_cold_range_spanning_blocks_is_one_get_where_a_round_trip_brings_them() {
+    let data = crate::upstream::memory::fixtures::data(6 * 4096);
+    let (id, size) = (
+        crate::upstream::memory::fixtures::object(),
+        data.len() as u64,
+    );
+    // From inside block 0 to inside block 3.
+    let asked = 1000..3 * 4096 + 2000;
+    for (paced, gets) in [(false, 5), (true, 2)] {
+        let origin = Arc::new(MemoryUpstream::default());
+        origin.put("k", data.clone(), "\"e1\"");
+        let config = BlockStoreConfig {
+            read_window: 8,
+            upstream_concurrency: 8,
+            exact_ranges: true,
+            ..BlockStoreConfig::for_tests()
+        };
+        let store = Arc::new(BlockStore::new(config, origin.clone(), Arc::default()));
+        if paced {
+            // 30 ms and 1 MB/s: 30 KB per round trip, more than the range's four blocks.
+            store.pace.set(Duration::from_millis(30), 1_000_000);
+        }
+        let range = crate::model::ByteRange::bytes(asked.clone());
+        let (meta, _) = store
+            .open_cold(id.clone(), range, None)
+            .await
+            .unwrap()
+            .unwrap();
+        let etag: Arc<str> = meta.etag.as_str().into();
+        let got: Vec<u8> = store
+            .read(id.clone(), etag.clone(), asked.clone(), size)
+            .map_ok(|b| b.to_vec())
+            .try_concat()
+            .await
+            .unwrap();
+        assert_eq!(got, &data[asked.start as usize..asked.end as usize]);
+        assert!(store.settled(Duration::from_secs(5)).await);
+        // Unpaced: the tail of block 0, its head, blocks 1 and 2, the part of block 3 asked.
+        // Paced: the range, and the head of block 0.
+        assert_eq!(origin.gets.load(Ordering::SeqCst), gets, "paced: {paced}");
+        for i in 0..3 {
+            let block = i * 4096..(i + 1) * 4096;
+            let found = store.classify(&id, &etag, block, size);
+            assert_eq!(found, CacheResult::HitMemory, "block {i}, paced: {paced}");
+        }
+    }
+}
+
+/// A range's GET run on over several blocks, whose first block is fetched tail first: the
+/// blocks after it take the body's bytes as soon as the tail has read its own, without
+/// waiting the round trip of the head's GET.
+#[tokio::test(start_paused = true)]
+async fn a_run_does_not_wait_for_the_head_of_its_first_block() {
+    let data = crate::upstream::memory::fixtures::data(4 * 4096);
+    let (id, size) = (
+        crate::upstream::memory::fixtures::object(),
+        data.len() as u64,
+    );
+    let round_trip = Duration::from_millis(30);
+    // A millisecond per 1,000 bytes: the reader finds the tail still coming.
+    let origin =
+        Arc::new(MemoryUpstream::with_delay(Duration::from_millis(1)).with_round_trip(round_trip));
+    origin.put("k", data.clone(), "\"e1\"");
+    let config = BlockStoreConfig {
+        read_window: 8,
+        upstream_concurrency: 8,
+        exact_ranges: true,
+        ..BlockStoreConfig::for_tests()
+    };
+    let store = Arc::new(BlockStore::new(config, origin.clone(), Arc::default()));
+    store.pace.set(round_trip, 1_000_000);
+    let asked = 1000..size;
+    let start = tokio::time::Instant::now();
+    let range = crate::model::ByteRange::bytes(asked.clone());
+    let (meta, _) = store
+        .open_cold(id.clone(), range, None)
+        .await
+        .unwrap()
+        .unwrap();
+    let got: Vec<u8> = store
+        .read(id, meta.etag.as_str().into(), asked.clone(), size)
+        .map_ok(|b| b.to_vec())
+        .try_concat()
+        .await
+        .unwrap();
+    assert_eq!(got, &data[asked.start as usize..]);
+    // One round trip for the range's GET; waiting for the head's would make it two.
+    assert!(start.elapsed() < 2 * round_trip, "{:?}", start.elapsed());
+    assert_eq!(
+        origin.gets.load(Ordering::SeqCst),
+        2,
+        "the range and the head"
+    );
+}
+
 /// A run's body that breaks part-way fails the block it broke in (no resume layer here), and
 /// the blocks it had not reached are fetched on their own: no block holds a wrong byte.
 #[tokio::test]
