@@ -181,6 +181,36 @@ fn cold_store(origin: &Arc<MemoryUpstream>, data: &Bytes) -> Arc<BlockStore> {
     Arc::new(BlockStore::new(config, origin.clone(), Arc::default()))
 }
 
+/// [`cold_store`] with range-first reads (`cold_ranges = "exact"`) of `origin`, whose `k` is
+/// `data`.
+fn exact_store(origin: &Arc<MemoryUpstream>, data: &Bytes) -> Arc<BlockStore> {
+    origin.put("k", data.clone(), "\"e1\"");
+    let config = BlockStoreConfig {
+        read_window: 8,
+        upstream_concurrency: 8,
+        exact_ranges: true,
+        ..BlockStoreConfig::for_tests()
+    };
+    Arc::new(BlockStore::new(config, origin.clone(), Arc::default()))
+}
+
+/// A cold read of bytes `asked` of `k`, as a client's ranged GET: opened, then read.
+async fn read_cold_range(store: &Arc<BlockStore>, asked: Range<u64>) -> Vec<u8> {
+    let id = crate::upstream::memory::fixtures::object();
+    let range = crate::model::ByteRange::bytes(asked.clone());
+    let (meta, _) = store
+        .open_cold(id.clone(), range, None)
+        .await
+        .unwrap()
+        .unwrap();
+    store
+        .read(id, meta.etag.as_str().into(), asked, meta.size)
+        .map_ok(|b| b.to_vec())
+        .try_concat()
+        .await
+        .unwrap()
+}
+
 /// A cold read of `k` to its end, as a client's GET without a range: opened, then read.
 async fn read_cold_to_end(store: &Arc<BlockStore>) -> Result<Vec<u8>, UpstreamError> {
     let id = crate::upstream::memory::fixtures::object();
@@ -249,31 +279,12 @@ async fn a_cold_range_spanning_blocks_is_one_get_where_a_round_trip_brings_them(
     let asked = 1000..3 * 4096 + 2000;
     for (paced, gets) in [(false, 5), (true, 2)] {
         let origin = Arc::new(MemoryUpstream::default());
-        origin.put("k", data.clone(), "\"e1\"");
-        let config = BlockStoreConfig {
-            read_window: 8,
-            upstream_concurrency: 8,
-            exact_ranges: true,
-            ..BlockStoreConfig::for_tests()
-        };
-        let store = Arc::new(BlockStore::new(config, origin.clone(), Arc::default()));
+        let store = exact_store(&origin, &data);
         if paced {
             // 30 ms and 1 MB/s: 30 KB per round trip, more than the range's four blocks.
             store.pace.set(Duration::from_millis(30), 1_000_000);
         }
-        let range = crate::model::ByteRange::bytes(asked.clone());
-        let (meta, _) = store
-            .open_cold(id.clone(), range, None)
-            .await
-            .unwrap()
-            .unwrap();
-        let etag: Arc<str> = meta.etag.as_str().into();
-        let got: Vec<u8> = store
-            .read(id.clone(), etag.clone(), asked.clone(), size)
-            .map_ok(|b| b.to_vec())
-            .try_concat()
-            .await
-            .unwrap();
+        let got = read_cold_range(&store, asked.clone()).await;
         assert_eq!(got, &data[asked.start as usize..asked.end as usize]);
         assert!(store.settled(Duration::from_secs(5)).await);
         // Unpaced: the tail of block 0, its head, blocks 1 and 2, the part of block 3 asked.
@@ -281,7 +292,7 @@ async fn a_cold_range_spanning_blocks_is_one_get_where_a_round_trip_brings_them(
         assert_eq!(origin.gets.load(Ordering::SeqCst), gets, "paced: {paced}");
         for i in 0..3 {
             let block = i * 4096..(i + 1) * 4096;
-            let found = store.classify(&id, &etag, block, size);
+            let found = store.classify(&id, &"\"e1\"".into(), block, size);
             assert_eq!(found, CacheResult::HitMemory, "block {i}, paced: {paced}");
         }
     }
@@ -293,37 +304,15 @@ async fn a_cold_range_spanning_blocks_is_one_get_where_a_round_trip_brings_them(
 #[tokio::test(start_paused = true)]
 async fn a_run_does_not_wait_for_the_head_of_its_first_block() {
     let data = crate::upstream::memory::fixtures::data(4 * 4096);
-    let (id, size) = (
-        crate::upstream::memory::fixtures::object(),
-        data.len() as u64,
-    );
     let round_trip = Duration::from_millis(30);
     // A millisecond per 1,000 bytes: the reader finds the tail still coming.
     let origin =
         Arc::new(MemoryUpstream::with_delay(Duration::from_millis(1)).with_round_trip(round_trip));
-    origin.put("k", data.clone(), "\"e1\"");
-    let config = BlockStoreConfig {
-        read_window: 8,
-        upstream_concurrency: 8,
-        exact_ranges: true,
-        ..BlockStoreConfig::for_tests()
-    };
-    let store = Arc::new(BlockStore::new(config, origin.clone(), Arc::default()));
+    let store = exact_store(&origin, &data);
     store.pace.set(round_trip, 1_000_000);
-    let asked = 1000..size;
+    let asked = 1000..4 * 4096;
     let start = tokio::time::Instant::now();
-    let range = crate::model::ByteRange::bytes(asked.clone());
-    let (meta, _) = store
-        .open_cold(id.clone(), range, None)
-        .await
-        .unwrap()
-        .unwrap();
-    let got: Vec<u8> = store
-        .read(id, meta.etag.as_str().into(), asked.clone(), size)
-        .map_ok(|b| b.to_vec())
-        .try_concat()
-        .await
-        .unwrap();
+    let got = read_cold_range(&store, asked.clone()).await;
     assert_eq!(got, &data[asked.start as usize..]);
     // One round trip for the range's GET; waiting for the head's would make it two.
     assert!(start.elapsed() < 2 * round_trip, "{:?}", start.elapsed());
