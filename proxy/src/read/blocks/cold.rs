@@ -383,7 +383,7 @@ impl BlockStore {
         &self,
         fill: ColdFill,
         (object, etag): (&ObjectId, &Arc<str>),
-        slot: Option<Slot<'_>>,
+        slot: Option<Slot>,
         body: Option<(BodyStream, Supplier)>,
         purpose: Purpose,
     ) {

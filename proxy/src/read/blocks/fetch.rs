@@ -186,7 +186,7 @@ impl BlockStore {
         &self,
         fill: Fill<BlockId, UpstreamError>,
         (object, etag, slice): (ObjectId, Arc<str>, BlockSlice),
-        slot: Option<Slot<'_>>,
+        slot: Option<Slot>,
         body: Option<(BodyStream, Supplier)>,
         purpose: Purpose,
     ) {
@@ -379,7 +379,7 @@ impl BlockStore {
         object: &ObjectId,
         etag: &str,
         slice: BlockSlice,
-        _slot: Slot<'_>,
+        _slot: Slot,
         first: FirstAttempt,
     ) -> Result<Supplier, UpstreamError> {
         let range = slice.block_start..slice.block_start + slice.block_len;

@@ -38,7 +38,7 @@ use crate::read::prefetch::{Detector, PrefetchConfig};
 use crate::telemetry::labels::{Lookup, PrefetchBytes, Rejected, Source};
 use crate::telemetry::metrics::Metrics;
 use crate::upstream::Upstream;
-use slots::{Slots, Turn};
+use slots::{Slot, Slots, Turn};
 use tracing::Instrument;
 
 mod ahead;
@@ -85,10 +85,11 @@ pub struct BlockStore {
     keys: KeySchema,
     origin: Arc<dyn Upstream>,
     read_window: usize,
-    /// Bytes (in KiB permits) of blocks all responses hold at once: the block each is sending
+    /// Bytes (in KiB units) of blocks all responses hold at once: the block each is sending
     /// and those opened ahead of it. Such blocks may have left the memory tier (or never been
-    /// in it), so without this bound N responses could hold N × (read_window + 1) blocks.
-    pinned: Arc<Semaphore>,
+    /// in it), so without this bound N responses could hold N × (read_window + 1) blocks. The
+    /// block a response starts with goes first here too ([`slots`]).
+    pinned: Slots,
     pinned_total: u64,
     idle_timeout: Duration,
     /// The fetch budget (`upstream_concurrency`), in which the blocks responses start with go
@@ -156,8 +157,7 @@ impl Purpose {
     }
 }
 
-/// `bytes` in whole KiB, rounded up: the unit of the responses' buffer permits (a semaphore
-/// counts at most `u32::MAX` per acquire).
+/// `bytes` in whole KiB, rounded up: the unit the responses' buffer counts in.
 fn kib(bytes: u64) -> u64 {
     bytes.div_ceil(1024)
 }
@@ -232,7 +232,7 @@ impl BlockStore {
             keys: KeySchema::new(config.layout, config.bucket_partitions),
             origin,
             read_window: config.read_window,
-            pinned: Arc::new(Semaphore::new(pinned_kib as usize)),
+            pinned: Slots::new(pinned_kib as usize),
             pinned_total: pinned_kib * 1024,
             idle_timeout: config.idle_timeout,
             upstream_slots: Slots::new(config.upstream_concurrency),
@@ -385,7 +385,7 @@ impl BlockStore {
                     // Room for the whole block first, in order: `buffered` polls the window's
                     // opens in order and the semaphore is fair, so a response's next block is
                     // always ahead of its later ones.
-                    let permit = store.pin(slice.block_len).await?;
+                    let permit = store.pin(slice.block_len, purpose.turn()).await;
                     let (slice, opened) = store.open(&object, &etag, slice, purpose).await;
                     Ok::<_, UpstreamError>((slice, opened, permit))
                 });
@@ -416,25 +416,21 @@ impl BlockStore {
             })
     }
 
-    /// Room for a block of `len` bytes in the responses' buffer, waiting (and counting the
-    /// wait) if it is full.
-    async fn pin(&self, len: u64) -> Result<tokio::sync::OwnedSemaphorePermit, UpstreamError> {
-        let permits = u32::try_from(kib(len)).unwrap_or(u32::MAX);
-        if let Ok(permit) = self.pinned.clone().try_acquire_many_owned(permits) {
-            return Ok(permit);
+    /// Room for a block of `len` bytes in the responses' buffer, for a block taking `turn`,
+    /// waiting (and counting the wait) if there is none.
+    async fn pin(&self, len: u64, turn: Turn) -> Slot {
+        let units = kib(len) as usize;
+        if let Some(slot) = self.pinned.try_acquire_units(turn, units) {
+            return slot;
         }
         self.metrics.response_buffer_wait();
-        self.pinned
-            .clone()
-            .acquire_many_owned(permits)
-            .await
-            .map_err(|_| UpstreamError::Abandoned)
+        self.pinned.acquire_units(turn, units).await
     }
 
     /// Bytes of blocks responses hold now, and the most they may.
     pub fn response_buffer(&self) -> (u64, u64) {
         let total = self.pinned_total;
-        let free = self.pinned.available_permits() as u64 * 1024;
+        let free = self.pinned.available() as u64 * 1024;
         (total.saturating_sub(free), total)
     }
 

@@ -1,5 +1,6 @@
-//! The fetch budget (`upstream_concurrency`), in which the block a response starts with goes
-//! before the blocks responses open ahead of the one they send.
+//! The fetch budget (`upstream_concurrency`) and the responses' buffer (`response_buffer`), in
+//! which the block a response starts with goes before the blocks responses open ahead of the
+//! one they send.
 //!
 //! A response opens up to `read_window` blocks ahead of the one it sends, so a few large cold
 //! reads can hold every slot and queue more. With one first-come-first-served queue, a new
@@ -13,10 +14,17 @@
 //!   reads their parallelism when no new reader came (a quarter made them about 20 % slower
 //!   where the budget, not the network, was the limit); priority alone left new readers
 //!   waiting for the next block to finish, 230 to 385 ms at the benchmark's p50.
+//!
+//! The responses' buffer is the same queue with weights: a block takes one unit per KiB, so
+//! a new reader's first block does not wait behind the blocks some fourteen large reads hold
+//! open ahead of the ones they send either. Within a turn, waiters are served in the order
+//! they came, so the blocks of one response get their room in order: the block it sends next
+//! never waits behind its own later ones.
 
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tokio::sync::oneshot;
@@ -35,74 +43,103 @@ pub(super) enum Turn {
 /// While both kinds wait, one freed slot in this many goes to a block ahead.
 const AHEAD_EVERY: u32 = 4;
 
-/// A fetch budget of `n` slots, handed out in order within each [`Turn`], first blocks first,
-/// at most `n - n / 8` of them to blocks ahead.
+/// A budget of `n` units, handed out in order within each [`Turn`], first blocks first, at
+/// most `n - n / 8` of them to blocks ahead. A handle: clones share one budget.
+#[derive(Clone)]
 pub(super) struct Slots {
-    state: parking_lot::Mutex<State>,
+    state: Arc<parking_lot::Mutex<State>>,
+}
+
+/// One waiter: the sending half of its wake-up, and the units it waits for.
+struct Waiter {
+    woken: oneshot::Sender<()>,
+    units: usize,
 }
 
 struct State {
     free: usize,
-    /// Slots blocks ahead hold, and the most they may.
+    /// Units blocks ahead hold, and the most they may.
     ahead_held: usize,
     ahead_most: usize,
-    /// Who waits, by [`Turn`]: the sending half of each waiter's wake-up. A waiter that gives
-    /// up closes its own, which is then dropped from here (and skipped if its turn came).
-    first: VecDeque<oneshot::Sender<()>>,
-    ahead: VecDeque<oneshot::Sender<()>>,
-    /// Slots handed to first blocks in a row while blocks ahead waited.
+    /// Who waits, by [`Turn`]. A waiter that gives up closes its wake-up, and is then dropped
+    /// from here (and skipped if its turn came).
+    first: VecDeque<Waiter>,
+    ahead: VecDeque<Waiter>,
+    /// Hand-outs to first blocks in a row while blocks ahead waited.
     firsts_in_a_row: u32,
 }
 
-/// One slot of a [`Slots`], held until its fetch's body is complete.
-pub(super) struct Slot<'a> {
-    slots: &'a Slots,
+/// `units` of a [`Slots`], held until dropped (a fetch: until its body is complete; a block
+/// in the responses' buffer: until its slice has been sent).
+pub(super) struct Slot {
+    slots: Slots,
     turn: Turn,
+    units: usize,
 }
 
-impl Drop for Slot<'_> {
+impl Drop for Slot {
     fn drop(&mut self) {
-        self.slots.release(self.turn);
+        self.slots.release(self.turn, self.units);
     }
 }
 
 impl State {
-    /// Whether a fetch taking `turn` may have a free slot now.
-    fn may_take(&self, turn: Turn) -> bool {
-        self.free > 0 && (turn == Turn::First || self.ahead_held < self.ahead_most)
+    /// Whether `units` taking `turn` may be had now.
+    fn may_take(&self, turn: Turn, units: usize) -> bool {
+        // Blocks ahead may always take room when they hold none: a block larger than their
+        // share (a buffer of one block) would otherwise never get it.
+        self.free >= units
+            && (turn == Turn::First
+                || self.ahead_held == 0
+                || self.ahead_held + units <= self.ahead_most)
     }
 
-    fn take(&mut self, turn: Turn) {
-        self.free -= 1;
+    fn take(&mut self, turn: Turn, units: usize) {
+        self.free -= units;
         if turn == Turn::Ahead {
-            self.ahead_held += 1;
+            self.ahead_held += units;
         }
     }
 
-    /// Free slots to the waiters whose turn it is.
+    fn queue(&mut self, turn: Turn) -> &mut VecDeque<Waiter> {
+        match turn {
+            Turn::First => &mut self.first,
+            Turn::Ahead => &mut self.ahead,
+        }
+    }
+
+    /// Whether the first waiter of `turn` (if any) fits now.
+    fn head_fits(&self, turn: Turn) -> bool {
+        let queue = match turn {
+            Turn::First => &self.first,
+            Turn::Ahead => &self.ahead,
+        };
+        queue.front().is_some_and(|w| self.may_take(turn, w.units))
+    }
+
+    /// Free units to the waiters whose turn it is.
     fn hand_out(&mut self) {
         loop {
-            let first = !self.first.is_empty() && self.may_take(Turn::First);
-            let ahead = !self.ahead.is_empty() && self.may_take(Turn::Ahead);
+            let first = self.head_fits(Turn::First);
+            // A first block waiting for more room than is free holds the blocks ahead back
+            // too: were they let past, a stream of them could keep it waiting for good.
+            let ahead = self.head_fits(Turn::Ahead) && (first || self.first.is_empty());
             let turn = match (first, ahead) {
                 (true, true) if self.firsts_in_a_row + 1 >= AHEAD_EVERY => Turn::Ahead,
                 (true, _) => Turn::First,
                 (false, true) => Turn::Ahead,
                 (false, false) => return,
             };
-            let waiter = match turn {
-                Turn::First => {
-                    self.firsts_in_a_row += u32::from(ahead);
-                    self.first.pop_front()
-                }
-                Turn::Ahead => {
-                    self.firsts_in_a_row = 0;
-                    self.ahead.pop_front()
-                }
+            match turn {
+                Turn::First => self.firsts_in_a_row += u32::from(ahead),
+                Turn::Ahead => self.firsts_in_a_row = 0,
+            }
+            let Some(waiter) = self.queue(turn).pop_front() else {
+                return;
             };
             // Handed over, unless that waiter gave up: then the next.
-            if waiter.is_some_and(|w| w.send(()).is_ok()) {
-                self.take(turn);
+            if waiter.woken.send(()).is_ok() {
+                self.take(turn, waiter.units);
             }
         }
     }
@@ -111,113 +148,133 @@ impl State {
 impl Slots {
     pub(super) fn new(n: usize) -> Self {
         Self {
-            state: parking_lot::Mutex::new(State {
+            state: Arc::new(parking_lot::Mutex::new(State {
                 free: n,
                 ahead_held: 0,
                 ahead_most: n - n / 8,
                 first: VecDeque::new(),
                 ahead: VecDeque::new(),
                 firsts_in_a_row: 0,
-            }),
+            })),
         }
     }
 
     /// A slot for a fetch taking `turn`, waiting for one if none is free.
-    pub(super) async fn acquire(&self, turn: Turn) -> Slot<'_> {
+    pub(super) async fn acquire(&self, turn: Turn) -> Slot {
+        self.acquire_units(turn, 1).await
+    }
+
+    /// `units` taking `turn`, waiting for them if they are not free.
+    pub(super) async fn acquire_units(&self, turn: Turn, units: usize) -> Slot {
         let woken = {
             let mut state = self.state.lock();
-            // A slot this fetch may take is only free while nobody of its turn waits: a freed
-            // slot goes to a waiter first.
-            if state.may_take(turn) {
-                state.take(turn);
-                return Slot { slots: self, turn };
+            if let Some(slot) = self.take_now(&mut state, turn, units) {
+                return slot;
             }
             let (tx, rx) = oneshot::channel();
-            match turn {
-                Turn::First => state.first.push_back(tx),
-                Turn::Ahead => state.ahead.push_back(tx),
-            }
+            state.queue(turn).push_back(Waiter { woken: tx, units });
             rx
         };
         Wait {
-            slots: self,
+            slots: self.clone(),
             turn,
+            units,
             woken: Some(woken),
         }
         .await
     }
 
     /// A slot for a fetch taking `turn` if it may have one now.
-    pub(super) fn try_acquire(&self, turn: Turn) -> Option<Slot<'_>> {
-        let mut state = self.state.lock();
-        if !state.may_take(turn) {
-            return None;
-        }
-        state.take(turn);
-        Some(Slot { slots: self, turn })
+    pub(super) fn try_acquire(&self, turn: Turn) -> Option<Slot> {
+        self.try_acquire_units(turn, 1)
     }
 
-    /// A slot a fetch taking `turn` held, given back: to the next waiter whose turn it is, or
-    /// free.
-    fn release(&self, turn: Turn) {
+    /// `units` taking `turn` if they may be had now.
+    pub(super) fn try_acquire_units(&self, turn: Turn, units: usize) -> Option<Slot> {
+        self.take_now(&mut self.state.lock(), turn, units)
+    }
+
+    /// `units` taking `turn` now, unless they are not free or someone waits whose turn comes
+    /// first: anyone of the same turn (who came earlier), or, for a block ahead, a first block.
+    fn take_now(&self, state: &mut State, turn: Turn, units: usize) -> Option<Slot> {
+        let waiting = match turn {
+            Turn::First => !state.first.is_empty(),
+            Turn::Ahead => !state.first.is_empty() || !state.ahead.is_empty(),
+        };
+        if waiting || !state.may_take(turn, units) {
+            return None;
+        }
+        state.take(turn, units);
+        Some(Slot {
+            slots: self.clone(),
+            turn,
+            units,
+        })
+    }
+
+    /// `units` taking `turn`, given back: to the next waiters whose turn it is, or free.
+    fn release(&self, turn: Turn, units: usize) {
         let mut state = self.state.lock();
-        state.free += 1;
+        state.free += units;
         if turn == Turn::Ahead {
-            state.ahead_held -= 1;
+            state.ahead_held -= units;
         }
         state.hand_out();
     }
 
-    /// Slots free now.
-    #[cfg(test)]
+    /// Units free now.
     pub(super) fn available(&self) -> usize {
         self.state.lock().free
     }
 }
 
-/// A wait for a slot, woken when [`Slots::release`] hands it one.
-struct Wait<'a> {
-    slots: &'a Slots,
+/// A wait for units, woken when [`Slots::release`] hands them over.
+struct Wait {
+    slots: Slots,
     turn: Turn,
+    units: usize,
     woken: Option<oneshot::Receiver<()>>,
 }
 
-impl<'a> Future for Wait<'a> {
-    type Output = Slot<'a>;
+impl Future for Wait {
+    type Output = Slot;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Slot<'a>> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Slot> {
         let Some(woken) = self.woken.as_mut() else {
             unreachable!("polled after it was ready");
         };
         match Pin::new(woken).poll(cx) {
             Poll::Pending => Poll::Pending,
             // The sender is only dropped by sending, or with the budget itself, which outlives
-            // its waiters: either way the slot is this waiter's.
+            // its waiters: either way the units are this waiter's.
             Poll::Ready(_) => {
                 self.woken = None;
                 Poll::Ready(Slot {
-                    slots: self.slots,
+                    slots: self.slots.clone(),
                     turn: self.turn,
+                    units: self.units,
                 })
             }
         }
     }
 }
 
-impl Drop for Wait<'_> {
+impl Drop for Wait {
     fn drop(&mut self) {
         let Some(mut woken) = self.woken.take() else {
             return;
         };
-        // Given up (the task waiting was dropped): no slot may be handed here from now on,
-        // and one handed already goes on to the next waiter.
+        // Given up (the task waiting was dropped): nothing may be handed here from now on, and
+        // what was handed already goes on to the next waiters.
         woken.close();
         if woken.try_recv().is_ok() {
-            self.slots.release(self.turn);
+            self.slots.release(self.turn, self.units);
         }
         let mut state = self.slots.state.lock();
-        state.first.retain(|w| !w.is_closed());
-        state.ahead.retain(|w| !w.is_closed());
+        state.first.retain(|w| !w.woken.is_closed());
+        state.ahead.retain(|w| !w.woken.is_closed());
+        // A waiter gone from the head of its queue may have held back others that fit now.
+        state.hand_out();
     }
 }
 
@@ -289,6 +346,44 @@ mod tests {
         assert!((&mut first).now_or_never().is_none());
         drop(ahead);
         assert!(first.now_or_never().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_first_block_waiting_for_more_room_than_is_free_holds_blocks_ahead_back() {
+        let units = Slots::new(16);
+        let held = units.try_acquire_units(Turn::First, 10).unwrap();
+        let mut first = Box::pin(units.acquire_units(Turn::First, 8));
+        assert!((&mut first).now_or_never().is_none(), "6 free");
+        // Room for it, but it would take what the first block waits for.
+        assert!(units.try_acquire_units(Turn::Ahead, 4).is_none());
+        let mut ahead = Box::pin(units.acquire_units(Turn::Ahead, 4));
+        assert!((&mut ahead).now_or_never().is_none());
+        // Nor may a smaller block ahead pass the one waiting before it.
+        assert!(units.try_acquire_units(Turn::Ahead, 1).is_none());
+        drop(held);
+        let first = first.now_or_never().expect("the first block's turn");
+        let ahead = ahead
+            .now_or_never()
+            .expect("then, with 8 free, the block ahead");
+        assert_eq!(units.available(), 4);
+        drop((first, ahead));
+        assert_eq!(units.available(), 16);
+    }
+
+    #[tokio::test]
+    async fn a_block_ahead_larger_than_their_share_gets_room_when_they_hold_none() {
+        // A buffer of one block: seven eighths of it would never hold a whole block.
+        let units = Slots::new(8);
+        let one = units.try_acquire_units(Turn::Ahead, 8).expect("all of it");
+        assert!(units.try_acquire_units(Turn::Ahead, 1).is_none());
+        drop(one);
+        let part = units.try_acquire_units(Turn::Ahead, 4).unwrap();
+        assert!(
+            units.try_acquire_units(Turn::Ahead, 4).is_none(),
+            "past their share"
+        );
+        assert!(units.try_acquire_units(Turn::First, 4).is_some());
+        drop(part);
     }
 
     #[tokio::test]

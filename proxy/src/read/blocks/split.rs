@@ -164,7 +164,7 @@ impl BlockStore {
         split: Split,
         (object, etag): (ObjectId, Arc<str>),
         tail_body: Option<(BodyStream, Supplier)>,
-        slot: Option<Slot<'_>>,
+        slot: Option<Slot>,
     ) {
         let Split {
             block,
