@@ -235,7 +235,9 @@ options! {
     complete_block_after: u32 = 2;
     /// Most bytes of blocks all responses in flight hold at once: each holds the block it is
     /// sending and those opened ahead of it, which may have left the memory tier. A response
-    /// whose next block would go over waits (counted). At least one block. Default: `1GiB`.
+    /// whose next block would go over waits (counted); the block a response starts with goes
+    /// before blocks opened ahead, which hold at most seven eighths. At least one block.
+    /// Default: `1GiB`.
     response_buffer: ByteSize = ByteSize(1 << 30);
     /// Longest wait for the next piece of an upstream body before the fetch fails. Default: `30s`.
     upstream_idle_timeout: HumanDuration = HumanDuration::secs(30);
