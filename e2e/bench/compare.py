@@ -411,6 +411,21 @@ class Bench:
                 "puts": s["by_method"].get("PUT", 0), "bytes": s["response_bytes"],
                 "connections": s.get("connections", 0)}
 
+    def settle(self, quiet_s: float = 0.3, most_s: float = 15.0) -> dict:
+        """[`upstream`] once its counters have not moved for `quiet_s` (at most `most_s`): what a
+        target goes on fetching after its client was answered (nginx's slice, a block Larder
+        completes behind a range) is counted in its own cell, not in the next target's."""
+        deadline = time.monotonic() + most_s
+        last, still = self.upstream(), time.monotonic()
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            now = self.upstream()
+            if now != last:
+                last, still = now, time.monotonic()
+            elif time.monotonic() - still >= quiet_s:
+                break
+        return last
+
     def wrk(self, target: Target, keys: list[str], sizes: dict, clients: int, seconds: int) -> dict:
         paths = self.work / f"paths-{target.name}.txt"
         paths.write_text("".join(target.path(k) + "\n" for k in keys))
@@ -605,7 +620,7 @@ class Bench:
                     for t in (self.direct(), nt, lt):
                         self.proxy.control("reset")
                         firsts, alls, statuses = self.read_each(t, reads)
-                        up = self.upstream()
+                        up = self.settle()
                         # The connection's opening GET of a 1 KiB object is counted upstream once.
                         row = {"model": model, "length": length, "target": t.name, "requests": len(reads),
                                "cache": statuses, "ttfb_p50": percentile(firsts, 50) * 1000,
@@ -642,7 +657,7 @@ class Bench:
                     r.close()
             self.proxy.control("reset")
             elapsed = run_threads(clients, client, f"herd on {t.name}")
-            up = self.upstream()
+            up = self.settle()
             row = {"target": t.name, "clients": clients, "objects": n, "size": size,
                    "blocks": n * -(-size // BLOCK), "upstream_gets": up["gets"], "upstream_heads": up["heads"],
                    "upstream_mib": up["bytes"] / MiB, "served_mib": clients * n * size / MiB,
@@ -717,7 +732,7 @@ class Bench:
                 finally:
                     r.close()
             elapsed = run_threads(threads, worker, f"Zipf on {t.name}")
-            up = self.upstream()
+            up = self.settle()
             # The hit ratio is measured where requests land: every object is smaller than one
             # block (Larder) and one slice (nginx), so each upstream GET is exactly one request
             # the cache did not answer (requests joining a fetch in flight count as answered).
@@ -792,7 +807,7 @@ class Bench:
                     finally:
                         r.close()
                 run_threads(threads, worker, f"Parquet reads on {t.name}")
-                up = self.upstream()
+                up = self.settle()
                 served = sum(b - a for k in keys for _, _, a, b in plan[k])
                 row = {"target": t.name, "pass": label, "reads": 4 * n, "served_mib": served / MiB,
                        "upstream_gets": up["gets"], "upstream_heads": up["heads"], "upstream_mib": up["bytes"] / MiB,

@@ -141,9 +141,10 @@ def markdown(res) -> str:
         objs = ", ".join(f"{n} × {size_name(int(s))}" for s, n in setup.get("objects", {}).items())
         out += ["## Disk hits", "",
                 f"Larder with an 8 MiB memory tier over a disk tier warmed with `POST /warm` ({objs}, "
-                f"{setup.get('warm_seconds', 0):.1f} s): reads come from the disk tier (O_DIRECT, every byte "
-                "CRC-checked). nginx's cache is files read through the kernel's page cache, which held them: its "
-                "rows are the same kind of hit as in the memory table.", "", *hits_table(w["disk_hits"]), ""]
+                f"{setup.get('warm_seconds', 0):.1f} s): reads come from the disk tier, through the page "
+                "cache where it holds them (`disk_page_cache`, the default), every byte CRC-checked. nginx's cache "
+                "is files read through the page cache, which held them, and sent with `sendfile` (no copy, no "
+                "check).", "", *hits_table(w["disk_hits"]), ""]
     if "cold_ttfb" in w:
         out += ["## Cold misses: time to first byte", "",
                 "One request at a time on a kept-alive connection, each for an object that target has not seen; "
