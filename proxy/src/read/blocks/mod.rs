@@ -29,7 +29,7 @@ use cache_core::{
 };
 use futures::future::{self, FutureExt};
 use futures::stream::{self, Stream, StreamExt};
-use tokio::sync::Semaphore;
+use tokio::sync::{oneshot, Semaphore};
 
 use crate::cache_key::{BlockId, KeySchema};
 use crate::fleet::Fleet;
@@ -371,6 +371,9 @@ impl BlockStore {
             .collect();
         // Bytes read for a peer are counted where they reach a client, by the peer.
         let bucket = (purpose != Purpose::Peer).then(|| object.bucket.clone());
+        let last = slices.len().saturating_sub(1);
+        // Told when the block before has its room in the responses' buffer.
+        let mut room_before: Option<oneshot::Receiver<()>> = None;
         stream::iter(slices)
             .enumerate()
             .map(move |(i, slice)| {
@@ -381,11 +384,26 @@ impl BlockStore {
                     Purpose::Demand(_) if i > 0 => Purpose::Demand(Turn::Ahead),
                     purpose => purpose,
                 };
+                let before = room_before.take();
+                let has_room = (i < last).then(|| {
+                    let (tx, rx) = oneshot::channel();
+                    room_before = Some(rx);
+                    tx
+                });
                 let mut open = Box::pin(async move {
-                    // Room for the whole block first, in order: `buffered` polls the window's
-                    // opens in order and the semaphore is fair, so a response's next block is
-                    // always ahead of its later ones.
+                    // Room for the whole block first, in order: a block asks only once the
+                    // one before has its room. A block the response would send later must
+                    // never hold room its next block waits for: it is given back only when
+                    // sent, after that one. First blocks go before blocks ahead in the
+                    // buffer, so without this a response's second block could get room
+                    // before its first.
+                    if let Some(before) = before {
+                        let _ = before.await;
+                    }
                     let permit = store.pin(slice.block_len, purpose.turn()).await;
+                    if let Some(has_room) = has_room {
+                        let _ = has_room.send(());
+                    }
                     let (slice, opened) = store.open(&object, &etag, slice, purpose).await;
                     Ok::<_, UpstreamError>((slice, opened, permit))
                 });

@@ -18,8 +18,9 @@
 //! The responses' buffer is the same queue with weights: a block takes one unit per KiB, so
 //! a new reader's first block does not wait behind the blocks some fourteen large reads hold
 //! open ahead of the ones they send either. Within a turn, waiters are served in the order
-//! they came, so the blocks of one response get their room in order: the block it sends next
-//! never waits behind its own later ones.
+//! they came. Across turns they are not, so a response asks room for a block only once the
+//! block before has its own (`BlockStore::read_as`): room is given back when a block is sent,
+//! and a later block holding room its response's next block waits for would never be.
 
 use std::collections::VecDeque;
 use std::future::Future;

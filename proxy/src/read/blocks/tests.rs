@@ -450,6 +450,56 @@ async fn a_new_readers_first_block_does_not_wait_for_room_behind_blocks_others_o
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_responses_blocks_get_their_room_in_order_though_first_blocks_go_first() {
+    // A responses' buffer of one block. Four one-block readers hold it in turn (each keeps
+    // its block 100 ms), and a reader of two blocks queues behind them. Were its second block
+    // (a block ahead) let to ask for room before its first had it, the fourth hand-out, which
+    // goes to a block ahead while first blocks wait, would give the buffer to that second
+    // block: it can only be sent after the first, which then never gets room, and the
+    // response (and every one after it) would stall.
+    use crate::upstream::memory::fixtures;
+    use futures::StreamExt;
+    let origin = Arc::new(MemoryUpstream::default());
+    let config = BlockStoreConfig {
+        response_buffer: 4096,
+        ..BlockStoreConfig::for_tests()
+    };
+    let store = Arc::new(BlockStore::new(config, origin.clone(), Arc::default()));
+    let id = |key: &str| ObjectId {
+        key: key.into(),
+        ..fixtures::object()
+    };
+    let mut holders = Vec::new();
+    for key in ["a", "b", "c", "d"] {
+        origin.put(key, fixtures::data(4096), "\"e\"");
+        let mut body = store.read(id(key), "\"e\"".into(), 0..4096, 4096);
+        holders.push(tokio::spawn(async move {
+            let mut got = body.next().await.unwrap().unwrap().len();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            while let Some(bytes) = body.next().await {
+                got += bytes.unwrap().len();
+            }
+            got
+        }));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let two = fixtures::data(8192);
+    origin.put("two", two.clone(), "\"e\"");
+    let read = store
+        .read(id("two"), "\"e\"".into(), 0..8192, 8192)
+        .map_ok(|b| b.to_vec())
+        .try_concat();
+    let got = tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .expect("the two-block response stalled")
+        .unwrap();
+    assert_eq!(got, two[..]);
+    for holder in holders {
+        assert_eq!(holder.await.unwrap(), 4096);
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_new_readers_first_block_does_not_wait_behind_blocks_others_opened_ahead() {
     // Eight upstream slots and a window of eight: a reader of a large cold object holds every
     // slot, and a second one queues eight more fetches (its first block and seven ahead). A
