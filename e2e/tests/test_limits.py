@@ -4,6 +4,7 @@ import socket
 import threading
 import time
 
+from conftest import metric, wait_until
 from test_headers_errors import raw
 
 
@@ -106,3 +107,52 @@ def test_an_idle_keep_alive_connection_is_closed(make_larder, direct, bucket):
     got = until_closed(s)
     assert got.startswith(b"HTTP/1.1 403"), got[:40]  # unsigned: refused, then the connection idles
     assert time.monotonic() - started < 8, "an idle connection was held open"
+
+
+def rss_mib(pid: int) -> float:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_slow_readers_hold_no_more_than_the_responses_buffer(make_larder, direct, bucket):
+    """Six clients each start reading a 64 MiB object, then stop reading. Each response would
+    hold the block it sends and the blocks it opened ahead (all eight of its object's 8 MiB
+    blocks, 384 MiB in all, beyond a 16 MiB memory tier); the responses' buffer lets them hold
+    24 MiB, so the later ones wait for room (their headers too: a response starts when its
+    first block is open). Larder's memory stays near that bound, the waits are counted, a
+    reader that comes once the slow ones have gone is served the right bytes, and all the room
+    comes back."""
+    size, keys = 64 << 20, [f"slow/{i}" for i in range(6)]
+    for i, k in enumerate(keys):
+        direct.put_object(Bucket=bucket, Key=k, Body=bytes([i]) * size)
+    larder = make_larder("--response-buffer", "24MiB", "--memory-capacity", "16MiB")
+    before = rss_mib(larder.proc.pid)
+    presign = larder.client(signature_version="s3v4")
+    slow = []
+    for k in keys:
+        url = presign.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": k}, ExpiresIn=300)
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+        s.settimeout(10)
+        s.connect(("127.0.0.1", larder.port))
+        s.sendall(f"GET {url.split(str(larder.port), 1)[1]} HTTP/1.1\r\nHost: 127.0.0.1:{larder.port}\r\n\r\n".encode())
+        slow.append(s)
+    # What the responses could fetch, they have fetched by now.
+    time.sleep(3)
+    held = metric(larder, "larder_response_buffer_bytes")
+    grew = rss_mib(larder.proc.pid) - before
+    assert 0 < held <= 24 << 20, held
+    assert metric(larder, "larder_response_buffer_waits_total") >= 1
+    # Bounded: the buffer, the memory tier, the pool of reused buffers (64 MiB at most) and
+    # blocks fetched but not yet sent; 99 MiB when written. With `--response-buffer 1GiB` the
+    # six held 384 MiB of blocks and Larder grew by 688 MiB, and this test fails.
+    assert grew < 200, f"resident memory grew by {grew:.0f} MiB"
+    for s in slow:
+        s.close()
+    data = b"after the slow readers" * 1000
+    direct.put_object(Bucket=bucket, Key="next", Body=data)
+    assert larder.client().get_object(Bucket=bucket, Key="next")["Body"].read() == data
+    wait_until(lambda: metric(larder, "larder_response_buffer_bytes") == 0, timeout=20,
+               what="the responses' buffer to be given back")
