@@ -211,6 +211,20 @@ async fn read_cold_range(store: &Arc<BlockStore>, asked: Range<u64>) -> Vec<u8> 
         .unwrap()
 }
 
+/// All `size` bytes of `key` at `etag`, read through `store` (no cold open first).
+async fn read_whole(store: &Arc<BlockStore>, key: &str, etag: &str, size: u64) -> Vec<u8> {
+    let id = ObjectId {
+        key: key.into(),
+        ..crate::upstream::memory::fixtures::object()
+    };
+    store
+        .read(id, etag.into(), 0..size, size)
+        .map_ok(|b| b.to_vec())
+        .try_concat()
+        .await
+        .unwrap()
+}
+
 /// A cold read of `k` to its end, as a client's GET without a range: opened, then read.
 async fn read_cold_to_end(store: &Arc<BlockStore>) -> Result<Vec<u8>, UpstreamError> {
     let id = crate::upstream::memory::fixtures::object();
@@ -431,13 +445,7 @@ async fn a_new_readers_first_block_does_not_wait_for_room_behind_blocks_others_o
     let second = tokio::spawn(second.map_ok(|b| b.len()).try_collect::<Vec<_>>());
     tokio::time::sleep(Duration::from_millis(10)).await;
     let start = tokio::time::Instant::now();
-    let got: Vec<u8> = store
-        .read(id("small"), "\"e2\"".into(), 0..1000, 1000)
-        .map_ok(|b| b.to_vec())
-        .try_concat()
-        .await
-        .unwrap();
-    assert_eq!(got, small[..]);
+    assert_eq!(read_whole(&store, "small", "\"e2\"", 1000).await, small[..]);
     // The slow reader's blocks came by 500 ms, and it gives one back every 200 ms from
     // about 540: the second reader's first block takes the first, this reader's block the
     // second, and its chunk takes 100 ms (about 820 ms in all). In one queue, behind the
@@ -485,14 +493,10 @@ async fn a_responses_blocks_get_their_room_in_order_though_first_blocks_go_first
     }
     let two = fixtures::data(8192);
     origin.put("two", two.clone(), "\"e\"");
-    let read = store
-        .read(id("two"), "\"e\"".into(), 0..8192, 8192)
-        .map_ok(|b| b.to_vec())
-        .try_concat();
+    let read = read_whole(&store, "two", "\"e\"", 8192);
     let got = tokio::time::timeout(Duration::from_secs(10), read)
         .await
-        .expect("the two-block response stalled")
-        .unwrap();
+        .expect("the two-block response stalled");
     assert_eq!(got, two[..]);
     for holder in holders {
         assert_eq!(holder.await.unwrap(), 4096);
@@ -534,17 +538,7 @@ async fn a_new_readers_first_block_does_not_wait_behind_blocks_others_opened_ahe
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert_eq!(origin.gets.load(Ordering::SeqCst), 8, "the first reader's");
     assert_eq!(store.upstream_slots.available(), 0);
-    let small_id = ObjectId {
-        key: "small".into(),
-        ..fixtures::object()
-    };
-    let got: Vec<u8> = store
-        .read(small_id, "\"e2\"".into(), 0..1000, 1000)
-        .map_ok(|b| b.to_vec())
-        .try_concat()
-        .await
-        .unwrap();
-    assert_eq!(got, small[..]);
+    assert_eq!(read_whole(&store, "small", "\"e2\"", 1000).await, small[..]);
     // A slot came free at 500 ms and the chunk took 100: waiting behind the second reader's
     // blocks too, it would have been 1,100.
     let took = start.elapsed();
