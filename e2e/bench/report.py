@@ -117,8 +117,14 @@ def goals(res) -> list[str]:
     z = {r["target"]: r for r in w.get("zipf", [])}
     if "Larder" in z and "nginx" in z:
         ok = z["Larder"]["hit_ratio"] >= z["nginx"]["hit_ratio"]
+        held = ""
+        if "held_bytes" in z["nginx"] and "held_bytes" in z["Larder"]:
+            cap = res["zipf_setup"]["nginx_max_size"]
+            held = (f" At the end nginx held {z['nginx']['held_bytes'] / MiB:.0f} MiB "
+                    f"({z['nginx']['held_bytes'] / cap:.2f}× its `max_size` of {cap // MiB} MiB), Larder "
+                    f"{z['Larder']['held_bytes'] / MiB:.0f} MiB (memory and disk).")
         out.append(f"- **Zipf hit ratio at least nginx's at the same capacity**: {'met' if ok else 'NOT met'}: "
-                   f"Larder {z['Larder']['hit_ratio']:.3f}, nginx {z['nginx']['hit_ratio']:.3f}.")
+                   f"Larder {z['Larder']['hit_ratio']:.3f}, nginx {z['nginx']['hit_ratio']:.3f}.{held}")
     return out
 
 
@@ -250,7 +256,8 @@ def markdown(res) -> str:
                        f"{ratio(lt['p50'], nx['p50'])} | {ratio(lt['p99'], nx['p99'])} |")
         d = (lt or {}).get("larder_disk", {})
         if d:
-            dropped = sum(v for k, v in d.items() if k.startswith("larder_disk_writes_dropped_total"))
+            admission = 'larder_disk_writes_dropped_total{reason="admission"}'
+            dropped = sum(v for k, v in d.items() if k.startswith("larder_disk_writes_dropped_total") and k != admission)
             out += ["", f"Larder's tiers at the end: memory {d.get('larder_memory_entries', 0):.0f} blocks; disk "
                     f"{d.get('larder_disk_capacity_bytes', 0) / MiB:.0f} MiB usable of the "
                     f"{z['larder_disk'] // MiB} MiB configured (the rest is its superblock and region alignment), of "
@@ -258,7 +265,9 @@ def markdown(res) -> str:
                     f"{d.get('larder_disk_live_bytes', 0) / MiB:.0f} MiB live in {d.get('larder_disk_entries', 0):.0f} "
                     f"entries; {d.get('larder_disk_evicted_entries_total', 0):.0f} entries evicted (region FIFO), "
                     f"{d.get('larder_disk_reinserted_entries_total', 0):.0f} re-inserted because they had been hit, "
-                    f"{dropped:.0f} writes dropped. Blocks in memory are on disk too (`disk_write_policy = on-insert`)."]
+                    f"{d.get(admission, 0):.0f} blocks memory let go turned away by the disk's admission "
+                    f"(`disk_admission = second-hit`: not read while in memory), {dropped:.0f} writes dropped for "
+                    "other reasons. A block reaches the disk when memory lets it go (`disk_write_policy = on-evict`)."]
         out += ["", "How each answered: " + "; ".join(
             f"{r['target']}: " + ", ".join(f"{k} {v:,}" for k, v in sorted(r["cache"].items())) for r in rows) + ".", ""]
     if "parquet" in w:
