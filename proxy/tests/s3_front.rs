@@ -49,8 +49,12 @@ fn app(origin: Arc<MemoryUpstream>) -> Arc<AppState> {
 }
 
 async fn get(app: &Arc<AppState>, range: &str) -> (StatusCode, HeaderMap, Bytes) {
+    get_key(app, "k", range).await
+}
+
+async fn get_key(app: &Arc<AppState>, key: &str, range: &str) -> (StatusCode, HeaderMap, Bytes) {
     let req = Request::builder()
-        .uri("/bucket/k")
+        .uri(format!("/bucket/{key}"))
         .header(header::RANGE, range)
         .body(Body::empty())
         .unwrap();
@@ -139,6 +143,34 @@ async fn a_cold_get_brings_metadata_and_its_block_in_one_request() {
     assert_eq!(origin.heads.load(Ordering::SeqCst), 1, "the empty object's");
     // "s": one GET of its last 10 bytes; "e": one refused ranged GET.
     assert_eq!(origin.gets.load(Ordering::SeqCst), 1 + 1 + 1);
+}
+
+#[tokio::test]
+async fn a_cold_range_across_blocks_is_a_miss_though_its_first_blocks_landed_first() {
+    let data: Bytes = (0..3 * 4096)
+        .map(|i| (i % 251) as u8)
+        .collect::<Vec<u8>>()
+        .into();
+    let origin = Arc::new(MemoryUpstream::default());
+    origin.put("k", data.clone(), "\"v1\"");
+    let app = app(origin.clone());
+    // Nothing known: the GETs that bring the metadata bring the first two blocks too (landed
+    // or still arriving when the answer is labelled); the third is fetched after. All of it
+    // came from the upstream for this request: a miss, not a partial hit.
+    let (status, headers, body) = get(&app, "bytes=100-12000").await;
+    assert_eq!(
+        (status, &body[..]),
+        (StatusCode::PARTIAL_CONTENT, &data[100..12001])
+    );
+    assert_eq!(headers["x-cache"], "miss");
+    // Once the object is known, a range over a cached block and one never read is partial.
+    origin.put("p", data.clone(), "\"p1\"");
+    let (_, headers, _) = get_key(&app, "p", "bytes=0-10").await;
+    assert_eq!(headers["x-cache"], "miss");
+    assert!(app.blocks.settled(Duration::from_secs(5)).await);
+    let (_, headers, body) = get_key(&app, "p", "bytes=4000-12287").await;
+    assert_eq!(&body[..], &data[4000..]);
+    assert_eq!(headers["x-cache"], "partial");
 }
 
 #[tokio::test]

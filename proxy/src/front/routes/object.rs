@@ -167,16 +167,10 @@ impl AppState {
             self.blocks.fetch_behind(id, &etag, start..end, meta.size);
             return respond(Body::from_stream(body), CacheResult::Miss.as_str());
         }
-        let cache = match self.blocks.classify(id, &etag, start..end, meta.size) {
-            // This request's own GET brought its first bytes: the flight it finds, or (a small
-            // range, fetched before this look) the bytes already landed.
-            CacheResult::Coalesced | CacheResult::HitMemory | CacheResult::HitDisk
-                if opened.load(Ordering::Relaxed) =>
-            {
-                CacheResult::Miss
-            }
-            other => other,
-        };
+        let cache = label(
+            self.blocks.classify(id, &etag, start..end, meta.size),
+            opened.load(Ordering::Relaxed),
+        );
         self.blocks.read_ahead(id, &etag, start..end, meta.size);
         let mut body = Box::pin(self.blocks.read(id.clone(), etag, start..end, meta.size));
         // Wait for the first bytes before answering, so an upstream failure (or a changed object)
@@ -280,3 +274,52 @@ enum Cold {
 
 /// The object changed upstream between reading its metadata and its first block.
 struct Retry;
+
+/// The `X-Cache` answer of a read whose blocks were found as `found`; `opened`: this request's
+/// own GETs brought the object's metadata with its first blocks. Then what it finds of those
+/// (still arriving, landed, or landed with the blocks past them still to fetch) came from the
+/// upstream for it: a miss, whichever the look saw. (A block left in memory after its
+/// object's metadata was forgotten would be a hit labelled a miss: rare, and on the side of
+/// claiming less.)
+fn label(found: CacheResult, opened: bool) -> CacheResult {
+    match found {
+        CacheResult::Coalesced
+        | CacheResult::HitMemory
+        | CacheResult::HitDisk
+        | CacheResult::Partial
+            if opened =>
+        {
+            CacheResult::Miss
+        }
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_that_brought_its_own_first_blocks_is_a_miss_however_far_they_had_landed() {
+        use CacheResult::*;
+        for (found, opened, want) in [
+            // Its first blocks still arriving, landed (with or without the rest), or, in a
+            // fleet, asked of their owner: from this request's own GETs.
+            (Coalesced, true, Miss),
+            (HitMemory, true, Miss),
+            (HitDisk, true, Miss),
+            (Partial, true, Miss),
+            (Miss, true, Miss),
+            (Peer, true, Peer),
+            // Known objects: what is here is what earlier reads left.
+            (Coalesced, false, Coalesced),
+            (HitMemory, false, HitMemory),
+            (HitDisk, false, HitDisk),
+            (Partial, false, Partial),
+            (Miss, false, Miss),
+            (Peer, false, Peer),
+        ] {
+            assert_eq!(label(found, opened), want, "{found:?}, opened {opened}");
+        }
+    }
+}
