@@ -9,7 +9,8 @@
 //!   knows nothing of: its metadata (with its age) and then block `index`, usually from one
 //!   upstream GET that serves every replica asking. `changed_us`: the asker learnt that many
 //!   microseconds ago that the object changed; what this replica cached before then is
-//!   dropped first (the change's notice may not have reached it yet).
+//!   dropped first, and a fetch it began before then is not joined (the change's notice may
+//!   not have reached it yet).
 //!
 //! - `POST /v1/changed?bucket[&key][&event=1]`: an object (or any object of a bucket) changed,
 //!   learnt by the sender from a write through it or an S3 event (which also shows this
@@ -261,20 +262,23 @@ async fn open(peer: &PeerState, params: &Params) -> Response {
         (Ok(id), Ok(index)) => (id, index),
         (Err(e), _) | (_, Err(e)) => return error(&e),
     };
+    // The asker learnt that the object changed that long ago; this replica may not have been
+    // told yet. Neither what it holds from before then nor a fetch begun before then answers.
+    let mut changed_at = None;
     if let Ok(us) = number(params, "changed_us") {
-        peer.metadata
-            .forget_older_than(&id, std::time::Duration::from_micros(us))
-            .await;
+        let ago = std::time::Duration::from_micros(us);
+        peer.metadata.forget_older_than(&id, ago).await;
+        changed_at = std::time::Instant::now().checked_sub(ago);
     }
     // As the S3 front does: an object nothing is known of is opened with a GET that brings a
     // block; one known before (or on disk) revalidates with a HEAD.
     let cold = peer.metadata.is_unknown(&id) && !peer.blocks.known_on_disk(&id);
     let opened = if cold {
         let open = peer.blocks.open_cold_for_peer(id.clone(), index);
-        peer.metadata.get_or_open_aged(&id, open).await
+        peer.metadata.get_or_open_aged(&id, open, changed_at).await
     } else {
         let head = async { Ok::<_, UpstreamError>(None) };
-        peer.metadata.get_or_open_aged(&id, head).await
+        peer.metadata.get_or_open_aged(&id, head, changed_at).await
     };
     let (meta, age) = match opened {
         Ok((_, Source::Stale, _)) => return unavailable("the upstream is failing here"),

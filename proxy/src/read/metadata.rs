@@ -30,7 +30,28 @@ struct Entry {
     /// Reads served from it (shared by the cache's clones of it): refresh-ahead is for
     /// objects read often enough to be read again after it.
     reads: Arc<AtomicU32>,
+    /// The changes counted when the upstream was asked for it: a reader that joins the fetch
+    /// after a change must not take what it brings ([`MetadataCache::lookup`]).
+    began: Watch,
 }
+
+/// Why [`MetadataCache::lookup_once`] has no entry to give.
+enum Lookup {
+    /// The upstream's answer (or a remembered 404), and whether it came from a HEAD.
+    Failed(UpstreamError, bool),
+    /// The fetch it joined began before a change counted before it came.
+    BeganBeforeAChange,
+}
+
+/// What a fetch of metadata brought: the metadata, and when the upstream said it.
+struct Fetched {
+    meta: Arc<ObjectMeta>,
+    at: Instant,
+}
+
+/// A fetch's failure: the upstream's answer, whether it came from a HEAD (which has no error
+/// code), and the changes counted when the upstream was asked.
+type FlightError = (UpstreamError, bool, Watch);
 
 /// Every entry expires its TTL (plus `extra`, for the stale copy) after the upstream said it,
 /// however it reached this replica. A named version's bytes never change, but the version
@@ -250,6 +271,7 @@ struct KeySlot {
 }
 
 /// The change counts a fetch started under.
+#[derive(Clone, Copy)]
 struct Watch {
     /// The key's slot in [`MetadataCache::slots`].
     slot: usize,
@@ -257,6 +279,16 @@ struct Watch {
     key: u64,
     /// [`MetadataCache::bulk`]'s count.
     bulk: u64,
+    /// When the counts were read.
+    at: Instant,
+}
+
+impl Watch {
+    /// Whether a change of this watch's key (its slot) or bucket was counted between it and
+    /// `then`, a later watch of the same key.
+    fn changed_before(&self, then: &Watch) -> bool {
+        self.key != then.key || self.bulk != then.bulk
+    }
 }
 
 /// How long after a revalidation of an object failed with an outage its upstream is asked
@@ -389,6 +421,7 @@ impl MetadataCache {
             slot,
             key: self.slots[slot].changes.count(),
             bulk: self.bulk.count(),
+            at: Instant::now(),
         }
     }
 
@@ -468,17 +501,18 @@ impl MetadataCache {
         self: &Arc<Self>,
         id: &ObjectId,
     ) -> Result<(Arc<ObjectMeta>, Source), UpstreamError> {
-        let head = async {
-            let entry = Entry {
-                fetched: Instant::now(),
-                meta: self.head(id).await.map_err(|e| (e, true))?,
-                trust: self.trust(id),
-                reads: Default::default(),
-            };
-            Ok(entry)
-        };
-        let (entry, source) = self.lookup(id, head).await.map_err(|(e, _)| e)?;
+        let (entry, source) = self
+            .lookup(id, self.head_fetch(id), None)
+            .await
+            .map_err(|(e, _)| e)?;
         Ok((entry.meta, source))
+    }
+
+    /// What a HEAD of `id` says, taken to be said when it is sent.
+    async fn head_fetch(&self, id: &ObjectId) -> Result<Fetched, (UpstreamError, bool)> {
+        let at = Instant::now();
+        let meta = self.head(id).await.map_err(|e| (e, true))?;
+        Ok(Fetched { meta, at })
     }
 
     /// Whether nothing is known of `id` (never fetched, or forgotten since), so that its first
@@ -503,16 +537,19 @@ impl MetadataCache {
         id: &ObjectId,
         open: impl std::future::Future<Output = Result<Option<(ObjectMeta, Duration)>, UpstreamError>>,
     ) -> Result<(Arc<ObjectMeta>, Source), (UpstreamError, bool)> {
-        let (meta, source, _) = self.get_or_open_aged(id, open).await?;
+        let (meta, source, _) = self.get_or_open_aged(id, open, None).await?;
         Ok((meta, source))
     }
 
     /// [`MetadataCache::get_or_open`], also saying how long ago the upstream said it (what a
-    /// replica asked by another passes on).
+    /// replica asked by another passes on). `changed_at`: when a replica asking this one
+    /// learnt that the object changed, which this one may not have been told yet; a fetch
+    /// begun before then is not joined ([`MetadataCache::lookup`]).
     pub async fn get_or_open_aged(
         self: &Arc<Self>,
         id: &ObjectId,
         open: impl std::future::Future<Output = Result<Option<(ObjectMeta, Duration)>, UpstreamError>>,
+        changed_at: Option<Instant>,
     ) -> Result<(Arc<ObjectMeta>, Source, Duration), (UpstreamError, bool)> {
         let fetch = async {
             // Taken before the open is sent: what it brings is trusted from then, never longer,
@@ -530,30 +567,57 @@ impl MetadataCache {
                 }
                 !older
             });
-            Ok(match opened {
-                Some((meta, age)) => Entry {
+            match opened {
+                Some((meta, age)) => Ok(Fetched {
                     meta: Arc::new(meta),
-                    fetched: started.checked_sub(age).unwrap_or(started),
-                    trust: self.trust(id),
-                    reads: Default::default(),
-                },
-                None => Entry {
-                    fetched: Instant::now(),
-                    meta: self.head(id).await.map_err(|e| (e, true))?,
-                    trust: self.trust(id),
-                    reads: Default::default(),
-                },
-            })
+                    at: started.checked_sub(age).unwrap_or(started),
+                }),
+                None => self.head_fetch(id).await,
+            }
         };
-        let (entry, source) = self.lookup(id, fetch).await?;
+        let (entry, source) = self.lookup(id, fetch, changed_at).await?;
         Ok((entry.meta, source, entry.fetched.elapsed()))
     }
 
+    /// The entry of `id`: cached, or fetched with `fetch`, concurrent callers sharing one
+    /// fetch. A caller that came after a change (counted here, or learnt at `changed_at` by
+    /// the replica asking), and found a fetch begun before it, asks again, with a HEAD: that
+    /// fetch may bring what the change replaced (the 404 of an object just written, say),
+    /// which a read begun after the change must not get. The caller that began it may take
+    /// it: the two were concurrent. Asked again once only,
+    /// so changes in a row cannot keep a reader waiting (and a key sharing the change slot of
+    /// another that changed costs one HEAD more, not a wrong answer).
     async fn lookup(
         self: &Arc<Self>,
         id: &ObjectId,
-        fetch: impl std::future::Future<Output = Result<Entry, (UpstreamError, bool)>>,
+        fetch: impl std::future::Future<Output = Result<Fetched, (UpstreamError, bool)>>,
+        changed_at: Option<Instant>,
     ) -> Result<(Entry, Source), (UpstreamError, bool)> {
+        match self.lookup_once(id, fetch, Some(changed_at)).await {
+            Ok(found) => return Ok(found),
+            Err(Lookup::Failed(e, from_head)) => return Err((e, from_head)),
+            Err(Lookup::BeganBeforeAChange) => {}
+        }
+        // What that fetch brings is not kept either (`may_keep`, in the caller that began it);
+        // dropped here too, so that this caller's HEAD does not find it cached.
+        self.invalidate(id).await;
+        match self.lookup_once(id, self.head_fetch(id), None).await {
+            Ok(found) => Ok(found),
+            Err(Lookup::Failed(e, from_head)) => Err((e, from_head)),
+            // Not asked to look again, it never says this.
+            Err(Lookup::BeganBeforeAChange) => Err((UpstreamError::Abandoned, false)),
+        }
+    }
+
+    /// One look for [`MetadataCache::lookup`]. `again`: whether to say so
+    /// ([`Lookup::BeganBeforeAChange`]) when the fetch joined began before a change, and a
+    /// change learnt elsewhere to take into account (`changed_at`); `None`: take what comes.
+    async fn lookup_once(
+        self: &Arc<Self>,
+        id: &ObjectId,
+        fetch: impl std::future::Future<Output = Result<Fetched, (UpstreamError, bool)>>,
+        again: Option<Option<Instant>>,
+    ) -> Result<(Entry, Source), Lookup> {
         if let Some(cache) = &self.cache {
             match cache.get(id).await {
                 // Past what may be trusted now (the event stream went quiet): revalidated.
@@ -575,7 +639,7 @@ impl MetadataCache {
         if let Some(missing) = &self.missing {
             if let Some(m) = missing.get(id).await {
                 if m.fetched.elapsed() <= self.policy.negative_ttl(&id.bucket, &id.key) {
-                    return Err((m.error, m.from_head));
+                    return Err(Lookup::Failed(m.error, m.from_head));
                 }
             }
         }
@@ -597,13 +661,37 @@ impl MetadataCache {
         }
         // Read only on a miss: a hit needs no change counter (nor the hash that finds it).
         let watch = self.watch(id);
-        let fetched = match &self.cache {
-            None => fetch.await,
+        let flight = async {
+            let began = self.watch(id);
+            match fetch.await {
+                Ok(Fetched { meta, at }) => Ok(Entry {
+                    meta,
+                    fetched: at,
+                    trust: self.trust(id),
+                    reads: Default::default(),
+                    began,
+                }),
+                Err((e, from_head)) => Err((e, from_head, began)),
+            }
+        };
+        let fetched: Result<Entry, FlightError> = match &self.cache {
+            None => flight.await,
             Some(cache) => cache
-                .try_get_with(id.clone(), fetch)
+                .try_get_with(id.clone(), flight)
                 .await
                 .map_err(|e| (*e).clone()),
         };
+        // The fetch this caller joined began before a change it came after.
+        let began = match &fetched {
+            Ok(entry) => entry.began,
+            Err((_, _, began)) => *began,
+        };
+        if let Some(changed_at) = again {
+            if began.changed_before(&watch) || changed_at.is_some_and(|at| began.at < at) {
+                return Err(Lookup::BeganBeforeAChange);
+            }
+        }
+        let fetched = fetched.map_err(|(e, from_head, _)| (e, from_head));
         let answer = match (fetched, &self.stale) {
             (Ok(meta), Some(stale)) => {
                 stale.insert(id.clone(), meta.clone()).await;
@@ -637,7 +725,7 @@ impl MetadataCache {
         if !self.may_keep(id, &watch, etag) {
             self.invalidate(id).await;
         }
-        answer
+        answer.map_err(|(e, from_head)| Lookup::Failed(e, from_head))
     }
 
     /// Start revalidating `id` behind the reader if `entry` is in the [`refresh_window`] of
@@ -720,6 +808,7 @@ impl MetadataCache {
             fetched,
             trust: self.trust(id),
             reads: Default::default(),
+            began: watch,
         };
         for cache in self.cache.iter().chain(&self.stale) {
             cache.insert(id.clone(), entry.clone()).await;
@@ -875,7 +964,7 @@ mod tests {
         let meta = origin.head(&id).await.unwrap();
         // Another replica had it from the upstream 300 ms ago: 100 ms of the TTL are left.
         let open = async { Ok(Some((meta, Duration::from_millis(300)))) };
-        let (_, source, age) = cache.get_or_open_aged(&id, open).await.unwrap();
+        let (_, source, age) = cache.get_or_open_aged(&id, open, None).await.unwrap();
         assert_eq!(source, Source::Fetched);
         assert!(age >= Duration::from_millis(300), "{age:?}");
         let heads = origin.heads.load(Ordering::SeqCst);
@@ -1001,6 +1090,66 @@ mod tests {
             // Fetched with no change in between, it is kept.
             cache.get(&id).await.unwrap();
             assert_eq!(cache.cached_etag(&id).await.as_deref(), Some("\"e1\""));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_read_after_a_write_does_not_join_a_fetch_begun_before_it() {
+        // A reader's GET of a key not yet written is under way when the key is written (through
+        // Larder: the change is counted here; or through another replica, which says so when it
+        // asks this one: `changed_at`). A second reader, come after the write, must not be
+        // answered by that GET's 404. The first may: it was concurrent with the write.
+        for told_by_the_asker in [false, true] {
+            let (origin, cache, id) =
+                one_object(b"v1", "\"e1\"", Duration::from_secs(3600), Duration::ZERO);
+            origin.delete("k");
+            let (began_tx, began) = tokio::sync::oneshot::channel();
+            let (answer, answered) = tokio::sync::oneshot::channel::<()>();
+            let first = tokio::spawn({
+                let (cache, id) = (cache.clone(), id.clone());
+                async move {
+                    let open = async {
+                        let _ = began_tx.send(());
+                        let _ = answered.await;
+                        Err(UpstreamError::Service {
+                            status: 404,
+                            code: "NoSuchKey".into(),
+                            message: "not yet".into(),
+                        })
+                    };
+                    cache.get_or_open(&id, open).await
+                }
+            });
+            began.await.unwrap();
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            origin.put("k", bytes::Bytes::from_static(b"v1"), "\"e1\"");
+            let changed_at = if told_by_the_asker {
+                Some(Instant::now())
+            } else {
+                cache.changed(&id).await;
+                None
+            };
+            let second = tokio::spawn({
+                let (cache, id) = (cache.clone(), id.clone());
+                async move {
+                    // Not sent while the first reader's GET is under way: the second joins it.
+                    let open = async { Ok(None) };
+                    cache.get_or_open_aged(&id, open, changed_at).await
+                }
+            });
+            for _ in 0..20 {
+                tokio::task::yield_now().await;
+            }
+            answer.send(()).unwrap();
+            let first = first.await.unwrap();
+            assert!(first.is_err_and(|(e, _)| e.is_not_found()));
+            let (meta, _, _) = second
+                .await
+                .unwrap()
+                .unwrap_or_else(|e| panic!("told by the asker: {told_by_the_asker}: {e:?}"));
+            assert_eq!(meta.etag, "\"e1\"");
+            // One HEAD: the second reader's, asked again after the GET it had joined.
+            assert_eq!(origin.heads.load(Ordering::SeqCst), 1);
         }
     }
 
