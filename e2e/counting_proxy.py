@@ -81,6 +81,9 @@ class CountingProxy:
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
                 conn.request(self.command, self.path, body=body, headers=headers)
                 resp = conn.getresponse()
+                if fault and fault[0] == "late":
+                    # Answered upstream already; the answer is slow to come back.
+                    time.sleep(fault[1])
                 self.send_response_only(resp.status, resp.reason)
                 chunked = resp.getheader("Content-Length") is None and self.command != "HEAD" and resp.status not in (204, 304)
                 for k, v in resp.getheaders():
@@ -164,7 +167,9 @@ class CountingProxy:
     def inject(self, kind: str, times: int, arg=None, method: str | None = "GET"):
         """Misbehave on the next `times` requests of `method` (None: any): `status` answers
         arg=(status, code); `reset` closes the connection unanswered; `cut` drops the connection
-        after arg body bytes; `delay` waits arg seconds first; `hang` never answers and keeps
+        after arg body bytes; `delay` waits arg seconds first; `late` forwards at once and waits
+        arg seconds before passing the answer back (it says what the server held when asked);
+        `hang` never answers and keeps
         the connection open; `stall` sends the headers and arg body bytes, then nothing more,
         keeping the connection open."""
         with self.lock:

@@ -188,6 +188,46 @@ def test_a_cold_footer_read_in_block_mode_is_one_get_and_its_block_follows(make_
     assert len(upstream.seen(None, f"/{bucket}/t.parquet")) == 2
 
 
+def test_a_read_begun_after_a_write_is_not_answered_by_a_404_from_before_it(make_larder, bucket, upstream):
+    """S3's read-after-write consistency, through the cache. A first reader's cold GET of a key
+    not yet written is answered 404 at once, but the answer is slow to come back (the counting
+    proxy's `late` fault: 2 s). Meanwhile the key is written through Larder, and a second
+    reader, begun after the write completed, asks for it while the first reader's GET is still
+    on its way. Joining that GET would answer it with a 404 from before the write (what Larder
+    did). It gets the object: Larder asks again with a HEAD of its own (once that GET has
+    answered). The first reader may get either answer: its request was concurrent with the
+    write."""
+    larder = make_larder(name="after-write")
+    first_client, writer, second_client = larder.client(), larder.client(), larder.client()
+    key = "written-while-read"
+    upstream.inject("late", 1, 2.0, method="GET")
+    first = {}
+
+    def read_first():
+        try:
+            first["body"] = first_client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        except ClientError as e:
+            first["code"] = e.response["Error"]["Code"]
+        first["at"] = time.monotonic()
+
+    t = threading.Thread(target=read_first)
+    t.start()
+    try:
+        wait_until(lambda: upstream.seen("GET", f"/{bucket}/{key}"), 5, "the first reader's GET")
+        time.sleep(0.3)  # answered upstream (the proxy forwards it at once), not yet passed back
+        writer.put_object(Bucket=bucket, Key=key, Body=b"written")
+        asked = time.monotonic()
+        second = second_client.get_object(Bucket=bucket, Key=key)
+        assert second["Body"].read() == b"written"
+    finally:
+        t.join(timeout=30)
+    # Or the test proves nothing: the first reader's GET was answered upstream before the
+    # write, and came back after the second reader asked.
+    assert first.get("code") == "NoSuchKey", first
+    assert first["at"] > asked, "the first reader's answer came back before the second asked"
+    assert upstream.seen("HEAD", f"/{bucket}/{key}"), "no HEAD of its own"
+
+
 def test_overwrite_is_seen_after_the_ttl_and_versions_never_mix(make_larder, direct, bucket):
     ttl = 2
     larder = make_larder("--metadata-ttl", f"{ttl}s", "--block-size", "1MiB", "--memory-capacity", "64MiB")
