@@ -48,6 +48,18 @@ fn app(origin: Arc<MemoryUpstream>) -> Arc<AppState> {
     })
 }
 
+/// An app over an upstream holding `k`: three 4 KiB blocks of a repeating pattern, at "v1".
+fn three_blocks() -> (Bytes, Arc<MemoryUpstream>, Arc<AppState>) {
+    let data: Bytes = (0..3 * 4096)
+        .map(|i| (i % 251) as u8)
+        .collect::<Vec<u8>>()
+        .into();
+    let origin = Arc::new(MemoryUpstream::default());
+    origin.put("k", data.clone(), "\"v1\"");
+    let app = app(origin.clone());
+    (data, origin, app)
+}
+
 async fn get(app: &Arc<AppState>, range: &str) -> (StatusCode, HeaderMap, Bytes) {
     get_key(app, "k", range).await
 }
@@ -101,13 +113,7 @@ async fn an_object_changed_under_cached_metadata_is_served_whole_from_the_new_ve
 
 #[tokio::test]
 async fn a_cold_get_brings_metadata_and_its_block_in_one_request() {
-    let data: Bytes = (0..3 * 4096)
-        .map(|i| (i % 251) as u8)
-        .collect::<Vec<u8>>()
-        .into();
-    let origin = Arc::new(MemoryUpstream::default());
-    origin.put("k", data.clone(), "\"v1\"");
-    let app = app(origin.clone());
+    let (data, origin, app) = three_blocks();
     let (status, headers, body) = get(&app, "bytes=5000-5009").await;
     assert_eq!(
         (status, &body[..]),
@@ -147,13 +153,7 @@ async fn a_cold_get_brings_metadata_and_its_block_in_one_request() {
 
 #[tokio::test]
 async fn a_cold_range_across_blocks_is_a_miss_though_its_first_blocks_landed_first() {
-    let data: Bytes = (0..3 * 4096)
-        .map(|i| (i % 251) as u8)
-        .collect::<Vec<u8>>()
-        .into();
-    let origin = Arc::new(MemoryUpstream::default());
-    origin.put("k", data.clone(), "\"v1\"");
-    let app = app(origin.clone());
+    let (data, origin, app) = three_blocks();
     // Nothing known: the GETs that bring the metadata bring the first two blocks too (landed
     // or still arriving when the answer is labelled); the third is fetched after. All of it
     // came from the upstream for this request: a miss, not a partial hit.
