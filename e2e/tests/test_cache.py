@@ -219,13 +219,14 @@ def test_a_read_begun_after_a_write_is_not_answered_by_a_404_from_before_it(make
         asked = time.monotonic()
         second = second_client.get_object(Bucket=bucket, Key=key)
         assert second["Body"].read() == b"written"
+        assert upstream.seen("HEAD", f"/{bucket}/{key}"), "no HEAD of its own"
     finally:
         t.join(timeout=30)
+        upstream.reset()  # the fault, if no GET took it
     # Or the test proves nothing: the first reader's GET was answered upstream before the
     # write, and came back after the second reader asked.
     assert first.get("code") == "NoSuchKey", first
     assert first["at"] > asked, "the first reader's answer came back before the second asked"
-    assert upstream.seen("HEAD", f"/{bucket}/{key}"), "no HEAD of its own"
 
 
 def test_overwrite_is_seen_after_the_ttl_and_versions_never_mix(make_larder, direct, bucket):
