@@ -43,6 +43,16 @@ enum Lookup {
     BeganBeforeAChange,
 }
 
+/// Which fetch under way [`MetadataCache::lookup_once`] may take the answer of.
+#[derive(Clone, Copy)]
+enum Join {
+    /// Not one begun before a change the caller came after: counted here when it came, or
+    /// learnt at this instant by the replica asking.
+    NotBeforeAChange(Option<Instant>),
+    /// Any: the second look, so that changes in a row cannot keep a reader waiting.
+    Any,
+}
+
 /// What a fetch of metadata brought: the metadata, and when the upstream said it.
 struct Fetched {
     meta: Arc<ObjectMeta>,
@@ -593,7 +603,10 @@ impl MetadataCache {
         fetch: impl std::future::Future<Output = Result<Fetched, (UpstreamError, bool)>>,
         changed_at: Option<Instant>,
     ) -> Result<(Entry, Source), (UpstreamError, bool)> {
-        match self.lookup_once(id, fetch, Some(changed_at)).await {
+        match self
+            .lookup_once(id, fetch, Join::NotBeforeAChange(changed_at))
+            .await
+        {
             Ok(found) => return Ok(found),
             Err(Lookup::Failed(e, from_head)) => return Err((e, from_head)),
             Err(Lookup::BeganBeforeAChange) => {}
@@ -601,22 +614,21 @@ impl MetadataCache {
         // What that fetch brings is not kept either (`may_keep`, in the caller that began it);
         // dropped here too, so that this caller's HEAD does not find it cached.
         self.invalidate(id).await;
-        match self.lookup_once(id, self.head_fetch(id), None).await {
+        match self.lookup_once(id, self.head_fetch(id), Join::Any).await {
             Ok(found) => Ok(found),
             Err(Lookup::Failed(e, from_head)) => Err((e, from_head)),
-            // Not asked to look again, it never says this.
+            // Told to take any fetch's answer, it never says this.
             Err(Lookup::BeganBeforeAChange) => Err((UpstreamError::Abandoned, false)),
         }
     }
 
-    /// One look for [`MetadataCache::lookup`]. `again`: whether to say so
-    /// ([`Lookup::BeganBeforeAChange`]) when the fetch joined began before a change, and a
-    /// change learnt elsewhere to take into account (`changed_at`); `None`: take what comes.
+    /// One look for [`MetadataCache::lookup`]: [`Lookup::BeganBeforeAChange`] when the fetch
+    /// joined is one `join` does not allow.
     async fn lookup_once(
         self: &Arc<Self>,
         id: &ObjectId,
         fetch: impl std::future::Future<Output = Result<Fetched, (UpstreamError, bool)>>,
-        again: Option<Option<Instant>>,
+        join: Join,
     ) -> Result<(Entry, Source), Lookup> {
         if let Some(cache) = &self.cache {
             match cache.get(id).await {
@@ -686,7 +698,7 @@ impl MetadataCache {
             Ok(entry) => entry.began,
             Err((_, _, began)) => *began,
         };
-        if let Some(changed_at) = again {
+        if let Join::NotBeforeAChange(changed_at) = join {
             if began.changed_before(&watch) || changed_at.is_some_and(|at| began.at < at) {
                 return Err(Lookup::BeganBeforeAChange);
             }
