@@ -72,6 +72,14 @@ S3_CONNECTION_MBPS = 90
 MEMORY_SIZES = [4 * KiB, 1 * MiB, 8 * MiB, 64 * MiB]
 
 
+STARTED = time.monotonic()
+
+
+def section(title: str):
+    """A workload's heading, with how far into the run it starts (where CI's minutes go)."""
+    print(f"== [{time.monotonic() - STARTED:.0f}s] {title}", flush=True)
+
+
 def size_name(n: int) -> str:
     if n >= GiB and n % GiB == 0:
         return f"{n // GiB} GiB"
@@ -508,7 +516,7 @@ class Bench:
         return p
 
     def memory_hits(self, larder, lt, nt):
-        print("== memory hits", flush=True)
+        section("memory hits")
         keys = {s: [f"hot/{s}"] for s in MEMORY_SIZES}
         sizes = {f"hot/{s}": s for s in MEMORY_SIZES}
         self.upload(sizes.items())
@@ -517,7 +525,7 @@ class Bench:
         self.results["workloads"]["memory_hits"] = self.hits("memory", larder, [self.direct(), nt, lt], keys)
 
     def disk_hits(self, nt):
-        print("== disk hits", flush=True)
+        section("disk hits")
         sets = self.cfg["disk_sets"]
         keys = {s: [f"disk/{s}/{i}" for i in range(n)] for s, n in sets.items()}
         sizes = {k: s for s, ks in keys.items() for k in ks}
@@ -553,7 +561,7 @@ class Bench:
         return firsts, alls, statuses
 
     def cold_ttfb(self, lt, nt):
-        print("== cold misses: time to first byte", flush=True)
+        section("cold misses: time to first byte")
         # A fixed latency, so the difference between targets is the cache's own overhead.
         self.proxy.latency(delay_ms=30, jitter_ms=0, tail_fraction=0, tail_ms=0)
         rows = []
@@ -577,7 +585,7 @@ class Bench:
     def cold_capped(self, lt, nt):
         """Whole cold objects from an upstream that caps each connection's bandwidth as S3 does:
         a client's single GET gets that much; a cache fetching blocks in parallel can beat it."""
-        print(f"== cold whole objects, upstream capped at {S3_CONNECTION_MBPS} MB/s per connection", flush=True)
+        section(f"cold whole objects, upstream capped at {S3_CONNECTION_MBPS} MB/s per connection")
         self.proxy.latency(delay_ms=30, jitter_ms=0, tail_fraction=0, tail_ms=0)
         self.proxy.control(f"limits?connection_mbps={S3_CONNECTION_MBPS}")
         rows = []
@@ -602,7 +610,7 @@ class Bench:
         """Ranges of several lengths at random offsets, each of an object that target has not read,
         one at a time: time to the first byte and to the last, and what the upstream sent for them,
         from an upstream adding 30 ms and from one also capping each connection as S3 does."""
-        print("== cold ranges", flush=True)
+        section("cold ranges")
         size, rng = 24 * MiB, random.Random(11)
         models = (("30 ms", 0), (f"30 ms, {S3_CONNECTION_MBPS} MB/s per connection", S3_CONNECTION_MBPS))
         plan = {(model, length): [(f"ranges/{mbps}/{length}/{i}", rng.randrange(0, size - length + 1))
@@ -636,7 +644,7 @@ class Bench:
         self.results["workloads"]["cold_ranges"] = rows
 
     def herd(self, lt, nt, clients: int = 64):
-        print("== thundering herd", flush=True)
+        section("thundering herd")
         n, size = self.cfg["herd_objects"], self.cfg["herd_size"]
         keys = [f"herd/{i}" for i in range(n)]
         self.upload([(k, size) for k in keys])
@@ -668,7 +676,7 @@ class Bench:
         self.results["workloads"]["herd"] = rows
 
     def zipf(self, threads: int = 16, s: float = 1.0):
-        print("== Zipf", flush=True)
+        section("Zipf")
         n, size, requests = self.cfg["zipf_objects"], 1 * MiB, self.cfg["zipf_requests"]
         working_set = n * size
         memory, disk = working_set // 10, working_set // 2
@@ -771,7 +779,7 @@ class Bench:
                                       "nginx_max_size": memory + disk}
 
     def parquet(self, lt, nt, threads: int = 8):
-        print("== Parquet-like ranged reads", flush=True)
+        section("Parquet-like ranged reads")
         n, size = self.cfg["parquet_files"], self.cfg["parquet_size"]
         keys = [f"parquet/{i}.parquet" for i in range(n)]
         self.upload([(k, size) for k in keys])
