@@ -39,10 +39,10 @@ step "module cycles (dependencies between each crate's top-level modules run one
 python3 .ci/module_cycles.py proxy/src cache-core/src
 step "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
-step "a build without the demo feature (--no-default-features) compiles and carries no s3s"
-cargo clippy -p larder --no-default-features --locked -- -D warnings
-if cargo tree -p larder --no-default-features -e normal --prefix none --locked | grep -q '^s3s'; then
-  echo "s3s is in the build without the demo (larder --no-default-features)" >&2
+# The demo's embedded origin (s3s) belongs to larder-demo; the server, and so the container
+# image, must not carry it.
+if cargo tree -p larder -e normal --prefix none --locked | grep -q '^s3s'; then
+  echo "s3s is in the server's build (larder); it belongs to larder-demo only" >&2
   exit 1
 fi
 step "cargo test"
@@ -51,13 +51,13 @@ step "cargo build --release (binaries under test), and the fuzz targets beside i
 # Two cold builds side by side: each spends long stretches on one crate or one link, leaving a
 # core idle that the other can use.
 await "$setup_fuzz" "$logs/setup-fuzz.log"
-(cd proxy && cargo +nightly fuzz build) >"$logs/fuzz-build.log" 2>&1 &
+proxy/fuzz/run.sh --build >"$logs/fuzz-build.log" 2>&1 &
 fuzz_build=$!
-# The container image's binary first (the server without the demo, as the Dockerfile builds it),
-# kept as larder-server; then the default build, the binary under test everywhere else.
-cargo build --release --locked -p larder --no-default-features
-cp target/release/larder target/release/larder-server
-cargo build --release --locked -p larder -p larder-e2e-sdk-client -p larder-latency-proxy
+# One build of the whole workspace: the server (the container image's binary, which the
+# Dockerfile builds with `-p larder`), the demo and the e2e tools. Every release build here and
+# in e2e/bench/run.sh names the same packages, so the features their dependencies are built with
+# agree and nothing is compiled twice.
+cargo build --release --locked --workspace
 await "$fuzz_build" "$logs/fuzz-build.log" >/dev/null
 step "fuzz (short run; LARDER_FUZZ_SECONDS sets the time per target)"
 proxy/fuzz/run.sh

@@ -49,7 +49,9 @@ export PATH="$gobin:$PATH:$HOME/.local/bin"
 command -v minio >/dev/null || e2e/setup.sh
 python3 -c "import boto3" 2>/dev/null || e2e/setup.sh
 
-cargo build --release --locked -p larder -p larder-latency-proxy
+# The whole workspace, as e2e/test-all.sh builds it: a smaller set of packages could unify its
+# dependencies' features differently and compile them again.
+cargo build --release --locked --workspace
 if [ "$only" != replay ]; then
   LARDER_E2E_PROFILE=release python3 e2e/bench/compare.py --mode "$mode" --out "$out" --only "${only//replay/}"
 fi

@@ -337,7 +337,7 @@ def test_invalid_configuration_fails_at_start_naming_the_field():
 
 
 def test_demo_runs_and_exits_by_itself():
-    r = subprocess.run([binary("larder"), "demo", "--clients", "4", "--requests", "5", "--origin-latency", "5ms"],
+    r = subprocess.run([binary("larder-demo"), "--clients", "4", "--requests", "5", "--origin-latency", "5ms"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     for word in ("direct to origin", "larder, cold", "larder, warm", "p99"):

@@ -24,8 +24,6 @@
 pub mod auth;
 pub mod cache_key;
 pub mod config;
-#[cfg(feature = "demo")]
-pub mod demo;
 pub mod fleet;
 pub mod freshness;
 pub mod front;

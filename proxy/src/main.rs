@@ -1,4 +1,5 @@
-//! The `larder` command: `serve` runs the proxy; `demo` runs it in front of an embedded origin.
+//! The `larder` command: `serve` runs the proxy; `warm` warms a running one. (The demo, in front
+//! of an embedded origin, is a program of its own: `larder-demo`, in `proxy/demo/`.)
 
 use std::path::PathBuf;
 
@@ -24,10 +25,6 @@ struct Cli {
 enum Command {
     /// Serve S3 clients, caching reads from the upstream.
     Serve(Box<ServeArgs>),
-    /// Run Larder in front of an embedded S3 origin with a sample workload, print what it saved,
-    /// and exit. Needs no AWS account.
-    #[cfg(feature = "demo")]
-    Demo(larder::demo::DemoArgs),
     /// Warm an object, a prefix or byte ranges into a running Larder's disk tier, through its
     /// admin API, with a progress bar. Exits 0 when every object was warmed.
     Warm(larder::warm::cli::WarmArgs),
@@ -75,12 +72,6 @@ fn main() -> anyhow::Result<()> {
             // Logs (and traces) are set up before anything runs, and flushed after it stops.
             let _telemetry = larder::telemetry::traces::init(&config.traces())?;
             runtime.block_on(serve(config))
-        }
-        #[cfg(feature = "demo")]
-        Command::Demo(args) => {
-            let runtime = runtime(0)?;
-            let _telemetry = larder::telemetry::traces::init(&Config::default().traces())?;
-            runtime.block_on(larder::demo::run(args))
         }
         Command::Warm(args) => {
             let code = runtime(0)?.block_on(larder::warm::cli::run(args))?;

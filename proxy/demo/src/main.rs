@@ -1,4 +1,4 @@
-//! `larder demo`: Larder's main job on an embedded default, with no AWS account.
+//! `larder-demo`: Larder's main job on an embedded default, with no AWS account.
 //!
 //! It starts an S3-compatible origin (s3s-fs over a temporary directory, with a simulated S3
 //! first-byte latency), loads sample objects into it, starts Larder in front of it, and runs the
@@ -24,11 +24,11 @@ use s3s::service::S3ServiceBuilder;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::auth::{Authenticator, KeyStore};
-use crate::config::{ByteSize, Config, HumanDuration};
-use crate::telemetry::metrics::Metrics;
-use crate::upstream::s3::S3UpstreamConfig;
-use crate::upstream::Clients;
+use larder::auth::{Authenticator, KeyStore};
+use larder::config::{ByteSize, Config, HumanDuration};
+use larder::telemetry::metrics::Metrics;
+use larder::upstream::s3::S3UpstreamConfig;
+use larder::upstream::Clients;
 
 const BUCKET: &str = "demo-bucket";
 const ACCESS_KEY: &str = "larder-demo";
@@ -37,18 +37,20 @@ const SECRET_KEY: &str = "larder-demo-secret";
 const CLIENT_KEY: &str = "demo-client";
 const CLIENT_SECRET: &str = "demo-client-secret";
 
-/// Options of `larder demo`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct DemoArgs {
+/// Run Larder in front of an embedded S3 origin with a sample workload, print what it saved, and
+/// exit. Needs no AWS account.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "larder-demo", version)]
+struct DemoArgs {
     /// Concurrent clients.
     #[arg(long, default_value_t = 16)]
-    pub clients: usize,
+    clients: usize,
     /// Requests each client makes per phase.
     #[arg(long, default_value_t = 25)]
-    pub requests: usize,
+    requests: usize,
     /// Latency added to every origin request, standing in for S3's first-byte latency.
     #[arg(long, default_value = "20ms")]
-    pub origin_latency: HumanDuration,
+    origin_latency: HumanDuration,
 }
 
 struct Sample {
@@ -56,8 +58,18 @@ struct Sample {
     data: Bytes,
 }
 
+fn main() -> anyhow::Result<()> {
+    let args = <DemoArgs as clap::Parser>::parse();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    let _telemetry = larder::telemetry::traces::init(&Config::default().traces())?;
+    runtime.block_on(run(args))
+}
+
 /// Run the demo and print its table.
-pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
+async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let dir = tempfile::tempdir().context("creating the origin's directory")?;
     let shutdown = CancellationToken::new();
     let origin_addr = start_origin(dir.path(), args.origin_latency.0, shutdown.clone()).await?;
@@ -108,7 +120,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     .await?;
     // Clients hold their own key, which Larder verifies; only Larder holds the origin's.
     let auth = Authenticator::SigV4(KeyStore::from_pairs([(CLIENT_KEY, CLIENT_SECRET)]));
-    let larder = crate::front::server::start(&config, upstream, auth)
+    let larder = larder::front::server::start(&config, upstream, auth)
         .await
         .context("starting larder")?;
     let through = client(
