@@ -11,8 +11,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${LARDER_FUZZ_SECONDS:-20}"
 # No sanitizer by default: Larder's crates forbid unsafe code, so AddressSanitizer would check
-# only the dependencies' unsafe code. With it and cargo-fuzz's one codegen unit, the cold build
-# took 28 min beside these flags' 22 (docs/security.md), in CI beside the release build.
+# only the dependencies' unsafe code. Built cold side by side on 2 cores, cargo-fuzz's defaults
+# (AddressSanitizer, one codegen unit) took 28 min, these flags 22 (docs/security.md).
 flags=(--sanitizer "${LARDER_FUZZ_SANITIZER:-none}" --codegen-units 16)
 if [ "${1:-}" = --build ]; then
   exec cargo +nightly fuzz build "${flags[@]}"
