@@ -51,6 +51,8 @@ step "cargo build --release (binaries under test), and the fuzz targets beside i
 # Two cold builds side by side: each spends long stretches on one crate or one link, leaving a
 # core idle that the other can use.
 await "$setup_fuzz" "$logs/setup-fuzz.log"
+# The short fuzz runs below build unoptimised (proxy/fuzz/run.sh says why).
+export LARDER_FUZZ_PROFILE=dev
 proxy/fuzz/run.sh --build >"$logs/fuzz-build.log" 2>&1 &
 fuzz_build=$!
 # One build of the whole workspace: the server (the container image's binary, which the

@@ -62,7 +62,8 @@ if [ -z "$only" ] || [[ ",$only," == *",replay,"* ]]; then
   trace=trace:e2e/bench/traces/cache2k-web12.trace.xz
   replay() { LARDER_E2E_PROFILE=release python3 e2e/bench/replay.py "$@"; }
   if [ "$mode" = quick ]; then
-    replay --workload "$trace" --requests 4000 --object-size 32KiB --capacity 0.2 --out "$out/replay"
+    replay --workload "$trace" --requests 4000 --object-size 32KiB --capacity 0.2 --skip-direct \
+      --out "$out/replay"
   else
     full=(--disk-admission always,second-hit --skip-direct --capacity 0.05,0.2 --block-size 512KiB)
     for tiers in hybrid memory; do

@@ -3,6 +3,7 @@
 #   proxy/fuzz/run.sh                              # every target, 20 s each, one per core at once
 #   LARDER_FUZZ_SECONDS=3600 proxy/fuzz/run.sh auth  # one target for an hour
 #   LARDER_FUZZ_SANITIZER=address proxy/fuzz/run.sh  # with AddressSanitizer (slower to build)
+#   LARDER_FUZZ_PROFILE=dev proxy/fuzz/run.sh      # unoptimised: quicker to build, slower to run
 #   proxy/fuzz/run.sh --build                      # build only (e2e/test-all.sh, ahead of the runs)
 # Needs the nightly toolchain and cargo-fuzz (e2e/setup.sh installs cargo-fuzz). New inputs go to
 # a temporary corpus seeded from fuzz/seeds/<target>; a crash leaves its input under
@@ -13,7 +14,17 @@ seconds="${LARDER_FUZZ_SECONDS:-20}"
 # No sanitizer by default: Larder's crates forbid unsafe code, so AddressSanitizer would check
 # only the dependencies' unsafe code. Built cold side by side on 2 cores, cargo-fuzz's defaults
 # (AddressSanitizer, one codegen unit) took 28 min, these flags 22 (docs/security.md).
-flags=(--sanitizer "${LARDER_FUZZ_SANITIZER:-none}" --codegen-units 16)
+flags=(--sanitizer "${LARDER_FUZZ_SANITIZER:-none}")
+# The release profile (opt-level 1, Cargo.toml) for runs by hand. `dev` builds unoptimised, for
+# the test suite's 20-second runs, which check that every target builds and holds on its seeds
+# and a few hundred thousand inputs more (libFuzzer and the hashes are optimised even then,
+# Cargo.toml). Built cold alone on 2 cores: release 9 min 34 s (1,019 s of CPU), dev 5 min 24 s
+# (505 s); its runs are 1.6 to 3 times slower (docs/security.md).
+case "${LARDER_FUZZ_PROFILE:-release}" in
+  release) flags+=(--codegen-units 16) ;;
+  dev) flags+=(--dev) ;;
+  *) echo "LARDER_FUZZ_PROFILE: release or dev" >&2; exit 2 ;;
+esac
 if [ "${1:-}" = --build ]; then
   exec cargo +nightly fuzz build "${flags[@]}"
 fi
