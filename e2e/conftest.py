@@ -205,29 +205,47 @@ class Larder:
     def __init__(self, workdir: Path, upstream: str, *extra: str, name: str = "larder", env: dict | None = None,
                  host: str = "127.0.0.1"):
         self.host = host
-        self.port = free_port()
-        self.admin_port = free_port()
-        self.endpoint = f"http://{host}:{self.port}"
-        self.admin = f"http://{host}:{self.admin_port}"
         self.log_path = workdir / f"{name}.log"
-        self.log = open(self.log_path, "wb")
         self.credentials = workdir / f"{name}.keys"
         self.credentials.write_text(f"# e2e client keys\n{CLIENT_KEY}:{CLIENT_SECRET}\n{READER_KEY}:{READER_SECRET}\n")
         env = {**os.environ, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "RUST_LOG": "info", **(env or {})}
         # LARDER_* settings of the caller's shell do not leak in; a None in `env` unsets a variable.
         for k in [k for k, v in env.items() if k.startswith("LARDER_") or v is None]:
             del env[k]
-        args = [
-            binary("larder"), "serve",
-            "--listen", f"{host}:{self.port}",
-            "--admin-listen", f"{host}:{self.admin_port}",
-            "--upstream-endpoint", upstream,
-            "--upstream-path-style",
-            *([] if "--auth" in extra else ["--auth-credentials", str(self.credentials)]),
-            *extra,
-        ]
-        self.proc = subprocess.Popen(args, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        wait_http(f"{self.admin}/readyz", timeout=30)
+        # `free_port` finds ports free on 127.0.0.1; on another loopback address (a fleet's
+        # replicas) one may be taken, or taken between the check and the bind. A start that fails
+        # to bind is tried again on other ports; any other early exit fails at once, with the log.
+        for attempt in range(3):
+            self.port = free_port()
+            self.admin_port = free_port()
+            self.endpoint = f"http://{host}:{self.port}"
+            self.admin = f"http://{host}:{self.admin_port}"
+            self.log = open(self.log_path, "wb")
+            args = [
+                binary("larder"), "serve",
+                "--listen", f"{host}:{self.port}",
+                "--admin-listen", f"{host}:{self.admin_port}",
+                "--upstream-endpoint", upstream,
+                "--upstream-path-style",
+                *([] if "--auth" in extra else ["--auth-credentials", str(self.credentials)]),
+                *extra,
+            ]
+            self.proc = subprocess.Popen(args, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+            deadline = time.monotonic() + 30
+            while self.proc.poll() is None and time.monotonic() < deadline:
+                try:
+                    with urllib.request.urlopen(f"{self.admin}/readyz", timeout=2) as r:
+                        if r.status == 200:
+                            return
+                except Exception:  # noqa: BLE001 - retried until the deadline
+                    pass
+                time.sleep(0.2)
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+            self.log.close()
+            log = self.log_path.read_text(errors="replace")
+            if "Address already in use" not in log or attempt == 2:
+                raise RuntimeError(f"{name} on {host} exited, or was not ready within 30 s; its log ends:\n{log[-3000:]}")
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"{self.admin}/metrics", timeout=5) as r:
