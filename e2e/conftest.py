@@ -38,10 +38,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_http(url: str, timeout: float = 60.0):
+def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None):
+    """Poll `url` until it answers 200; with `proc`, give up as soon as that process has exited."""
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{url}: the process exited ({proc.returncode}) before it was ready")
         try:
             with urllib.request.urlopen(url, timeout=2) as r:
                 if r.status == 200:
@@ -231,15 +234,11 @@ class Larder:
                 *extra,
             ]
             self.proc = subprocess.Popen(args, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-            deadline = time.monotonic() + 30
-            while self.proc.poll() is None and time.monotonic() < deadline:
-                try:
-                    with urllib.request.urlopen(f"{self.admin}/readyz", timeout=2) as r:
-                        if r.status == 200:
-                            return
-                except Exception:  # noqa: BLE001 - retried until the deadline
-                    pass
-                time.sleep(0.2)
+            try:
+                wait_http(f"{self.admin}/readyz", timeout=30, proc=self.proc)
+                return
+            except RuntimeError:
+                pass
             self.proc.kill()
             self.proc.wait(timeout=30)
             self.log.close()

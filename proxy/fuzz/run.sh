@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 seconds="${LARDER_FUZZ_SECONDS:-20}"
 # No sanitizer by default: Larder's crates forbid unsafe code, so AddressSanitizer would check
 # only the dependencies' unsafe code. Built cold side by side on 2 cores, cargo-fuzz's defaults
-# (AddressSanitizer, one codegen unit) took 28 min, these flags 22 (docs/security.md).
+# (AddressSanitizer, one codegen unit) took 28 min, no sanitizer and 16 units 22 (docs/security.md).
 flags=(--sanitizer "${LARDER_FUZZ_SANITIZER:-none}")
 # The release profile (opt-level 1, Cargo.toml) for runs by hand. `dev` builds unoptimised, for
 # the test suite's 20-second runs, which check that every target builds and holds on its seeds
