@@ -77,6 +77,7 @@ class CountingProxy:
                     return
                 cut_after = fault[1] if fault and fault[0] == "cut" else None
                 stall_after = fault[1] if fault and fault[0] == "stall" else None
+                pause_at, pause_for = fault[1] if fault and fault[0] == "pause" else (None, 0)
                 conn = http.client.HTTPConnection(*proxy.upstream, timeout=60)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
                 conn.request(self.command, self.path, body=body, headers=headers)
@@ -92,6 +93,15 @@ class CountingProxy:
                 if chunked:
                     self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
+
+                def emit(data: bytes):
+                    if not data:
+                        return
+                    if chunked:
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                    else:
+                        self.wfile.write(data)
+
                 if self.command != "HEAD":
                     sent = 0
                     while True:
@@ -106,24 +116,27 @@ class CountingProxy:
                             proxy.body_bytes += len(chunk)
                         if broken and stall_after is not None:
                             # Send what is allowed, then fall silent with the connection open.
-                            self.wfile.write(chunk)
+                            emit(chunk)
                             self.wfile.flush()
                             conn.close()
                             proxy._hold(self.connection)
                             return
                         if broken:
                             # Send what is allowed, then drop the connection mid-body.
-                            self.wfile.write(chunk)
+                            emit(chunk)
                             self.wfile.flush()
                             self.close_connection = True
                             self.connection.shutdown(socket.SHUT_RDWR)
                             conn.close()
                             return
+                        if pause_at is not None and sent + len(chunk) > pause_at:
+                            # Send what comes before the pause, fall silent, then go on.
+                            emit(chunk[: pause_at - sent])
+                            self.wfile.flush()
+                            time.sleep(pause_for)
+                            chunk, sent, pause_at = chunk[pause_at - sent:], pause_at, None
                         sent += len(chunk)
-                        if chunked:
-                            self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-                        else:
-                            self.wfile.write(chunk)
+                        emit(chunk)
                     if chunked:
                         self.wfile.write(b"0\r\n\r\n")
                 conn.close()
@@ -171,7 +184,8 @@ class CountingProxy:
         arg seconds before passing the answer back (it says what the server held when asked);
         `hang` never answers and keeps
         the connection open; `stall` sends the headers and arg body bytes, then nothing more,
-        keeping the connection open."""
+        keeping the connection open; `pause` (arg=(bytes, seconds)) sends the headers and that
+        many body bytes, falls silent for that long, then sends the rest."""
         with self.lock:
             self.faults.append([kind, times, arg, method])
 

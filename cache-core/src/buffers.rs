@@ -6,6 +6,12 @@
 //! Larder's CPU (docs/benchmarks.md, "Cold fills into reused buffers"). Buffers of a block's
 //! length come back when the memory tier evicts a block, when a disk write completes and when
 //! a disk hit's bytes are dropped, and the next fill, write or read of that length takes one.
+//!
+//! The pool's bound is the program's to set ([`set_pool_limit`]; [`DEFAULT_POOL_LIMIT`] until
+//! then): it should hold what the reads in flight at once hold, or every read past it pays for
+//! fresh memory again.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
@@ -133,26 +139,46 @@ impl Drop for Recycle {
 
 /// Buffers smaller than this are not pooled: zeroing them costs less than the pool's lock.
 const RECYCLE_MIN: usize = 64 * 1024;
-/// Most bytes the pool holds, so it stays a bounded cost beside `memory_capacity`: sixteen
-/// 1 MiB reads, or seven 8 MiB blocks.
-const RECYCLE_MAX_BYTES: usize = 64 << 20;
+/// Most bytes the pool holds until [`set_pool_limit`] says otherwise: sixteen 1 MiB reads, or
+/// seven 8 MiB blocks (each is a few KiB longer than the block, so not eight).
+pub const DEFAULT_POOL_LIMIT: usize = 64 << 20;
+
+/// Bound the bytes the pool holds (idle buffers waiting to be reused), giving back at once
+/// what is over. A program sets it once at start, from what it lets its reads hold at once.
+pub fn set_pool_limit(bytes: usize) {
+    RECYCLED.set_limit(bytes);
+}
+
+/// What the pool holds and how often it had nothing to give.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Bytes of idle buffers held.
+    pub held_bytes: u64,
+    /// The most it may hold ([`set_pool_limit`]).
+    pub limit_bytes: u64,
+    /// Buffers of a pooled size allocated fresh since start, the pool holding none of that
+    /// length: each one zeroed and faulted in.
+    pub fresh: u64,
+}
+
+/// A snapshot of the pool.
+pub fn pool_stats() -> PoolStats {
+    RECYCLED.stats()
+}
 
 /// Free buffers by exact length: reads, writes and fills repeat a few lengths (whole blocks of
 /// one size, their 1 MiB pieces, disk entries of one block), so an exact match is the common
 /// case and no buffer is handed out larger than asked (the memory tier may keep it, counting
 /// only what it asked for).
-static RECYCLED: Recycler = Recycler {
-    free: Mutex::new(Free {
-        bufs: Vec::new(),
-        bytes: 0,
-    }),
-};
+static RECYCLED: Recycler = Recycler::new(DEFAULT_POOL_LIMIT);
 
 struct Recycler {
     free: Mutex<Free>,
+    limit: AtomicUsize,
+    fresh: AtomicU64,
 }
 
-/// Free buffers, newest last, and their total length (at most [`RECYCLE_MAX_BYTES`]).
+/// Free buffers, newest last, and their total length (at most the pool's limit).
 struct Free {
     bufs: Vec<Vec<u8>>,
     bytes: usize,
@@ -167,23 +193,58 @@ impl Free {
 }
 
 impl Recycler {
+    const fn new(limit: usize) -> Self {
+        Self {
+            free: Mutex::new(Free {
+                bufs: Vec::new(),
+                bytes: 0,
+            }),
+            limit: AtomicUsize::new(limit),
+            fresh: AtomicU64::new(0),
+        }
+    }
+
+    fn set_limit(&self, bytes: usize) {
+        self.limit.store(bytes, Ordering::Relaxed);
+        let mut free = self.free.lock();
+        while free.bytes > bytes {
+            let at = free.bufs.len() - 1;
+            drop(free.remove(at));
+        }
+    }
+
+    fn stats(&self) -> PoolStats {
+        PoolStats {
+            held_bytes: self.free.lock().bytes as u64,
+            limit_bytes: self.limit.load(Ordering::Relaxed) as u64,
+            fresh: self.fresh.load(Ordering::Relaxed),
+        }
+    }
+
+    /// A free buffer of exactly `len` bytes; `None` (counted, for a pooled length) if the pool
+    /// holds none, and the caller allocates one.
     fn take(&self, len: usize) -> Option<Vec<u8>> {
         if len < RECYCLE_MIN {
             return None;
         }
         let mut free = self.free.lock();
-        let at = free.bufs.iter().rposition(|v| v.len() == len)?;
+        let Some(at) = free.bufs.iter().rposition(|v| v.len() == len) else {
+            drop(free);
+            self.fresh.fetch_add(1, Ordering::Relaxed);
+            return None;
+        };
         Some(free.remove(at))
     }
 
     fn put(&self, vec: Vec<u8>) {
-        if vec.len() < RECYCLE_MIN || vec.len() > RECYCLE_MAX_BYTES {
+        let limit = self.limit.load(Ordering::Relaxed);
+        if vec.len() < RECYCLE_MIN || vec.len() > limit {
             return;
         }
         let mut free = self.free.lock();
         // Full: make room by dropping buffers of other lengths, so the pool follows the lengths
         // being read now; with none to drop, this one goes.
-        while free.bytes + vec.len() > RECYCLE_MAX_BYTES {
+        while free.bytes + vec.len() > limit {
             match free.bufs.iter().position(|v| v.len() != vec.len()) {
                 Some(at) => drop(free.remove(at)),
                 None => return,
@@ -228,6 +289,45 @@ mod tests {
         // Small ones are not pooled.
         drop(AlignedBuf::reused(ALIGN));
         assert!(RECYCLED.take(2 * ALIGN).is_none());
+    }
+
+    #[test]
+    fn the_pool_holds_what_its_limit_allows_and_gives_back_the_rest_when_it_falls() {
+        // A pool of its own: the global one is shared by the tests running beside this one.
+        let pool = Recycler::new(3 * RECYCLE_MIN);
+        for _ in 0..4 {
+            pool.put(vec![0u8; RECYCLE_MIN]);
+        }
+        assert_eq!(
+            pool.stats().held_bytes,
+            3 * RECYCLE_MIN as u64,
+            "the fourth went"
+        );
+        pool.set_limit(8 * RECYCLE_MIN);
+        for _ in 0..4 {
+            pool.put(vec![0u8; RECYCLE_MIN]);
+        }
+        assert_eq!(pool.stats().held_bytes, 7 * RECYCLE_MIN as u64);
+        pool.set_limit(2 * RECYCLE_MIN);
+        assert_eq!(pool.stats().held_bytes, 2 * RECYCLE_MIN as u64);
+        assert_eq!(pool.stats().limit_bytes, 2 * RECYCLE_MIN as u64);
+        assert!(pool.take(RECYCLE_MIN).is_some());
+        // A buffer larger than the whole limit is never kept.
+        pool.put(vec![0u8; 3 * RECYCLE_MIN]);
+        assert_eq!(pool.stats().held_bytes, RECYCLE_MIN as u64);
+    }
+
+    #[test]
+    fn a_buffer_the_pool_cannot_give_is_counted_fresh() {
+        let pool = Recycler::new(4 * RECYCLE_MIN);
+        assert!(pool.take(RECYCLE_MIN).is_none());
+        assert_eq!(pool.stats().fresh, 1);
+        pool.put(vec![0u8; RECYCLE_MIN]);
+        assert!(pool.take(RECYCLE_MIN).is_some());
+        assert_eq!(pool.stats().fresh, 1, "a buffer given is not fresh");
+        // Small ones are not the pool's: neither taken nor counted.
+        assert!(pool.take(ALIGN).is_none());
+        assert_eq!(pool.stats().fresh, 1);
     }
 
     #[test]

@@ -159,7 +159,8 @@ def main():
             for name, larder in larders.items():
                 print(f"{name}: " + ", ".join(l for l in larder.metrics().splitlines()
                                                if l.startswith(("larder_disk_hits_total", "larder_disk_page_cache",
-                                                                "larder_disk_io_thread", "larder_memory_hits"))))
+                                                                "larder_disk_io_thread", "larder_memory_hits",
+                                                                "larder_buffer_pool_fresh"))))
     finally:
         bench.stop()
 

@@ -11,6 +11,7 @@ the top functions). Not part of the test suite: perf needs the kernel's permissi
 
 import argparse
 import collections
+import os
 import re
 import subprocess
 import sys
@@ -45,6 +46,7 @@ def main():
     ap.add_argument("--disk", type=int, default=0, metavar="N",
                     help="disk hits of N objects (hit_cpu.py's setup: 8 MiB memory tier, warmed disk tier)")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--keep-data", action="store_true", help="keep DIR/perf.data, for call graphs")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     bench = Bench("quick", args.out)
@@ -62,7 +64,7 @@ def main():
             larder, lt = bench.larder("larder", "--memory-capacity", "1GiB")
             bench.warm_by_reading(lt, keys, sizes, {"hit-memory"})
         data = args.out / "perf.data"
-        perf = subprocess.Popen(["perf", "record", "-F", "499", "-g", "-o", str(data), "-p", str(larder.proc.pid),
+        perf = subprocess.Popen(["perf", "record", "-F", "499", "--call-graph", os.environ.get("LARDER_PERF_CALL_GRAPH", "fp"), "-o", str(data), "-p", str(larder.proc.pid),
                                  "--", "sleep", str(args.seconds)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         r = bench.wrk(lt, keys, sizes, args.clients, args.seconds + 1)
         perf.wait(timeout=120)
@@ -89,7 +91,8 @@ def main():
             lines += [f"| `{sym[:110]}` | {share:.2f} % |" for share, sym in [r for r in rows if pick(r[1])][:15]]
         (args.out / "summary.md").write_text("\n".join(lines) + "\n")
         print("\n".join(lines))
-        data.unlink(missing_ok=True)
+        if not args.keep_data:
+            data.unlink(missing_ok=True)
     finally:
         bench.stop()
 

@@ -317,3 +317,33 @@ def test_a_partition_keeps_its_buckets_through_a_scan_of_another(workdir, make_l
     assert read_all(again, bucket, dict(list(scan.items())[:8])).get("hit-disk", 0) < 8
     assert read_all(again, hot_bucket, hot) == {"hit-disk": 6}
     assert upstream.seen("GET", f"/{hot_bucket}/") == []
+
+
+def test_idle_buffers_kept_for_reuse_stay_within_a_quarter_of_the_response_buffer(workdir, make_larder, direct,
+                                                                                  bucket):
+    """Disk hits and fills reuse large buffers from a pool instead of zeroing fresh memory; what
+    the pool keeps idle is bounded by `response_buffer` / 4, whatever the reads held at once."""
+    rng = random.Random(12)
+    objects = {f"pool/{i}": rng.randbytes(8 * MiB) for i in range(6)}
+    for key, data in objects.items():
+        direct.put_object(Bucket=bucket, Key=key, Body=data)
+    larder = make_larder("--disk-path", str(workdir / "pool.cache"), "--disk-capacity", "512MiB",
+                         "--disk-region-size", "32MiB", "--memory-capacity", "8MiB", "--response-buffer", "48MiB",
+                         "--disk-write-policy", "on-insert", name="disk-pool")
+    assert metric(larder, "buffer_pool_limit_bytes") == 12 * MiB
+    client = larder.client()
+    for _ in range(2):
+        readers = [threading.Thread(target=lambda k=k: client.get_object(Bucket=bucket, Key=k)["Body"].read())
+                   for k in objects]
+        for t in readers:
+            t.start()
+        for t in readers:
+            t.join()
+    for key, data in objects.items():
+        assert client.get_object(Bucket=bucket, Key=key)["Body"].read() == data
+    time.sleep(0.3)
+    assert metric(larder, "disk_hits") > 0
+    held = metric(larder, "buffer_pool_bytes")
+    # Some buffers came back (more than one 8 MiB block's worth passed through), none beyond the bound.
+    assert 0 < held <= 12 * MiB, held
+    assert metric(larder, "buffer_pool_fresh") > 0

@@ -301,6 +301,25 @@ def test_an_upstream_that_stalls_without_closing_is_timed_out_and_retried(make_l
     assert took < 15, f"a dead upstream held the client {took:.1f}s"
 
 
+def test_a_body_silent_for_less_than_the_idle_timeout_is_waited_for_not_cut(make_larder, faulty, direct, bucket):
+    """How long an upstream body may fall silent is `upstream_idle_timeout`'s to say. The S3
+    client's own stalled-stream protection used to cut any body silent for about 5 s, whatever
+    the setting, and the resume layer then asked for the rest again (this test failed so, after
+    6 s)."""
+    data = random.Random(8).randbytes(MiB)
+    direct.put_object(Bucket=bucket, Key="paused", Body=data)
+    larder = start(make_larder, faulty, "--upstream-idle-timeout", "20s", "--block-size", "1MiB",
+                   "--prefetch", "off")
+    faulty.inject("pause", 1, (300_000, 9), method="GET")
+    started = time.monotonic()
+    assert larder.client(read_timeout=60).get_object(Bucket=bucket, Key="paused")["Body"].read() == data
+    took = time.monotonic() - started
+    assert 9 <= took < 20, f"took {took:.1f}s for a 9 s pause"
+    # One GET, read to its end: nothing cut it and nothing asked for its rest again.
+    assert [g[2] for g in object_gets(faulty, bucket, "paused")] == [f"bytes=0-{MiB - 1}"]
+    assert metric(larder, "larder_upstream_resumes_total") == 0
+
+
 @pytest.fixture
 def s3_like(workdir, minio):
     """The latency proxy in front of MinIO: 5 ms per request, and S3's per-prefix rate limit."""

@@ -236,11 +236,15 @@ options! {
     /// Most bytes of blocks all responses in flight hold at once: each holds the block it is
     /// sending and those opened ahead of it, which may have left the memory tier. A response
     /// whose next block would go over waits (counted); the block a response starts with goes
-    /// before blocks opened ahead, which hold at most seven eighths. At least one block.
-    /// Default: `1GiB`.
+    /// before blocks opened ahead, which hold at most seven eighths. At least one block. A
+    /// quarter of it bounds the pool of idle large buffers kept for reuse. Default: `1GiB`.
     response_buffer: ByteSize = ByteSize(1 << 30);
-    /// Longest wait for the next piece of an upstream body before the fetch fails. Default: `30s`.
-    upstream_idle_timeout: HumanDuration = HumanDuration::secs(30);
+    /// Longest an upstream body (or a peer's) may fall silent before it counts as broken: it is
+    /// then resumed from the byte where it stopped (`upstream_max_resumes`), or fails. Default:
+    /// `10s`: a body silent that long from S3 is a broken connection, and readers wait for it.
+    /// (The S3 client cut silent bodies after about 5 s on its own until 2026-11-27, whatever
+    /// this said; 30 s, the earlier default, held readers six times as long.)
+    upstream_idle_timeout: HumanDuration = HumanDuration::secs(10);
     /// Most block fetches running upstream at once, across all requests; further fetches wait
     /// their turn. Bounds the memory of fetches in flight to this many blocks. Default: `64`.
     upstream_concurrency: usize = 64;

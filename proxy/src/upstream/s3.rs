@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use aws_sdk_s3::config::interceptors::BeforeTransmitInterceptorContextRef;
 use aws_sdk_s3::config::retry::RetryConfig;
 use aws_sdk_s3::config::timeout::TimeoutConfig;
-use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
+use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region, StalledStreamProtectionConfig};
 use aws_sdk_s3::config::{ConfigBag, Intercept, RuntimeComponents};
 use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::operation::head_object::HeadObjectOutput;
@@ -138,6 +138,11 @@ impl S3Upstream {
             // byte; a body that breaks later is resumed by the block store, and SlowDown is
             // left to the throttle layer (`LeaveThrottlingToTheLayer`).
             .retry_config(RetryConfig::standard().with_max_attempts(config.max_attempts))
+            // A body that stalls is the resume layer's to time (`upstream_idle_timeout`, every
+            // block GET is pinned and ranged) and to continue where it stopped. The SDK's own
+            // stalled-stream protection was a second clock: it cut any body silent for 20 s,
+            // whatever `upstream_idle_timeout` said, and timed every chunk of every body.
+            .stalled_stream_protection(StalledStreamProtectionConfig::disabled())
             .timeout_config(
                 TimeoutConfig::builder()
                     .connect_timeout(config.connect_timeout)
@@ -502,6 +507,18 @@ mod tests {
             key: "k".into(),
             version_id: None,
         }
+    }
+
+    /// How long a body may stall is `upstream_idle_timeout`'s to say (the resume layer), not a
+    /// second clock in the client.
+    #[tokio::test]
+    async fn the_client_leaves_stalled_bodies_to_the_resume_layer() {
+        let origin = origin("http://127.0.0.1:9".into()).await;
+        let protection = origin.client.config().stalled_stream_protection();
+        assert!(
+            protection.is_some_and(|p| !p.is_enabled()),
+            "{protection:?}"
+        );
     }
 
     #[tokio::test]

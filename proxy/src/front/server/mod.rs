@@ -212,6 +212,16 @@ fn join_fleet(config: &Config, metrics: &Arc<Metrics>) -> Result<Joined, StartEr
     })
 }
 
+/// Most bytes of idle large buffers kept for reuse: a quarter of what responses may hold at
+/// once. The pool then covers the blocks a few large reads hold (a 64 MiB object read whole
+/// holds nine 8 MiB buffers at the defaults), so their disk reads and fills stop paying to zero
+/// and fault in fresh memory; the fixed 64 MiB it had before held seven (docs/benchmarks.md,
+/// "Disk hits of large objects: buffers the pool kept"). It is memory those reads held at their
+/// peak, kept instead of given back.
+fn buffer_pool_limit(response_buffer: u64) -> usize {
+    usize::try_from(response_buffer / 4).unwrap_or(usize::MAX)
+}
+
 /// Open the disk tier, if configured, then bind the listeners and start serving in front of
 /// `upstream` to the clients `auth` lets in.
 pub async fn start(
@@ -290,6 +300,8 @@ pub async fn start(
         metrics.clone(),
     ));
     metrics.observe_memory(blocks.memory().clone());
+    cache_core::buffers::set_pool_limit(buffer_pool_limit(config.response_buffer.0));
+    metrics.observe_buffer_pool();
     let pinned = blocks.clone();
     metrics.observe_response_buffer(move || pinned.response_buffer());
     let counted = origin.clone();

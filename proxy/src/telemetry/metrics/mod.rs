@@ -745,6 +745,7 @@ mod tests {
     fn exposition_names_and_quantiles() {
         let m = Metrics::default();
         m.observe_memory(cache_core::MemoryTier::<u32>::new(1 << 20));
+        m.observe_buffer_pool();
         for ms in [1u64, 2, 3, 4, 100] {
             m.request("GetObject", None, 200, "miss", Duration::from_millis(ms));
         }
@@ -754,6 +755,9 @@ mod tests {
             "larder_request_ttfb_seconds_bucket",
             "larder_memory_capacity_bytes 1048576",
             "larder_memory_evictions_total",
+            "larder_buffer_pool_bytes",
+            "larder_buffer_pool_limit_bytes",
+            "larder_buffer_pool_fresh_total",
         ] {
             assert!(text.contains(name), "{name} missing from\n{text}");
         }

@@ -88,6 +88,29 @@ impl Metrics {
             .build();
     }
 
+    /// Export the pool of reused large buffers (`cache_core::buffers`): what it holds, its
+    /// bound, and the buffers it could not give (each allocated, zeroed and faulted in anew).
+    pub fn observe_buffer_pool(&self) {
+        use cache_core::buffers::pool_stats;
+        self.meter
+            .u64_observable_gauge("larder.buffer.pool.bytes")
+            .with_description("Bytes of idle large buffers kept for reuse")
+            .with_callback(|o| o.observe(pool_stats().held_bytes, &[]))
+            .build();
+        self.meter
+            .u64_observable_gauge("larder.buffer.pool.limit.bytes")
+            .with_description("Most bytes of idle buffers kept (a quarter of response_buffer)")
+            .with_callback(|o| o.observe(pool_stats().limit_bytes, &[]))
+            .build();
+        self.meter
+            .u64_observable_counter("larder.buffer.pool.fresh")
+            .with_description(
+                "Large buffers (disk reads and writes, assembled blocks) allocated anew because the pool held none of their length",
+            )
+            .with_callback(|o| o.observe(pool_stats().fresh, &[]))
+            .build();
+    }
+
     /// Export the background refreshes of metadata (`metadata_refresh_ahead`) by outcome, read
     /// from `read` at each collection.
     pub fn observe_metadata_refreshes<const N: usize>(
