@@ -3,6 +3,7 @@ one cached object, summed by function (self time) and by crate. `--disk N`: disk
 objects instead.
 
     python3 e2e/bench/profile.py [--size 1MiB] [--clients 16] [--seconds 8] [--disk N] --out DIR
+        [--call-graph dwarf --keep-data]   # then: perf report -i DIR/perf.data -G -S SYMBOL
 
 Needs `perf` (linux-perf) and the release build with debug info (the workspace's release profile
 keeps it). Writes DIR/profile.txt (perf's report) and DIR/summary.md (the shares by crate and
@@ -11,7 +12,6 @@ the top functions). Not part of the test suite: perf needs the kernel's permissi
 
 import argparse
 import collections
-import os
 import re
 import subprocess
 import sys
@@ -47,6 +47,8 @@ def main():
                     help="disk hits of N objects (hit_cpu.py's setup: 8 MiB memory tier, warmed disk tier)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--keep-data", action="store_true", help="keep DIR/perf.data, for call graphs")
+    ap.add_argument("--call-graph", choices=("fp", "dwarf"), default="fp",
+                    help="how perf unwinds: fp (cheap; stops at libc, built without frame pointers) or dwarf")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     bench = Bench("quick", args.out)
@@ -64,7 +66,8 @@ def main():
             larder, lt = bench.larder("larder", "--memory-capacity", "1GiB")
             bench.warm_by_reading(lt, keys, sizes, {"hit-memory"})
         data = args.out / "perf.data"
-        perf = subprocess.Popen(["perf", "record", "-F", "499", "--call-graph", os.environ.get("LARDER_PERF_CALL_GRAPH", "fp"), "-o", str(data), "-p", str(larder.proc.pid),
+        perf = subprocess.Popen(["perf", "record", "-F", "499", "--call-graph", args.call_graph, "-o", str(data),
+                                 "-p", str(larder.proc.pid),
                                  "--", "sleep", str(args.seconds)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         r = bench.wrk(lt, keys, sizes, args.clients, args.seconds + 1)
         perf.wait(timeout=120)
