@@ -101,6 +101,14 @@ INTERNALS = [
     panel("Memory tier", [("larder_memory_used_bytes", "used"), ("larder_memory_capacity_bytes", "capacity")], "bytes"),
     panel("Memory entries and evictions", [("larder_memory_entries", "entries"),
                                            (f"rate(larder_memory_evictions_total[{RI}])", "evictions/s")]),
+    panel("Buffers beyond the memory tier",
+          [("larder_response_buffer_bytes", "held by responses"), ("larder_response_buffer_limit_bytes", "response_buffer"),
+           ("larder_buffer_pool_bytes", "idle, kept for reuse"), ("larder_buffer_pool_limit_bytes", "reuse pool limit")],
+          "bytes", description="Blocks responses hold beyond the memory tier, and idle large buffers kept for the next disk "
+                               "read or fill (at most a quarter of response_buffer)."),
+    panel("Large buffers allocated fresh", [(f"rate(larder_buffer_pool_fresh_total[{RI}])", "fresh/s")], "ops",
+          description="Disk reads and fills the reuse pool had no buffer for: each zeroes and faults in new memory. "
+                      "High under steady load: more large reads at once than a quarter of response_buffer covers."),
     panel("Lookup hit ratio by tier",
           [(f'sum by (tier) (rate(larder_cache_lookups_total{{result="hit"}}[{RI}])) / sum by (tier) (rate(larder_cache_lookups_total[{RI}]))',
             "{{tier}}")], "percentunit"),
