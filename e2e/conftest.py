@@ -32,9 +32,10 @@ READER_SECRET = "larder-reader-secret"
 REGION = "us-east-1"
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on `host` now (another process may still take it before it is bound)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -215,12 +216,12 @@ class Larder:
         # LARDER_* settings of the caller's shell do not leak in; a None in `env` unsets a variable.
         for k in [k for k, v in env.items() if k.startswith("LARDER_") or v is None]:
             del env[k]
-        # `free_port` finds ports free on 127.0.0.1; on another loopback address (a fleet's
-        # replicas) one may be taken, or taken between the check and the bind. A start that fails
-        # to bind is tried again on other ports; any other early exit fails at once, with the log.
+        # A port free on `host` may still be taken between the check and the bind. A start that
+        # fails to bind is tried again on other ports; any other early exit fails at once, with
+        # the log.
         for attempt in range(3):
-            self.port = free_port()
-            self.admin_port = free_port()
+            self.port = free_port(host)
+            self.admin_port = free_port(host)
             self.endpoint = f"http://{host}:{self.port}"
             self.admin = f"http://{host}:{self.admin_port}"
             self.log = open(self.log_path, "wb")
