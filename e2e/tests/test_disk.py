@@ -335,8 +335,10 @@ def test_idle_buffers_kept_for_reuse_stay_within_a_quarter_of_the_response_buffe
 
     def read_all_at_once():
         got = {}
-        readers = [threading.Thread(target=lambda k=k: got.update({k: client.get_object(Bucket=bucket, Key=k)["Body"].read()}))
-                   for k in objects]
+        def read(key):
+            got[key] = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+
+        readers = [threading.Thread(target=read, args=(k,)) for k in objects]
         for t in readers:
             t.start()
         for t in readers:

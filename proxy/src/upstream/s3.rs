@@ -140,8 +140,9 @@ impl S3Upstream {
             .retry_config(RetryConfig::standard().with_max_attempts(config.max_attempts))
             // A body that stalls is the resume layer's to time (`upstream_idle_timeout`, every
             // block GET is pinned and ranged) and to continue where it stopped. The SDK's own
-            // stalled-stream protection was a second clock: it cut any body silent for 20 s,
-            // whatever `upstream_idle_timeout` said, and timed every chunk of every body.
+            // stalled-stream protection was a second clock: it cut any body silent for about 5 s
+            // (its default grace period), whatever `upstream_idle_timeout` said, and timed every
+            // chunk of every body.
             .stalled_stream_protection(StalledStreamProtectionConfig::disabled())
             .timeout_config(
                 TimeoutConfig::builder()
