@@ -182,10 +182,10 @@ class CountingProxy:
         arg=(status, code); `reset` closes the connection unanswered; `cut` drops the connection
         after arg body bytes; `delay` waits arg seconds first; `late` forwards at once and waits
         arg seconds before passing the answer back (it says what the server held when asked);
-        `hang` never answers and keeps
-        the connection open; `stall` sends the headers and arg body bytes, then nothing more,
-        keeping the connection open; `pause` (arg=(bytes, seconds)) sends the headers and that
-        many body bytes, falls silent for that long, then sends the rest."""
+        `hang` never answers and keeps the connection open; `stall` sends the headers and arg
+        body bytes, then nothing more, keeping the connection open; `pause` (arg=(bytes,
+        seconds)) sends the headers and that many body bytes, falls silent for that long, then
+        sends the rest."""
         with self.lock:
             self.faults.append([kind, times, arg, method])
 

@@ -13,9 +13,9 @@ from conftest import wait_until
 MiB = 1 << 20
 
 
-def disk_args(workdir, name, *extra):
+def disk_args(workdir, name, *extra, memory="64MiB"):
     return ("--disk-path", str(workdir / f"{name}.cache"), "--disk-capacity", "512MiB",
-            "--disk-region-size", "32MiB", "--memory-capacity", "64MiB", *extra)
+            "--disk-region-size", "32MiB", "--memory-capacity", memory, *extra)
 
 
 def metric(larder, name):
@@ -327,9 +327,8 @@ def test_idle_buffers_kept_for_reuse_stay_within_a_quarter_of_the_response_buffe
     objects = {f"pool/{i}": rng.randbytes(8 * MiB) for i in range(6)}
     for key, data in objects.items():
         direct.put_object(Bucket=bucket, Key=key, Body=data)
-    larder = make_larder("--disk-path", str(workdir / "pool.cache"), "--disk-capacity", "512MiB",
-                         "--disk-region-size", "32MiB", "--memory-capacity", "8MiB", "--response-buffer", "48MiB",
-                         "--disk-write-policy", "on-insert", name="disk-pool")
+    larder = make_larder(*disk_args(workdir, "pool", "--response-buffer", "48MiB", "--disk-write-policy", "on-insert",
+                                    memory="8MiB"), name="disk-pool")
     assert metric(larder, "buffer_pool_limit_bytes") == 12 * MiB
     client = larder.client()
 
