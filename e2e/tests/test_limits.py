@@ -1,5 +1,6 @@
 """A slow or greedy client cannot take the S3 listener away from everyone else."""
 
+import random
 import socket
 import threading
 import time
@@ -116,6 +117,19 @@ def rss_mib(pid: int) -> float:
     raise AssertionError("no VmRSS")
 
 
+def stalled_reader(larder, bucket: str, key: str) -> socket.socket:
+    """A client that asks for `key` (signed) and reads nothing of the answer: once the
+    socket's buffers are full, its response can send no more."""
+    presign = larder.client(signature_version="s3v4")
+    url = presign.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=300)
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+    s.settimeout(10)
+    s.connect(("127.0.0.1", larder.port))
+    s.sendall(f"GET {url.split(str(larder.port), 1)[1]} HTTP/1.1\r\nHost: 127.0.0.1:{larder.port}\r\n\r\n".encode())
+    return s
+
+
 def test_slow_readers_hold_no_more_than_the_responses_buffer(make_larder, direct, bucket):
     """Six clients each start reading a 64 MiB object, then stop reading. Each response would
     hold the block it sends and the blocks it opened ahead (all eight of its object's 8 MiB
@@ -129,16 +143,7 @@ def test_slow_readers_hold_no_more_than_the_responses_buffer(make_larder, direct
         direct.put_object(Bucket=bucket, Key=k, Body=bytes([i]) * size)
     larder = make_larder("--response-buffer", "24MiB", "--memory-capacity", "16MiB")
     before = rss_mib(larder.proc.pid)
-    presign = larder.client(signature_version="s3v4")
-    slow = []
-    for k in keys:
-        url = presign.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": k}, ExpiresIn=300)
-        s = socket.socket()
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
-        s.settimeout(10)
-        s.connect(("127.0.0.1", larder.port))
-        s.sendall(f"GET {url.split(str(larder.port), 1)[1]} HTTP/1.1\r\nHost: 127.0.0.1:{larder.port}\r\n\r\n".encode())
-        slow.append(s)
+    slow = [stalled_reader(larder, bucket, k) for k in keys]
     # What the responses could fetch, they have fetched by now.
     time.sleep(3)
     held = metric(larder, "larder_response_buffer_bytes")
@@ -154,5 +159,40 @@ def test_slow_readers_hold_no_more_than_the_responses_buffer(make_larder, direct
     data = b"after the slow readers" * 1000
     direct.put_object(Bucket=bucket, Key="next", Body=data)
     assert larder.client().get_object(Bucket=bucket, Key="next")["Body"].read() == data
+    wait_until(lambda: metric(larder, "larder_response_buffer_bytes") == 0, timeout=20,
+               what="the responses' buffer to be given back")
+
+
+def test_readers_that_stop_reading_do_not_hold_up_a_reader_that_reads(make_larder, direct, bucket):
+    """Four clients start reading 32-block objects and stop (a data loader that stalls, a
+    client that went away without closing). Each response holds the block it sends and the
+    next, and further blocks only as room to spare (at most half the buffer in all), so a
+    fifth client reading a 16-block object gets room for its blocks as fast as it sends them.
+    When a response held all of its `read_window` blocks ahead, the four held the whole
+    buffer (4 × 9 blocks of 32) and the fifth read waited until they were cut off at
+    `client_idle_timeout`: this test fails then."""
+    block = 1 << 20
+    keys = [f"stalled/{i}" for i in range(4)]
+    for i, k in enumerate(keys):
+        direct.put_object(Bucket=bucket, Key=k, Body=bytes([i]) * 32 * block)
+    data = random.Random(7).randbytes(16 * block)
+    direct.put_object(Bucket=bucket, Key="reads-on", Body=data)
+    larder = make_larder("--block-size", "1MiB", "--response-buffer", "32MiB", "--memory-capacity", "256MiB",
+                         "--client-idle-timeout", "20s")
+    stalled = [stalled_reader(larder, bucket, k) for k in keys]
+    # What the stalled responses could send and open, they have by now.
+    time.sleep(3)
+    held = metric(larder, "larder_response_buffer_bytes")
+    assert held <= 32 * block, held
+    waits = metric(larder, "larder_response_buffer_waits_total")
+    client = larder.client(read_timeout=60, retries={"max_attempts": 1})
+    started = time.monotonic()
+    got = client.get_object(Bucket=bucket, Key="reads-on")["Body"].read()
+    took = time.monotonic() - started
+    assert got == data
+    assert took < 10, f"the reader waited {took:.1f}s for room the stalled readers held"
+    assert metric(larder, "larder_response_buffer_waits_total") == waits, "it waited for room"
+    for s in stalled:
+        s.close()
     wait_until(lambda: metric(larder, "larder_response_buffer_bytes") == 0, timeout=20,
                what="the responses' buffer to be given back")

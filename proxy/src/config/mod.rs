@@ -236,8 +236,11 @@ options! {
     /// Most bytes of blocks all responses in flight hold at once: each holds the block it is
     /// sending and those opened ahead of it, which may have left the memory tier. A response
     /// whose next block would go over waits (counted); the block a response starts with goes
-    /// before blocks opened ahead, which hold at most seven eighths. At least one block. A
-    /// quarter of it bounds the pool of idle large buffers kept for reuse. Default: `1GiB`.
+    /// before blocks opened ahead, which hold at most seven eighths. Blocks further ahead than
+    /// a response's next one are opened only in room to spare (at most half the buffer in
+    /// all), else once they are next: readers that stop or read slowly cannot hold the
+    /// buffer that others' next blocks need. At least one block. A quarter of it bounds the
+    /// pool of idle large buffers kept for reuse. Default: `1GiB`.
     response_buffer: ByteSize = ByteSize(1 << 30);
     /// Longest an upstream body (or a peer's) may fall silent before it counts as broken: it is
     /// then resumed from the byte where it stopped (`upstream_max_resumes`), or fails. Default:

@@ -29,7 +29,7 @@ use cache_core::{
 };
 use futures::future::{self, FutureExt};
 use futures::stream::{self, Stream, StreamExt};
-use tokio::sync::{oneshot, Semaphore};
+use tokio::sync::{oneshot, watch, Semaphore};
 
 use crate::cache_key::{BlockId, KeySchema};
 use crate::fleet::Fleet;
@@ -88,7 +88,8 @@ pub struct BlockStore {
     /// Bytes (in KiB units) of blocks all responses hold at once: the block each is sending
     /// and those opened ahead of it. Such blocks may have left the memory tier (or never been
     /// in it), so without this bound N responses could hold N × (read_window + 1) blocks. The
-    /// block a response starts with goes first here too ([`slots`]).
+    /// block a response starts with goes first here too, and blocks past a response's next
+    /// take only room to spare ([`slots`]).
     pinned: Slots,
     pinned_total: u64,
     idle_timeout: Duration,
@@ -330,7 +331,8 @@ impl BlockStore {
     }
 
     /// The bytes `[start, end)` of `object` (of `size` bytes) at `etag`, as a stream. Up to
-    /// `read_window` blocks ahead of the one being sent are opened (and fetched if missing).
+    /// `read_window` blocks ahead of the one being sent are opened (and fetched if missing):
+    /// the next one always, those past it while the responses' buffer has room to spare.
     /// Dropping the stream stops opening blocks; fetches already started run to completion and
     /// fill the cache.
     pub fn read(
@@ -374,10 +376,14 @@ impl BlockStore {
         let last = slices.len().saturating_sub(1);
         // Told when the block before has its room in the responses' buffer.
         let mut room_before: Option<oneshot::Receiver<()>> = None;
+        // The block the response is sending (its place in `slices`): blocks further ahead
+        // that found no room to spare wait to be the next one.
+        let (sending, sending_now) = watch::channel(0usize);
         stream::iter(slices)
             .enumerate()
             .map(move |(i, slice)| {
                 let (store, object, etag) = (store.clone(), object.clone(), etag.clone());
+                let mut sending_now = sending_now.clone();
                 // The response's reader waits for its first block; the others are opened
                 // ahead, and wait behind other readers' first blocks for an upstream slot.
                 let purpose = match purpose {
@@ -400,12 +406,17 @@ impl BlockStore {
                     if let Some(before) = before {
                         let _ = before.await;
                     }
-                    let permit = store.pin(slice.block_len, purpose.turn()).await;
+                    let Some(permit) = store
+                        .room(i, slice.block_len, purpose.turn(), &mut sending_now)
+                        .await
+                    else {
+                        return Err(UpstreamError::Abandoned);
+                    };
                     if let Some(has_room) = has_room {
                         let _ = has_room.send(());
                     }
                     let (slice, opened) = store.open(&object, &etag, slice, purpose).await;
-                    Ok::<_, UpstreamError>((slice, opened, permit))
+                    Ok::<_, UpstreamError>((i, slice, opened, permit))
                 });
                 // A block at hand (the usual hit) is opened right here. One that has to wait
                 // goes on in a task of its own: `flat_map` polls this stream only between
@@ -424,14 +435,45 @@ impl BlockStore {
                         stream::once(future::ready(Err(UpstreamError::Abandoned))).boxed()
                     }
                     // The room is given back when the block's slice has been sent.
-                    Ok(Ok((slice, open, permit))) => store
-                        .send(bucket.as_deref(), slice, open)
-                        .inspect(move |_| {
-                            let _held = &permit;
-                        })
-                        .boxed(),
+                    Ok(Ok((i, slice, open, permit))) => {
+                        sending.send_replace(i);
+                        store
+                            .send(bucket.as_deref(), slice, open)
+                            .inspect(move |_| {
+                                let _held = &permit;
+                            })
+                            .boxed()
+                    }
                 }
             })
+    }
+
+    /// Room in the responses' buffer for block `i` of a response (of `len` bytes, taking
+    /// `turn`), whose response is sending the block `sending` says; `None` if the response is
+    /// gone. The first two take their turn in the queue. A block further ahead is held only in
+    /// room the buffer can spare, and waits for that until it is the next. Without that, readers that take their bytes slowly (a training job's data
+    /// loader, a query engine that parses as it reads) held the block they sent and
+    /// `read_window` more each for as long as they took to read them: a few filled the
+    /// buffer, and every other response's next block queued behind theirs (docs/benchmarks.md,
+    /// "Slow readers").
+    async fn room(
+        &self,
+        i: usize,
+        len: u64,
+        turn: Turn,
+        sending: &mut watch::Receiver<usize>,
+    ) -> Option<Slot> {
+        if i > 1 {
+            // A block that is already the next takes its turn in the queue.
+            tokio::select! {
+                biased;
+                is_next = sending.wait_for(|&s| s + 1 >= i) => {
+                    is_next.ok()?;
+                }
+                spare = self.pinned.acquire_spare(kib(len) as usize) => return Some(spare),
+            }
+        }
+        Some(self.pin(len, turn).await)
     }
 
     /// Room for a block of `len` bytes in the responses' buffer, for a block taking `turn`,

@@ -17,7 +17,10 @@
 //!
 //! The responses' buffer is the same queue with weights: a block takes one unit per KiB, so
 //! a new reader's first block does not wait behind the blocks some fourteen large reads hold
-//! open ahead of the ones they send either. Within a turn, waiters are served in the order
+//! open ahead of the ones they send either. Blocks further ahead than their response's next
+//! take only room to spare ([`Slots::try_acquire_spare`]), and queue only once they are next:
+//! otherwise readers that take their bytes slowly hold the buffer, and the next blocks of
+//! every other response queue behind theirs. Within a turn, waiters are served in the order
 //! they came. Across turns they are not, so a response asks room for a block only once the
 //! block before has its own (`BlockStore::read_as`): room is given back when a block is sent,
 //! and a later block holding room its response's next block waits for would never be.
@@ -62,10 +65,16 @@ struct State {
     /// Units blocks ahead hold, and the most they may.
     ahead_held: usize,
     ahead_most: usize,
+    /// Units blocks further ahead than their response's next one hold as room to spare (a part
+    /// of `ahead_held`), and the most they may.
+    spare_held: usize,
+    spare_most: usize,
     /// Who waits, by [`Turn`]. A waiter that gives up closes its wake-up, and is then dropped
     /// from here (and skipped if its turn came).
     first: VecDeque<Waiter>,
     ahead: VecDeque<Waiter>,
+    /// Blocks further ahead waiting for room to spare, served only while nobody else waits.
+    spare: VecDeque<Waiter>,
     /// Hand-outs to first blocks in a row while blocks ahead waited.
     firsts_in_a_row: u32,
 }
@@ -76,11 +85,13 @@ pub(super) struct Slot {
     slots: Slots,
     turn: Turn,
     units: usize,
+    /// Taken as room to spare ([`Slots::try_acquire_spare`]).
+    spare: bool,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.slots.release(self.turn, self.units);
+        self.slots.release(self.turn, self.units, self.spare);
     }
 }
 
@@ -93,6 +104,11 @@ impl State {
             && (turn == Turn::First
                 || self.ahead_held == 0
                 || self.ahead_held + units <= self.ahead_most)
+    }
+
+    /// Whether `units` of room to spare may be had now, waiters aside.
+    fn may_spare(&self, units: usize) -> bool {
+        self.spare_held + units <= self.spare_most && self.may_take(Turn::Ahead, units)
     }
 
     fn take(&mut self, turn: Turn, units: usize) {
@@ -118,8 +134,25 @@ impl State {
         queue.front().is_some_and(|w| self.may_take(turn, w.units))
     }
 
-    /// Free units to the waiters whose turn it is.
+    /// Free units to the waiters whose turn it is: first blocks and blocks ahead, and room to
+    /// spare once neither waits.
     fn hand_out(&mut self) {
+        self.hand_out_turns();
+        while self.first.is_empty() && self.ahead.is_empty() {
+            if !self.spare.front().is_some_and(|w| self.may_spare(w.units)) {
+                return;
+            }
+            let Some(waiter) = self.spare.pop_front() else {
+                return;
+            };
+            if waiter.woken.send(()).is_ok() {
+                self.take(Turn::Ahead, waiter.units);
+                self.spare_held += waiter.units;
+            }
+        }
+    }
+
+    fn hand_out_turns(&mut self) {
         loop {
             let first = self.head_fits(Turn::First);
             // A first block waiting for more room than is free holds the blocks ahead back
@@ -153,8 +186,11 @@ impl Slots {
                 free: n,
                 ahead_held: 0,
                 ahead_most: n - n / 8,
+                spare_held: 0,
+                spare_most: n / 2,
                 first: VecDeque::new(),
                 ahead: VecDeque::new(),
+                spare: VecDeque::new(),
                 firsts_in_a_row: 0,
             })),
         }
@@ -180,6 +216,7 @@ impl Slots {
             slots: self.clone(),
             turn,
             units,
+            spare: false,
             woken: Some(woken),
         }
         .await
@@ -193,6 +230,52 @@ impl Slots {
     /// `units` taking `turn` if they may be had now.
     pub(super) fn try_acquire_units(&self, turn: Turn, units: usize) -> Option<Slot> {
         self.take_now(&mut self.state.lock(), turn, units)
+    }
+
+    /// `units` for a block further ahead than its response's next one, only as room the budget
+    /// can spare: such blocks hold at most half of it in all, and get it only while nobody
+    /// else waits. They are sent last of those their responses hold, and slow readers hold
+    /// them longest. Waiters for room to spare are served in the order they came, so a
+    /// response that gives some back cannot take it again before others waiting for it.
+    pub(super) async fn acquire_spare(&self, units: usize) -> Slot {
+        let woken = {
+            let mut state = self.state.lock();
+            if let Some(slot) = self.spare_now(&mut state, units) {
+                return slot;
+            }
+            let (tx, rx) = oneshot::channel();
+            state.spare.push_back(Waiter { woken: tx, units });
+            rx
+        };
+        Wait {
+            slots: self.clone(),
+            turn: Turn::Ahead,
+            units,
+            spare: true,
+            woken: Some(woken),
+        }
+        .await
+    }
+
+    /// [`Slots::acquire_spare`] if the room may be had now.
+    #[cfg(test)]
+    fn try_acquire_spare(&self, units: usize) -> Option<Slot> {
+        self.spare_now(&mut self.state.lock(), units)
+    }
+
+    fn spare_now(&self, state: &mut State, units: usize) -> Option<Slot> {
+        let waiting = !state.first.is_empty() || !state.ahead.is_empty() || !state.spare.is_empty();
+        if waiting || !state.may_spare(units) {
+            return None;
+        }
+        state.take(Turn::Ahead, units);
+        state.spare_held += units;
+        Some(Slot {
+            slots: self.clone(),
+            turn: Turn::Ahead,
+            units,
+            spare: true,
+        })
     }
 
     /// `units` taking `turn` now, unless they are not free or someone waits whose turn comes
@@ -210,15 +293,19 @@ impl Slots {
             slots: self.clone(),
             turn,
             units,
+            spare: false,
         })
     }
 
     /// `units` taking `turn`, given back: to the next waiters whose turn it is, or free.
-    fn release(&self, turn: Turn, units: usize) {
+    fn release(&self, turn: Turn, units: usize, spare: bool) {
         let mut state = self.state.lock();
         state.free += units;
         if turn == Turn::Ahead {
             state.ahead_held -= units;
+        }
+        if spare {
+            state.spare_held -= units;
         }
         state.hand_out();
     }
@@ -234,6 +321,7 @@ struct Wait {
     slots: Slots,
     turn: Turn,
     units: usize,
+    spare: bool,
     woken: Option<oneshot::Receiver<()>>,
 }
 
@@ -254,6 +342,7 @@ impl Future for Wait {
                     slots: self.slots.clone(),
                     turn: self.turn,
                     units: self.units,
+                    spare: self.spare,
                 })
             }
         }
@@ -269,11 +358,12 @@ impl Drop for Wait {
         // what was handed already goes on to the next waiters.
         woken.close();
         if woken.try_recv().is_ok() {
-            self.slots.release(self.turn, self.units);
+            self.slots.release(self.turn, self.units, self.spare);
         }
         let mut state = self.slots.state.lock();
         state.first.retain(|w| !w.woken.is_closed());
         state.ahead.retain(|w| !w.woken.is_closed());
+        state.spare.retain(|w| !w.woken.is_closed());
         // A waiter gone from the head of its queue may have held back others that fit now.
         state.hand_out();
     }
@@ -408,5 +498,56 @@ mod tests {
         drop(gone);
         drop(held);
         assert_eq!(slots.available(), 1);
+    }
+
+    #[tokio::test]
+    async fn room_to_spare_is_at_most_half_and_none_while_anyone_waits() {
+        let units = Slots::new(16);
+        let spare: Vec<_> = (0..2)
+            .map(|_| units.try_acquire_spare(4).expect("within half"))
+            .collect();
+        assert!(units.try_acquire_spare(1).is_none(), "past half");
+        let next = units
+            .try_acquire_units(Turn::Ahead, 4)
+            .expect("a next block still may");
+        drop(spare);
+        assert!(units.try_acquire_spare(8).is_some(), "given back");
+        // Nothing is spare while anyone waits, however much is free.
+        let mut waiting = Box::pin(units.acquire_units(Turn::First, 14));
+        assert!((&mut waiting).now_or_never().is_none());
+        assert!(
+            units.try_acquire_spare(1).is_none(),
+            "the waiter came first"
+        );
+        drop(waiting);
+        assert!(units.try_acquire_spare(4).is_some());
+        drop(next);
+    }
+
+    #[tokio::test]
+    async fn room_to_spare_given_back_goes_to_who_waited_for_it_first() {
+        let units = Slots::new(8);
+        let held = units.try_acquire_spare(4).unwrap();
+        let mut waiting = Box::pin(units.acquire_spare(2));
+        assert!((&mut waiting).now_or_never().is_none(), "past half");
+        drop(held);
+        // Handed over on release: the one who gave it back cannot take it again first.
+        assert!(units.try_acquire_spare(4).is_none());
+        let got = waiting.now_or_never().expect("handed over");
+        assert!(got.spare);
+        assert!(units.try_acquire_spare(2).is_some());
+        drop(got);
+        assert_eq!(units.available(), 8);
+        // A waiter for room to spare that gives up passes it on, and leaves the queue.
+        let held = units.try_acquire_spare(4).unwrap();
+        let mut gone = Box::pin(units.acquire_spare(4));
+        assert!((&mut gone).now_or_never().is_none());
+        drop(held);
+        drop(gone);
+        assert!(
+            units.try_acquire_spare(4).is_some(),
+            "not held by the waiter that went"
+        );
+        assert_eq!(units.available(), 8);
     }
 }
