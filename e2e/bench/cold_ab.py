@@ -103,17 +103,20 @@ def read_in_pieces(t: Target, key: str, size: int, span: tuple[int, int]) -> tup
     return firsts[0], [done] * 4
 
 
+def start_variant(bench: Bench, variant, memory: str = "4GiB") -> tuple[Larder, Target]:
+    """A Larder for `variant` (NAME, PROFILE, ENV, ARGS) in front of `bench`'s upstream, with a
+    memory tier of `memory`, stopped with the bench; and its target, for SigV4-signing clients."""
+    name, profile, env, extra = variant
+    os.environ["LARDER_E2E_PROFILE"] = profile
+    larder = Larder(bench.work, bench.proxy.endpoint, "--memory-capacity", memory, *extra, name=name, env=env)
+    bench.stoppers.append(larder.stop)
+    presigner = s3_client(larder.endpoint, CLIENT_KEY, CLIENT_SECRET, signature_version="s3v4")
+    return larder, Target("Larder", larder.endpoint, presigner, pid=larder.proc.pid)
+
+
 def start_variants(bench: Bench, variants) -> dict[str, Target]:
-    """A Larder per variant (NAME, PROFILE, ENV, ARGS) in front of `bench`'s upstream, with a
-    4 GiB memory tier, stopped with the bench: their targets by name."""
-    targets = {}
-    for name, profile, env, extra in variants:
-        os.environ["LARDER_E2E_PROFILE"] = profile
-        larder = Larder(bench.work, bench.proxy.endpoint, "--memory-capacity", "4GiB", *extra, name=name, env=env)
-        bench.stoppers.append(larder.stop)
-        presigner = s3_client(larder.endpoint, CLIENT_KEY, CLIENT_SECRET, signature_version="s3v4")
-        targets[name] = Target("Larder", larder.endpoint, presigner)
-    return targets
+    """A Larder per variant, with a 4 GiB memory tier: their targets by name."""
+    return {v[0]: start_variant(bench, v)[1] for v in variants}
 
 
 def main():

@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import CLIENT_KEY, CLIENT_SECRET, MiB, Bench, Larder, Reader, Target, content, s3_client  # noqa: E402
+from cold_ab import start_variant  # noqa: E402
+from compare import MiB, Bench, Reader, content  # noqa: E402
 from hit_cpu import median, variant  # noqa: E402
 
 
@@ -41,13 +42,8 @@ def main():
         bench.start()
         bench.upload(sizes.items())
         targets = []
-        for name, profile, env, extra in args.variants:
-            os.environ["LARDER_E2E_PROFILE"] = profile
-            larder = Larder(bench.work, bench.proxy.endpoint, "--memory-capacity", f"{args.memory}MiB", *extra,
-                            name=name, env=env)
-            bench.stoppers.append(larder.stop)
-            presigner = s3_client(larder.endpoint, CLIENT_KEY, CLIENT_SECRET, signature_version="s3v4")
-            targets.append((name, Target("Larder", larder.endpoint, presigner, pid=larder.proc.pid)))
+        for v in args.variants:
+            targets.append((v[0], start_variant(bench, v, f"{args.memory}MiB")[1]))
         results = {name: [] for name, _ in targets}
         for n in range(args.rounds):
             for name, t in targets:

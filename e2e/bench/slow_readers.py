@@ -25,7 +25,8 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import CLIENT_KEY, CLIENT_SECRET, MiB, Bench, Larder, Reader, Target, content, s3_client  # noqa: E402
+from cold_ab import start_variant  # noqa: E402
+from compare import MiB, Bench, Reader, content  # noqa: E402
 from hit_cpu import variant  # noqa: E402
 
 
@@ -79,13 +80,9 @@ def main():
     try:
         bench.start()
         bench.upload(sizes.items())
-        for name, profile, env, extra in args.variants:
-            os.environ["LARDER_E2E_PROFILE"] = profile
-            memory = f"{2 * sum(sizes.values()) // MiB}MiB"
-            larder = Larder(bench.work, bench.proxy.endpoint, "--memory-capacity", memory, *extra, name=name, env=env)
-            bench.stoppers.append(larder.stop)
-            presigner = s3_client(larder.endpoint, CLIENT_KEY, CLIENT_SECRET, signature_version="s3v4")
-            target = Target("Larder", larder.endpoint, presigner, pid=larder.proc.pid)
+        for v in args.variants:
+            name = v[0]
+            larder, target = start_variant(bench, v, f"{2 * sum(sizes.values()) // MiB}MiB")
             reader = Reader(target)
             if not args.cold:
                 for key, size in sizes.items():
