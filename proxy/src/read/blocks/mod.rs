@@ -451,11 +451,11 @@ impl BlockStore {
     /// Room in the responses' buffer for block `i` of a response (of `len` bytes, taking
     /// `turn`), whose response is sending the block `sending` says; `None` if the response is
     /// gone. The first two take their turn in the queue. A block further ahead is held only in
-    /// room the buffer can spare, and waits for that until it is the next. Without that, readers that take their bytes slowly (a training job's data
-    /// loader, a query engine that parses as it reads) held the block they sent and
-    /// `read_window` more each for as long as they took to read them: a few filled the
-    /// buffer, and every other response's next block queued behind theirs (docs/benchmarks.md,
-    /// "Slow readers").
+    /// room the buffer can spare, and waits for that until it is the next. Without that,
+    /// readers that take their bytes slowly (a training job's data loader, a query engine that
+    /// parses as it reads) held the block they sent and `read_window` more each for as long
+    /// as they took to read them: a few filled the buffer, and every other response's next
+    /// block queued behind theirs (docs/benchmarks.md, "Slow readers").
     async fn room(
         &self,
         i: usize,

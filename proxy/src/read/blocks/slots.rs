@@ -18,7 +18,7 @@
 //! The responses' buffer is the same queue with weights: a block takes one unit per KiB, so
 //! a new reader's first block does not wait behind the blocks some fourteen large reads hold
 //! open ahead of the ones they send either. Blocks further ahead than their response's next
-//! take only room to spare ([`Slots::try_acquire_spare`]), and queue only once they are next:
+//! take only room to spare ([`Slots::acquire_spare`]), and queue only once they are next:
 //! otherwise readers that take their bytes slowly hold the buffer, and the next blocks of
 //! every other response queue behind theirs. Within a turn, waiters are served in the order
 //! they came. Across turns they are not, so a response asks room for a block only once the
@@ -85,7 +85,7 @@ pub(super) struct Slot {
     slots: Slots,
     turn: Turn,
     units: usize,
-    /// Taken as room to spare ([`Slots::try_acquire_spare`]).
+    /// Taken as room to spare ([`Slots::acquire_spare`]).
     spare: bool,
 }
 
@@ -152,6 +152,7 @@ impl State {
         }
     }
 
+    /// Free units to first blocks and blocks ahead, each in its turn.
     fn hand_out_turns(&mut self) {
         loop {
             let first = self.head_fits(Turn::First);
