@@ -18,9 +18,10 @@
 //! The responses' buffer is the same queue with weights: a block takes one unit per KiB, so
 //! a new reader's first block does not wait behind the blocks some fourteen large reads hold
 //! open ahead of the ones they send either. Blocks further ahead than their response's next
-//! take only room to spare ([`Slots::acquire_spare`]), and queue only once they are next:
-//! otherwise readers that take their bytes slowly hold the buffer, and the next blocks of
-//! every other response queue behind theirs. Within a turn, waiters are served in the order
+//! take only room to spare ([`Slots::acquire_spare`]: at most half, in a queue of their own
+//! served while nobody else waits), and take their turn with the others only once they are
+//! next: otherwise readers that take their bytes slowly hold the buffer, and the next blocks
+//! of every other response queue behind theirs. Within a turn, waiters are served in the order
 //! they came. Across turns they are not, so a response asks room for a block only once the
 //! block before has its own (`BlockStore::read_as`): room is given back when a block is sent,
 //! and a later block holding room its response's next block waits for would never be.
