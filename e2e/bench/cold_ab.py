@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare import (  # noqa: E402
     BLOCK, CLIENT_KEY, CLIENT_SECRET, S3_CONNECTION_MBPS, MiB, Bench, Larder, Target, content, percentile, s3_client)
-from hit_cpu import variant  # noqa: E402
+from hit_cpu import variant, variant_bench  # noqa: E402
 
 
 def read(t: Target, key: str, size: int, span: tuple[int, int] | None = None) -> tuple[float, list[float]]:
@@ -131,11 +131,8 @@ def main():
     ap.add_argument("--out", type=Path, default=Path("target/bench/cold-ab"))
     ap.add_argument("variants", nargs="+", type=variant)
     args = ap.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    # The latency proxy comes from the first variant's profile.
-    os.environ["LARDER_E2E_PROFILE"] = args.variants[0][1]
     size = args.size * MiB
-    bench = Bench("quick", args.out)
+    bench = variant_bench(args)
     names = ["direct"] + (["direct-pieces"] if args.range else []) + [v[0] for v in args.variants]
     results = {name: [] for name in names}
     gets = {name: 0 for name in names}

@@ -13,15 +13,14 @@ and the median of the rounds after the first. Not part of the test suite.
 """
 
 import argparse
-import os
 import random
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cold_ab import start_variant  # noqa: E402
-from compare import MiB, Bench, Reader, content  # noqa: E402
-from hit_cpu import median, variant  # noqa: E402
+from compare import MiB, Reader, content  # noqa: E402
+from hit_cpu import median, variant, variant_bench  # noqa: E402
 
 
 def main():
@@ -32,10 +31,7 @@ def main():
     ap.add_argument("--out", type=Path, default=Path("target/bench/fill-cpu"))
     ap.add_argument("variants", nargs="+", type=variant)
     args = ap.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    # The latency proxy comes from the first variant's profile.
-    os.environ["LARDER_E2E_PROFILE"] = args.variants[0][1]
-    bench = Bench("quick", args.out)
+    bench = variant_bench(args)
     rng = random.Random(1)
     sizes = {f"fill-cpu/{i}": rng.randrange(MiB, 20 * MiB) for i in range(args.objects)}
     try:

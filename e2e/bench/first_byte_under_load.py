@@ -18,16 +18,15 @@ floor. Every body is checked. Not part of the test suite.
 """
 
 import argparse
-import os
 import sys
 import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import S3_CONNECTION_MBPS, MiB, Bench, percentile  # noqa: E402
+from compare import S3_CONNECTION_MBPS, MiB, percentile  # noqa: E402
 from cold_ab import read, start_variants  # noqa: E402
-from hit_cpu import variant  # noqa: E402
+from hit_cpu import variant, variant_bench  # noqa: E402
 
 
 def main():
@@ -41,10 +40,8 @@ def main():
     ap.add_argument("--out", type=Path, default=Path("target/bench/first-byte-under-load"))
     ap.add_argument("variants", nargs="+", type=variant)
     args = ap.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    os.environ["LARDER_E2E_PROFILE"] = args.variants[0][1]
     size, probe_size = args.size * MiB, MiB
-    bench = Bench("quick", args.out)
+    bench = variant_bench(args)
     names = [v[0] for v in args.variants]
     firsts = {name: [] for name in ["direct"] + names}
     wholes = {name: [] for name in names}

@@ -62,6 +62,14 @@ def variant(text: str) -> tuple[str, str, dict, list]:
     return parts[0], parts[1], env, extra
 
 
+def variant_bench(args) -> Bench:
+    """The bench (MinIO behind the latency proxy, output under `args.out`) for comparing
+    `args.variants`: the latency proxy comes from the first variant's profile."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    os.environ["LARDER_E2E_PROFILE"] = args.variants[0][1]
+    return Bench("quick", args.out)
+
+
 def h2load(t: Target, keys: list[str], clients: int, streams: int, seconds: int) -> dict:
     """wrk's figures (those h2load has) for `clients` HTTP/2 connections reading `keys`."""
     cmd = ["h2load", "-c", str(clients), "-t", str(min(2, clients)), "-m", str(streams), "-D", str(seconds),
@@ -97,10 +105,7 @@ def main():
     ap.add_argument("--streams", type=int, default=1, help="with --h2: concurrent streams per connection")
     ap.add_argument("variants", nargs="+", type=variant)
     args = ap.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    # The latency proxy comes from the first variant's profile.
-    os.environ["LARDER_E2E_PROFILE"] = args.variants[0][1]
-    bench = Bench("quick", args.out)
+    bench = variant_bench(args)
     if args.disk:
         keys = [f"hit-cpu/disk/{i}" for i in range(args.disk)]
     else:

@@ -16,18 +16,17 @@ for it, and what each slow client got. Not part of the test suite.
 """
 
 import argparse
-import os
 import socket
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cold_ab import start_variant  # noqa: E402
-from compare import MiB, Bench, Reader, content  # noqa: E402
-from hit_cpu import variant  # noqa: E402
+from compare import MiB, Reader, content  # noqa: E402
+from conftest import metric  # noqa: E402
+from hit_cpu import variant, variant_bench  # noqa: E402
 
 
 def slow_client(target, key: str, rate: float, seconds: float, got: list):
@@ -50,14 +49,9 @@ def slow_client(target, key: str, rate: float, seconds: float, got: list):
     s.close()
 
 
-def held(admin: str) -> tuple[float, float]:
+def held(larder) -> tuple[float, float]:
     """Bytes the responses' buffer holds, and the waits for it so far."""
-    text = urllib.request.urlopen(f"{admin}/metrics", timeout=10).read().decode()
-
-    def value(name):
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith((name + " ", name + "{")))
-    return value("larder_response_buffer_bytes"), value("larder_response_buffer_waits_total")
+    return metric(larder, "larder_response_buffer_bytes"), metric(larder, "larder_response_buffer_waits_total")
 
 
 def main():
@@ -71,9 +65,7 @@ def main():
     ap.add_argument("--out", type=Path, default=Path("target/bench/slow-readers"))
     ap.add_argument("variants", nargs="+", type=variant)
     args = ap.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    os.environ["LARDER_E2E_PROFILE"] = args.variants[0][1]
-    bench = Bench("quick", args.out)
+    bench = variant_bench(args)
     fast_keys = [f"fast/{i}" for i in range(6 if args.cold else 1)]
     sizes = {f"slow/{i}": args.slow_size * MiB for i in range(args.slow)}
     sizes |= {k: args.fast_size * MiB for k in fast_keys}
@@ -100,9 +92,9 @@ def main():
             for t in slow:
                 t.start()
             time.sleep(3)
-            bytes_held, waits_before = held(larder.admin)
+            bytes_held, waits_before = held(larder)
             beside = [read_fast() for _ in range(3)]
-            waits = held(larder.admin)[1] - waits_before
+            waits = held(larder)[1] - waits_before
             for t in slow:
                 t.join()
             reader.close()

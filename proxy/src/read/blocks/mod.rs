@@ -377,8 +377,14 @@ impl BlockStore {
         // Told when the block before has its room in the responses' buffer.
         let mut room_before: Option<oneshot::Receiver<()>> = None;
         // The block the response is sending (its place in `slices`): blocks further ahead
-        // that found no room to spare wait to be the next one.
-        let (sending, sending_now) = watch::channel(0usize);
+        // that found no room to spare wait to be the next one. A response of one or two
+        // blocks (every small hit) has none, and no channel.
+        let (sending, sending_now) = if slices.len() > 2 {
+            let (tx, rx) = watch::channel(0usize);
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
         stream::iter(slices)
             .enumerate()
             .map(move |(i, slice)| {
@@ -407,7 +413,7 @@ impl BlockStore {
                         let _ = before.await;
                     }
                     let Some(permit) = store
-                        .room(i, slice.block_len, purpose.turn(), &mut sending_now)
+                        .room(i, slice.block_len, purpose.turn(), sending_now.as_mut())
                         .await
                     else {
                         return Err(UpstreamError::Abandoned);
@@ -436,7 +442,9 @@ impl BlockStore {
                     }
                     // The room is given back when the block's slice has been sent.
                     Ok(Ok((i, slice, open, permit))) => {
-                        sending.send_replace(i);
+                        if let Some(sending) = &sending {
+                            sending.send_replace(i);
+                        }
                         store
                             .send(bucket.as_deref(), slice, open)
                             .inspect(move |_| {
@@ -449,8 +457,8 @@ impl BlockStore {
     }
 
     /// Room in the responses' buffer for block `i` of a response (of `len` bytes, taking
-    /// `turn`), whose response is sending the block `sending` says; `None` if the response is
-    /// gone. The first two take their turn in the queue. A block further ahead is held only in
+    /// `turn`), whose response is sending the block `sending` says (there is one from the
+    /// third block on); `None` if the response is gone. The first two take their turn in the queue. A block further ahead is held only in
     /// room the buffer can spare, and waits for that until it is the next. Without that,
     /// readers that take their bytes slowly (a training job's data loader, a query engine that
     /// parses as it reads) held the block they sent and `read_window` more each for as long
@@ -461,9 +469,9 @@ impl BlockStore {
         i: usize,
         len: u64,
         turn: Turn,
-        sending: &mut watch::Receiver<usize>,
+        sending: Option<&mut watch::Receiver<usize>>,
     ) -> Option<Slot> {
-        if i > 1 {
+        if let (true, Some(sending)) = (i > 1, sending) {
             // A block that is already the next takes its turn in the queue.
             tokio::select! {
                 biased;
