@@ -24,6 +24,14 @@ a key's TTL revalidates it when its next round starts, every connection waiting 
 open-loop client would have sent meanwhile). Add `--metadata-ttl;1h` to a variant's ARGS to
 compare on nginx's terms.
 
+`--pin` runs the servers on the first core and the load generator on the others (with two
+cores: one each), as production has its clients on other machines. On a shared core a server's
+thread is preempted each time its response wakes the client (most of Larder's context switches
+per request in the unpinned runs are that), and how often depends on how many threads the
+server runs; pinned, the rounds spread far less. Each server starts pinned, so it sizes itself
+for one core as it would in a one-core container (tokio one worker; nginx's `auto` its own
+way: the output gives its worker count).
+
 `--h2` reads over HTTP/2 instead (h2load from nghttp2-client, cleartext with prior knowledge,
 one stream at a time per connection unless `--streams`; nginx listens with `http2`). h2load
 checks statuses, not bodies (the warm-up reads check those), and reports no percentiles: its
@@ -103,6 +111,8 @@ def main():
                     help="disk hits of N objects (8 MiB memory tier) instead of memory hits of one")
     ap.add_argument("--h2", action="store_true", help="HTTP/2 (h2load) instead of HTTP/1.1 (wrk)")
     ap.add_argument("--streams", type=int, default=1, help="with --h2: concurrent streams per connection")
+    ap.add_argument("--pin", action="store_true",
+                    help="servers on the first core, the load generator on the others")
     ap.add_argument("variants", nargs="+", type=variant)
     args = ap.parse_args()
     bench = variant_bench(args)
@@ -114,6 +124,12 @@ def main():
     try:
         bench.start()
         bench.upload(sizes.items())
+        cores = sorted(os.sched_getaffinity(0))
+        if args.pin:
+            if len(cores) < 2:
+                raise SystemExit("--pin needs two cores")
+            # Inherited by the servers started from here on (and their threads).
+            os.sched_setaffinity(0, cores[:1])
         # nginx is warmed first: 1,024 cold reads through it take longer than Larder's
         # metadata_ttl, and Larders warmed before it would start round 0 revalidating every key.
         nginx, nt = bench.nginx("nginx", 1 << 30, http2=args.h2)
@@ -139,6 +155,12 @@ def main():
             targets.append((name, t))
             larders[name] = larder
         targets.append(("nginx", nt))
+        if args.pin:
+            # wrk and h2load, started from here on, get the other cores.
+            os.sched_setaffinity(0, cores[1:])
+            children = Path(f"/proc/{nt.pid}/task/{nt.pid}/children").read_text().split()
+            workers = [c for c in children if b"worker process" in Path(f"/proc/{c}/cmdline").read_bytes()]
+            print(f"pinned: servers on core {cores[0]}, load on {cores[1:]}; nginx runs {len(workers)} workers")
         results = {name: [] for name, _ in targets}
         for n in range(args.rounds):
             for name, t in targets:

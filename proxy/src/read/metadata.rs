@@ -612,14 +612,18 @@ impl MetadataCache {
             Err(Lookup::BeganBeforeAChange) => {}
         }
         // What that fetch brings is not kept either (`may_keep`, in the caller that began it);
-        // dropped here too, so that this caller's HEAD does not find it cached.
-        self.invalidate(id).await;
-        match self.lookup_once(id, self.head_fetch(id), Join::Any).await {
-            Ok(found) => Ok(found),
-            Err(Lookup::Failed(e, from_head)) => Err((e, from_head)),
-            // Told to take any fetch's answer, it never says this.
-            Err(Lookup::BeganBeforeAChange) => Err((UpstreamError::Abandoned, false)),
-        }
+        // dropped here too, so that this caller's HEAD does not find it cached. (Boxed, like
+        // every path a hit does not take: see `lookup_once`.)
+        Box::pin(async {
+            self.invalidate(id).await;
+            match self.lookup_once(id, self.head_fetch(id), Join::Any).await {
+                Ok(found) => Ok(found),
+                Err(Lookup::Failed(e, from_head)) => Err((e, from_head)),
+                // Told to take any fetch's answer, it never says this.
+                Err(Lookup::BeganBeforeAChange) => Err((UpstreamError::Abandoned, false)),
+            }
+        })
+        .await
     }
 
     /// One look for [`MetadataCache::lookup`]: [`Lookup::BeganBeforeAChange`] when the fetch
@@ -637,7 +641,7 @@ impl MetadataCache {
                     if self.policy.expects_events()
                         && entry.fetched.elapsed() > self.policy.max_age(entry.trust) =>
                 {
-                    cache.invalidate(id).await;
+                    Box::pin(cache.invalidate(id)).await;
                 }
                 Some(entry) => {
                     if self.refresh_ahead {
@@ -648,6 +652,20 @@ impl MetadataCache {
                 None => {}
             }
         }
+        // Boxed: the futures of a miss (the cache's insert, the flight, the stale copy's) are
+        // many kilobytes, and a future holds room for every path it may take. Inline, every
+        // hit's request future would carry them, and be copied whole as it is moved and boxed
+        // (docs/benchmarks.md, "Request futures").
+        Box::pin(self.fetch_once(id, fetch, join)).await
+    }
+
+    /// What [`MetadataCache::lookup_once`] does when `id` is not cached.
+    async fn fetch_once(
+        self: &Arc<Self>,
+        id: &ObjectId,
+        fetch: impl std::future::Future<Output = Result<Fetched, (UpstreamError, bool)>>,
+        join: Join,
+    ) -> Result<(Entry, Source), Lookup> {
         if let Some(missing) = &self.missing {
             if let Some(m) = missing.get(id).await {
                 if m.fetched.elapsed() <= self.policy.negative_ttl(&id.bucket, &id.key) {
@@ -1247,6 +1265,20 @@ mod tests {
             ..id.clone()
         };
         assert_ne!(cache.version(&id, "e1"), cache.version(&other, "e1"));
+    }
+
+    #[tokio::test]
+    async fn a_lookup_does_not_carry_the_futures_of_a_miss() {
+        // Every read's request future holds the lookup's; a future holds room for every path
+        // it may take and is copied whole whenever it is moved or boxed, so the miss path
+        // (kilobytes of the cache's futures) is boxed where it starts, not held inline.
+        let (_, cache, id) = one_object(b"x", "e", Duration::from_secs(60), Duration::ZERO);
+        let lookup = std::mem::size_of_val(&cache.get(&id));
+        let miss = std::mem::size_of_val(&cache.fetch_once(&id, cache.head_fetch(&id), Join::Any));
+        assert!(
+            lookup < miss,
+            "a lookup's future ({lookup} bytes) holds its miss path's ({miss})"
+        );
     }
 
     #[tokio::test]

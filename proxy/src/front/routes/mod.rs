@@ -172,8 +172,8 @@ impl AppState {
                     freshness: &self.freshness,
                     forwarder: &self.forwarder,
                 };
-                let result =
-                    crate::front::form_upload::upload(uploader, req, body, bucket.clone()).await;
+                let upload = crate::front::form_upload::upload(uploader, req, body, bucket.clone());
+                let result = Box::pin(upload).await;
                 return ("PostObject", Some(bucket), result.map(|r| (r, "pass")));
             }
         }
@@ -228,12 +228,12 @@ impl AppState {
             }
             _ => match self.listing(&req, &target) {
                 Some(list) => {
-                    self.list(req, body, target, principal, operation, list)
-                        .await
+                    Box::pin(self.list(req, body, target, principal, operation, list)).await
                 }
                 None => {
-                    self.pass_through(req, body, target, principal, copy_source, operation)
-                        .await
+                    let pass =
+                        self.pass_through(req, body, target, principal, copy_source, operation);
+                    Box::pin(pass).await
                 }
             },
         };

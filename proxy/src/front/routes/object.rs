@@ -45,7 +45,8 @@ impl AppState {
             match self.object_once(&req.headers, &id, query, head).await {
                 Err(Retry) if !retried => {
                     retried = true;
-                    self.metadata.invalidate(&id).await;
+                    // Boxed: a path a hit never takes (see `MetadataCache::lookup_once`).
+                    Box::pin(self.metadata.invalidate(&id)).await;
                 }
                 Err(Retry) => {
                     return Err(S3Error::ServiceUnavailable(
@@ -98,7 +99,7 @@ impl AppState {
                     let changed = self.metadata.since_change(id);
                     self.blocks.open_cold(id.clone(), asked, changed).await
                 };
-                self.metadata.get_or_open(id, open).await
+                Box::pin(self.metadata.get_or_open(id, open)).await
             }
             Some(Cold::Tail(len)) => {
                 let open = async {
@@ -108,13 +109,15 @@ impl AppState {
                         (meta, std::time::Duration::ZERO)
                     }))
                 };
-                self.metadata.get_or_open(id, open).await
+                Box::pin(self.metadata.get_or_open(id, open)).await
             }
             None => self.metadata.get(id).await.map_err(|e| (e, true)),
         };
         let (meta, source) = match fetched {
             Ok(m) => m,
-            Err((e, from_head)) => return Ok(Err(self.explain(e, id, head, from_head).await)),
+            Err((e, from_head)) => {
+                return Ok(Err(Box::pin(self.explain(e, id, head, from_head)).await))
+            }
         };
         // For answers without a body, X-Cache says where the metadata came from.
         let meta_cache = match source {
@@ -178,7 +181,7 @@ impl AppState {
         let first = match body.next().await {
             Some(Ok(first)) => first,
             Some(Err(UpstreamError::Changed)) => return Err(Retry),
-            Some(Err(e)) => return Ok(Err(self.explain(e, id, head, false).await)),
+            Some(Err(e)) => return Ok(Err(Box::pin(self.explain(e, id, head, false)).await)),
             None => return Ok(Err(S3Error::InternalError)),
         };
         let stream =
