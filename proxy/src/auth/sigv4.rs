@@ -18,6 +18,7 @@ use self::canonical::{Canonical, Header};
 use super::keys::{Key, KeyStore};
 use super::signed::Signed;
 use super::signing_key::{hmac, SigningKey};
+use crate::s3::headers::names;
 use crate::s3::query::Query;
 use crate::s3::request::PRESIGNED_PARAMS;
 use crate::s3::S3Error;
@@ -146,7 +147,7 @@ pub fn verify(
 
 /// What a body's `x-amz-content-sha256` says about it, when signatures are not checked.
 pub fn payload_of(parts: &Parts) -> Result<Payload, S3Error> {
-    match parts.headers.get("x-amz-content-sha256") {
+    match parts.headers.get(names::X_AMZ_CONTENT_SHA256) {
         None => Ok(Payload::Unsigned),
         Some(v) => parse_payload(v.to_str().unwrap_or(""), None),
     }
@@ -300,7 +301,7 @@ fn verify_header(
         .ok_or(S3Error::InvalidAccessKeyId)?;
     let date_value = parts
         .headers
-        .get("x-amz-date")
+        .get(names::X_AMZ_DATE)
         .and_then(|v| v.to_str().ok())
         .ok_or_else(|| {
             S3Error::AccessDenied("AWS authentication requires a valid x-amz-date header".into())
@@ -322,7 +323,7 @@ fn verify_header(
     }
     let hash = parts
         .headers
-        .get("x-amz-content-sha256")
+        .get(names::X_AMZ_CONTENT_SHA256)
         .and_then(|v| v.to_str().ok())
         .ok_or_else(|| {
             S3Error::InvalidRequest(

@@ -104,7 +104,9 @@ options! {
     client_header_timeout: HumanDuration = HumanDuration::secs(10);
     /// Longest a client connection (HTTP/1 or HTTP/2) may stay open with no bytes moving either
     /// way; a connection that sends no first request within `client_header_timeout` is closed
-    /// too, so idle connections cannot hold every `max_connections` slot. Default: `60s`.
+    /// too, so idle connections cannot hold every `max_connections` slot. Checked every
+    /// quarter of the shorter of the two timeouts, so a connection may stay up to half that
+    /// longer. Default: `60s`.
     client_idle_timeout: HumanDuration = HumanDuration::secs(60);
     /// Most requests one HTTP/2 connection may have in flight at once. Default: `256`.
     client_max_streams: u32 = 256;

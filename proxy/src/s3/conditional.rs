@@ -6,6 +6,7 @@
 
 use std::time::SystemTime;
 
+use http::header::{self, HeaderName};
 use http::HeaderMap;
 
 use crate::model::ObjectMeta;
@@ -23,25 +24,25 @@ pub enum Outcome {
 
 /// Evaluate the request's conditional headers against the object.
 pub fn evaluate(headers: &HeaderMap, meta: &ObjectMeta) -> Outcome {
-    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    let date = |name: &str| text(name).and_then(|v| httpdate::parse_http_date(v).ok());
+    let text = |name: HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
+    let date = |name: HeaderName| text(name).and_then(|v| httpdate::parse_http_date(v).ok());
     // HTTP dates have one-second resolution; compare at that resolution.
     let modified = meta.last_modified.map(truncate);
 
-    if let Some(if_match) = text("if-match") {
+    if let Some(if_match) = text(header::IF_MATCH) {
         if !etag_list_matches(if_match, &meta.etag) {
             return Outcome::PreconditionFailed;
         }
-    } else if let (Some(since), Some(modified)) = (date("if-unmodified-since"), modified) {
+    } else if let (Some(since), Some(modified)) = (date(header::IF_UNMODIFIED_SINCE), modified) {
         if modified > since {
             return Outcome::PreconditionFailed;
         }
     }
-    if let Some(if_none_match) = text("if-none-match") {
+    if let Some(if_none_match) = text(header::IF_NONE_MATCH) {
         if etag_list_matches(if_none_match, &meta.etag) {
             return Outcome::NotModified;
         }
-    } else if let (Some(since), Some(modified)) = (date("if-modified-since"), modified) {
+    } else if let (Some(since), Some(modified)) = (date(header::IF_MODIFIED_SINCE), modified) {
         if modified <= since {
             return Outcome::NotModified;
         }

@@ -5,6 +5,7 @@ use axum::response::Response;
 use http::{header, HeaderValue, Method, StatusCode};
 
 use crate::model::UpstreamError;
+use crate::s3::headers::names;
 
 /// An error answered to an S3 client. Each variant is one S3 error code; [`S3Error::Upstream`]
 /// carries a code the upstream gave us, passed through unchanged.
@@ -191,8 +192,8 @@ impl S3Error {
         let status = self.status();
         let mut builder = Response::builder()
             .status(status)
-            .header("x-amz-request-id", request_id)
-            .header("x-cache", "error");
+            .header(names::X_AMZ_REQUEST_ID, request_id)
+            .header(names::X_CACHE, "error");
         if let S3Error::InvalidRange { size } = self {
             builder = builder.header(header::CONTENT_RANGE, format!("bytes */{size}"));
         }

@@ -4,6 +4,28 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use crate::model::ObjectMeta;
 
+/// The S3 headers every read looks for or sets, named once. A lookup by `&str` parses and
+/// checks the name on every call; a `HeaderName` is parsed here, at compile time.
+pub mod names {
+    use http::header::HeaderName;
+
+    pub const X_AMZ_REQUEST_ID: HeaderName = HeaderName::from_static("x-amz-request-id");
+    pub const X_AMZ_VERSION_ID: HeaderName = HeaderName::from_static("x-amz-version-id");
+    pub const X_AMZ_COPY_SOURCE: HeaderName = HeaderName::from_static("x-amz-copy-source");
+    pub const X_AMZ_CONTENT_SHA256: HeaderName = HeaderName::from_static("x-amz-content-sha256");
+    pub const X_AMZ_DATE: HeaderName = HeaderName::from_static("x-amz-date");
+    pub const X_AMZ_SSE: HeaderName = HeaderName::from_static("x-amz-server-side-encryption");
+    pub const X_AMZ_SSE_KMS_KEY_ID: HeaderName =
+        HeaderName::from_static("x-amz-server-side-encryption-aws-kms-key-id");
+    pub const X_AMZ_SSE_CUSTOMER_ALGORITHM: HeaderName =
+        HeaderName::from_static("x-amz-server-side-encryption-customer-algorithm");
+    pub const X_AMZ_EXPECTED_BUCKET_OWNER: HeaderName =
+        HeaderName::from_static("x-amz-expected-bucket-owner");
+    pub const X_AMZ_REQUEST_PAYER: HeaderName = HeaderName::from_static("x-amz-request-payer");
+    /// Where Larder found the bytes (`hit-memory`, `miss`, ...).
+    pub const X_CACHE: HeaderName = HeaderName::from_static("x-cache");
+}
+
 /// Headers describing the object itself (not the range): ETag, Last-Modified, Accept-Ranges,
 /// version, and everything S3 stored with the object; then the client's `response-*` overrides.
 pub fn object_headers(meta: &ObjectMeta, overrides: &[(&'static str, String)]) -> HeaderMap {
@@ -22,7 +44,7 @@ pub fn object_headers(meta: &ObjectMeta, overrides: &[(&'static str, String)]) -
         .as_deref()
         .and_then(|v| HeaderValue::from_str(v).ok())
     {
-        h.insert("x-amz-version-id", v);
+        h.insert(names::X_AMZ_VERSION_ID, v);
     }
     for (name, value) in &meta.headers {
         h.append(name.clone(), value.clone());

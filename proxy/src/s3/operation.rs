@@ -3,6 +3,7 @@
 
 use http::{HeaderMap, Method};
 
+use crate::s3::headers::names;
 use crate::s3::request::{ObjectQuery, Target};
 
 /// The S3 operation, for metrics: a fixed set of names, so label cardinality stays bounded.
@@ -38,14 +39,14 @@ pub fn name(
         (&Method::GET, Target::Object { .. }) if query.other.is_empty() => "GetObject",
         (&Method::HEAD, Target::Object { .. }) => "HeadObject",
         (&Method::PUT, Target::Object { .. }) if has("uploadId") => {
-            if headers.contains_key("x-amz-copy-source") {
+            if headers.contains_key(names::X_AMZ_COPY_SOURCE) {
                 "UploadPartCopy"
             } else {
                 "UploadPart"
             }
         }
         (&Method::PUT, Target::Object { .. }) if query.other.is_empty() => {
-            if headers.contains_key("x-amz-copy-source") {
+            if headers.contains_key(names::X_AMZ_COPY_SOURCE) {
                 "CopyObject"
             } else {
                 "PutObject"

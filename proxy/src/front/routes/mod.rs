@@ -26,6 +26,7 @@ use crate::read::blocks::BlockStore;
 use crate::read::listing::ListingCache;
 use crate::read::metadata::MetadataCache;
 use crate::s3::copy_source::CopySource;
+use crate::s3::headers::names;
 use crate::s3::operation;
 use crate::s3::query::Query;
 use crate::s3::request::{self, ObjectQuery, Target};
@@ -110,12 +111,12 @@ pub async fn handle(State(app): State<Arc<AppState>>, req: Request) -> Response 
         }
     };
     let headers = response.headers_mut();
-    if !headers.contains_key("x-amz-request-id") {
+    if !headers.contains_key(names::X_AMZ_REQUEST_ID) {
         if let Ok(v) = HeaderValue::from_str(&request_id) {
-            headers.insert("x-amz-request-id", v);
+            headers.insert(names::X_AMZ_REQUEST_ID, v);
         }
     }
-    headers.insert("x-cache", HeaderValue::from_static(cache));
+    headers.insert(names::X_CACHE, HeaderValue::from_static(cache));
     let status = response.status().as_u16();
     span.record("http.response.status_code", i64::from(status));
     span.record("larder.cache", cache);
@@ -194,7 +195,7 @@ impl AppState {
             Target::Bucket(b) | Target::Object { bucket: b, .. } => Some(b.clone()),
         };
         // The copy source is authorised and forwarded as one parse, never as the client's text.
-        let copy_source = match req.headers.get("x-amz-copy-source") {
+        let copy_source = match req.headers.get(names::X_AMZ_COPY_SOURCE) {
             Some(v) => match CopySource::parse(v.as_bytes()) {
                 Ok(source) => Some(source),
                 Err(e) => return (operation, bucket, Err(e)),

@@ -18,7 +18,7 @@ use crate::model::{
 use crate::read::blocks::CacheResult;
 use crate::read::metadata::Source;
 use crate::s3::conditional::{self, Outcome};
-use crate::s3::headers::object_headers;
+use crate::s3::headers::{names, object_headers};
 use crate::s3::request::ObjectQuery;
 use crate::s3::S3Error;
 
@@ -252,18 +252,17 @@ pub(super) fn cacheable(key: &str, query: &ObjectQuery, headers: &HeaderMap) -> 
         && query.other.is_empty()
         && query.part_number.is_none()
         && ![
-            "x-amz-server-side-encryption-customer-algorithm",
-            "x-amz-expected-bucket-owner",
-            "x-amz-request-payer",
+            names::X_AMZ_SSE_CUSTOMER_ALGORITHM,
+            names::X_AMZ_EXPECTED_BUCKET_OWNER,
+            names::X_AMZ_REQUEST_PAYER,
         ]
         .iter()
-        .any(|h| headers.contains_key(*h))
+        .any(|h| headers.contains_key(h))
 }
 
 /// A read that declares SSE-KMS: S3 refuses it (400), as the encryption is chosen on write.
 pub(super) fn declares_kms(headers: &HeaderMap) -> bool {
-    headers.contains_key("x-amz-server-side-encryption")
-        || headers.contains_key("x-amz-server-side-encryption-aws-kms-key-id")
+    headers.contains_key(names::X_AMZ_SSE) || headers.contains_key(names::X_AMZ_SSE_KMS_KEY_ID)
 }
 
 /// How a GET of an object nothing is known of fetches its metadata.

@@ -17,6 +17,7 @@ use crate::auth::{Payload, Principal};
 use crate::freshness::Learnt;
 use crate::model::{ObjectId, UpstreamOutcome};
 use crate::s3::copy_source::CopySource;
+use crate::s3::headers::names;
 use crate::s3::request::Target;
 use crate::s3::S3Error;
 use crate::upstream::forward::{Forward, ForwardError, Reshaped, SignedBody};
@@ -82,7 +83,7 @@ impl AppState {
         if let Some(source) = &copy_source {
             // Visible ASCII: the parse re-encodes every other byte.
             if let Ok(v) = HeaderValue::from_str(&source.header_value()) {
-                headers.insert("x-amz-copy-source", v);
+                headers.insert(names::X_AMZ_COPY_SOURCE, v);
             }
         }
         let forward = Forward {
