@@ -457,13 +457,14 @@ impl BlockStore {
     }
 
     /// Room in the responses' buffer for block `i` of a response (of `len` bytes, taking
-    /// `turn`), whose response is sending the block `sending` says (there is one from the
-    /// third block on); `None` if the response is gone. The first two take their turn in the queue. A block further ahead is held only in
-    /// room the buffer can spare, and waits for that until it is the next. Without that,
-    /// readers that take their bytes slowly (a training job's data loader, a query engine that
-    /// parses as it reads) held the block they sent and `read_window` more each for as long
-    /// as they took to read them: a few filled the buffer, and every other response's next
-    /// block queued behind theirs (docs/benchmarks.md, "Slow readers").
+    /// `turn`), whose response is sending the block `sending` says (responses of three blocks
+    /// or more have one); `None` if the response is gone. The first two take their turn in
+    /// the queue. A block further ahead is held only in room the buffer can spare, and waits
+    /// for that until it is the next. Without that, readers that take their bytes slowly (a
+    /// training job's data loader, a query engine that parses as it reads) held the block
+    /// they sent and `read_window` more each for as long as they took to read them: a few
+    /// filled the buffer, and every other response's next block queued behind theirs
+    /// (docs/benchmarks.md, "Slow readers").
     async fn room(
         &self,
         i: usize,
@@ -471,7 +472,7 @@ impl BlockStore {
         turn: Turn,
         sending: Option<&mut watch::Receiver<usize>>,
     ) -> Option<Slot> {
-        if let (true, Some(sending)) = (i > 1, sending) {
+        if let Some(sending) = sending.filter(|_| i > 1) {
             // A block that is already the next takes its turn in the queue.
             tokio::select! {
                 biased;
