@@ -37,11 +37,12 @@ fuzz() {
 }
 
 e2e() {
-  # From Debian: openssl (the TLS tests make certificates), Prometheus (scrapes Larder in the
-  # observability tests), Chromium (renders the status page headless) and docker.io (runs the
-  # container image test). About 30 s when missing.
+  # From Debian: openssl (the TLS tests make certificates), curl (the HTTP/2 client of the read
+  # tests), Prometheus (scrapes Larder in the observability tests), Chromium (renders the status
+  # page headless) and docker.io (runs the container image test). About 30 s when missing.
   apt_missing=()
   command -v openssl >/dev/null || apt_missing+=(openssl)
+  command -v curl >/dev/null || apt_missing+=(curl)
   command -v prometheus >/dev/null || apt_missing+=(prometheus)
   command -v chromium >/dev/null || apt_missing+=(chromium)
   command -v dockerd >/dev/null || apt_missing+=(docker.io)

@@ -128,6 +128,9 @@ def main():
     ap.add_argument("--capped", action="store_true", help=f"cap each upstream connection at {S3_CONNECTION_MBPS} MB/s")
     ap.add_argument("--range", type=float, default=0,
                     help="read a range of this many MiB at a random offset of each object, not all of it")
+    ap.add_argument("--known", action="store_true",
+                    help="read each object's last 64 KiB first, untimed, so its size and version are known "
+                         "when the range is read (as a Parquet reader's footer read does)")
     ap.add_argument("--out", type=Path, default=Path("target/bench/cold-ab"))
     ap.add_argument("variants", nargs="+", type=variant)
     args = ap.parse_args()
@@ -153,6 +156,8 @@ def main():
             for name in names:
                 for key in keys[name][r * args.objects:(r + 1) * args.objects]:
                     how = read_in_pieces if name == "direct-pieces" else read
+                    if args.known:
+                        read(targets[name], key, size, (size - 64 * 1024, 64 * 1024))
                     bench.proxy.control("reset")
                     first, marks = how(targets[name], key, size, spans[key])
                     results[name].append((first, marks))

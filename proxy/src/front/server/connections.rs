@@ -17,6 +17,8 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::front::tls::TlsConfig;
 
+use super::gather::{FlushedAfter, Gathered};
+
 /// What one client may hold of a listener.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct ClientLimits {
@@ -96,16 +98,29 @@ pub(super) async fn serve_clients(
                     req
                 },
             ));
-            let io = Tracked::new(socket, activity.clone());
             match tls {
-                None => serve_one(&http, io, service, &activity, limits, &shutdown).await,
+                None => {
+                    // Nothing decided within the header timeout: no request came.
+                    let h2 = tokio::select! {
+                        h2 = speaks_h2(&socket, limits.header_timeout) => h2,
+                        () = shutdown.cancelled() => None,
+                    };
+                    let Some(h2) = h2 else {
+                        return;
+                    };
+                    let io = Tracked::new(socket, activity.clone());
+                    serve_one(&http, io, h2, service, &activity, limits, &shutdown).await
+                }
                 Some(tls) => {
+                    let io = Tracked::new(socket, activity.clone());
                     let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
                     let handshake =
                         tokio::time::timeout(limits.header_timeout, acceptor.accept(io));
                     match handshake.await {
                         Ok(Ok(stream)) => {
-                            serve_one(&http, stream, service, &activity, limits, &shutdown).await
+                            let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+                            serve_one(&http, stream, h2, service, &activity, limits, &shutdown)
+                                .await
                         }
                         Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
                         Err(_) => {}
@@ -129,13 +144,40 @@ pub(super) async fn serve_clients(
     Ok(())
 }
 
+/// The first bytes of an HTTP/2 connection with prior knowledge (RFC 9113, 3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Whether a cleartext connection speaks HTTP/2, from its first bytes, left unread for hyper.
+/// `None` when they do not come within `within` or the client closes first.
+async fn speaks_h2(socket: &tokio::net::TcpStream, within: Duration) -> Option<bool> {
+    let decided = async {
+        let mut first = [0u8; H2_PREFACE.len()];
+        loop {
+            let n = socket.peek(&mut first).await.ok()?;
+            if n == 0 {
+                return None;
+            }
+            if first[..n] != H2_PREFACE[..n] {
+                return Some(false);
+            }
+            if n == H2_PREFACE.len() {
+                return Some(true);
+            }
+            // A preface in pieces: `peek` would return the same bytes again at once.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    tokio::time::timeout(within, decided).await.ok().flatten()
+}
+
 /// Serve one connection until it ends, closing it gracefully (in-flight responses finish) on
 /// shutdown, when no first request arrives within `header_timeout`, or when nothing has moved
 /// for `idle_timeout`. A connection still open `header_timeout` after being asked to close is
-/// dropped.
+/// dropped. An HTTP/2 connection's (`h2`) writes are gathered ([`super::gather`]).
 async fn serve_one<I, S>(
     http: &ConnBuilder<TokioExecutor>,
     io: I,
+    h2: bool,
     service: S,
     activity: &Activity,
     limits: ClientLimits,
@@ -151,15 +193,17 @@ async fn serve_one<I, S>(
     S::Future: Send + 'static,
     S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let conn = http.serve_connection(TokioIo::new(io), service);
-    tokio::pin!(conn);
+    let (io, gather) = Gathered::new(io, h2);
+    let mut conn = FlushedAfter::new(http.serve_connection(TokioIo::new(io), service), gather);
     let tick = (limits.header_timeout.min(limits.idle_timeout) / 4).max(Duration::from_millis(50));
     let mut closing: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
-            _ = conn.as_mut() => return,
+            _ = &mut conn => return,
             () = shutdown.cancelled(), if closing.is_none() => {
-                conn.as_mut().graceful_shutdown();
+                if let Some(c) = conn.conn() {
+                    c.graceful_shutdown();
+                }
                 closing = Some(tokio::time::Instant::now());
             }
             () = tokio::time::sleep(tick) => {
@@ -168,7 +212,9 @@ async fn serve_one<I, S>(
                     Some(_) => {}
                     None => if let Some(why) = activity.expired(limits) {
                         tracing::debug!(why, "closing a client connection");
-                        conn.as_mut().graceful_shutdown();
+                        if let Some(c) = conn.conn() {
+                            c.graceful_shutdown();
+                        }
                         closing = Some(tokio::time::Instant::now());
                     }
                 }

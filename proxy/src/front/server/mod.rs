@@ -38,6 +38,7 @@ use cache_core::disk::PartitionConfig;
 use cache_core::{DiskCache, DiskConfig};
 
 mod connections;
+mod gather;
 
 use connections::{serve_clients, ClientLimits};
 /// A running Larder.
