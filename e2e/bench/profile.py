@@ -2,7 +2,7 @@
 one cached object, summed by function (self time) and by crate. `--disk N`: disk hits of N
 objects instead.
 
-    python3 e2e/bench/profile.py [--size 1MiB] [--clients 16] [--seconds 8] [--disk N] --out DIR
+    python3 e2e/bench/profile.py [--size 1MiB] [--clients 16] [--seconds 8] [--disk N] [--h2] --out DIR
         [--call-graph dwarf --keep-data]   # then: perf report -i DIR/perf.data -G -S SYMBOL
 
 Needs `perf` (linux-perf) and the release build with debug info (the workspace's release profile
@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare import MiB, Bench  # noqa: E402
+from hit_cpu import h2load  # noqa: E402
 
 
 def size_arg(text: str) -> int:
@@ -45,6 +46,7 @@ def main():
     ap.add_argument("--seconds", type=int, default=8)
     ap.add_argument("--disk", type=int, default=0, metavar="N",
                     help="disk hits of N objects (hit_cpu.py's setup: 8 MiB memory tier, warmed disk tier)")
+    ap.add_argument("--h2", action="store_true", help="HTTP/2 (h2load, one stream per connection) instead of wrk")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--keep-data", action="store_true", help="keep DIR/perf.data, for call graphs")
     ap.add_argument("--call-graph", choices=("fp", "dwarf"), default="fp",
@@ -69,7 +71,10 @@ def main():
         perf = subprocess.Popen(["perf", "record", "-F", "499", "--call-graph", args.call_graph, "-o", str(data),
                                  "-p", str(larder.proc.pid),
                                  "--", "sleep", str(args.seconds)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        r = bench.wrk(lt, keys, sizes, args.clients, args.seconds + 1)
+        if args.h2:
+            r = h2load(lt, keys, args.clients, 1, args.seconds + 1)
+        else:
+            r = bench.wrk(lt, keys, sizes, args.clients, args.seconds + 1)
         perf.wait(timeout=120)
         report = subprocess.run(["perf", "report", "-i", str(data), "--no-children", "--stdio", "--sort", "sym",
                                  "-g", "none", "--percent-limit", "0"], capture_output=True, text=True, check=True).stdout
