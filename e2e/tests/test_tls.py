@@ -60,8 +60,8 @@ def test_clients_read_over_tls_and_a_renewed_certificate_is_picked_up(make_larde
 
 
 def test_http2_over_tls_by_alpn_gets_every_byte(make_larder, direct, bucket, tmp_path):
-    """HTTP/2 chosen by ALPN: the connection's frames are gathered above TLS, so the encrypted
-    records carry many frames each; two streams at once, cold then warm, byte for byte."""
+    """HTTP/2 chosen by ALPN: the connection's frames are gathered above TLS. Two transfers at
+    once, cold then warm, byte for byte."""
     cert, key = make_cert(tmp_path, "h2")
     l = make_larder("--tls-cert", str(cert), "--tls-key", str(key))
     bodies = {f"h2tls/{i}": random.Random(i).randbytes(size) for i, size in enumerate([9 << 20, 300_000])}
