@@ -26,6 +26,11 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// few enough bytes that a write of them seldom finds the socket's buffer full.
 pub(super) const GATHER: usize = 256 * 1024;
 
+/// Most buffer a connection keeps once its gathered bytes are written: thousands of idle
+/// connections must not each hold [`GATHER`]. A write of a whole frame's size (16 KiB, a body
+/// streaming) takes a buffer of [`GATHER`] at once, rather than growing one by copies.
+const KEEP: usize = 16 * 1024;
+
 /// What an HTTP/2 connection was going to write, and the stream it goes to.
 pub(super) struct Gather<I> {
     io: I,
@@ -47,7 +52,11 @@ impl<I: AsyncWrite + Unpin> Gather<I> {
             }
             self.at += n;
         }
-        self.buf.clear();
+        if self.buf.capacity() > KEEP {
+            self.buf = Vec::new();
+        } else {
+            self.buf.clear();
+        }
         self.at = 0;
         Pin::new(&mut self.io).poll_flush(cx)
     }
@@ -62,6 +71,9 @@ impl<I: AsyncWrite + Unpin> Gather<I> {
             if len >= GATHER {
                 return Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
             }
+        }
+        if len >= KEEP && self.buf.capacity() < self.buf.len() + len {
+            self.buf.reserve_exact(GATHER - self.buf.len());
         }
         for b in bufs {
             self.buf.extend_from_slice(b);
@@ -360,6 +372,18 @@ mod tests {
         socket.give(usize::MAX / 2);
         assert!(futures::poll!(&mut conn).is_ready());
         assert_eq!(socket.written(), vec![7; 1000]);
+    }
+
+    #[tokio::test]
+    async fn a_connection_keeps_little_buffer_once_its_bytes_are_written() {
+        let socket = Socket::with_room(usize::MAX / 2);
+        let (io, gather) = Gathered::new(socket.clone(), true);
+        let kept = gather.clone().unwrap();
+        let mut conn = FlushedAfter::new(write_frames(io, frames(12, 16 * 1024)), gather);
+        assert!(futures::poll!(&mut conn).is_pending());
+        assert_eq!(socket.written().len(), 12 * 16 * 1024);
+        let capacity = kept.lock().buf.capacity();
+        assert!(capacity <= KEEP, "{capacity}");
     }
 
     #[tokio::test]
