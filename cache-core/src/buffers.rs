@@ -10,7 +10,16 @@
 //! The pool's bound is the program's to set ([`set_pool_limit`]; [`DEFAULT_POOL_LIMIT`] until
 //! then): it should hold what the reads in flight at once hold, or every read past it pays for
 //! fresh memory again.
+//!
+//! A pooled buffer's bytes can also be lent to the kernel ([`lend_into_pipe`]): its pages go
+//! into a pipe by reference (`vmsplice`), and from there to a socket (`splice`) without being
+//! copied; the kernel keeps them until the peer has them, which may be long after the last
+//! [`Bytes`] is gone. Reusing such a buffer in place would change bytes still being sent, so a
+//! buffer that lent any gives the pages it lent back to the kernel (`MADV_DONTNEED`) before it
+//! is pooled or freed: the pages in flight keep their bytes, and the buffer's next user gets
+//! fresh zeroed ones (faulted in again, the cost of the loan).
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use bytes::{Bytes, BytesMut};
@@ -102,7 +111,8 @@ impl AlignedBuf {
     /// goes back to the pool when the last of them is dropped.
     pub fn freeze(mut self, from: usize, to: usize) -> Bytes {
         let start = self.start;
-        Bytes::from_owner(Recycle(std::mem::take(&mut self.vec))).slice(start + from..start + to)
+        Bytes::from_owner(Recycle::new(std::mem::take(&mut self.vec)))
+            .slice(start + from..start + to)
     }
 
     #[cfg(target_os = "linux")]
@@ -122,8 +132,26 @@ impl Drop for AlignedBuf {
     }
 }
 
-/// A buffer's `Vec` inside [`Bytes`]: returned to the pool when the last `Bytes` goes.
+/// A buffer's `Vec` inside [`Bytes`]: returned to the pool when the last `Bytes` goes. While it
+/// lives, a pooled one is in [`LOANS`], so its bytes can be lent ([`lend_into_pipe`]); the pages
+/// it lent are given back to the kernel before the `Vec` is pooled or freed.
 struct Recycle(Vec<u8>);
+
+impl Recycle {
+    fn new(vec: Vec<u8>) -> Self {
+        if vec.len() >= RECYCLE_MIN {
+            let at = vec.as_ptr() as usize;
+            LOANS.lock().insert(
+                at,
+                Loan {
+                    end: at + vec.len(),
+                    lent: None,
+                },
+            );
+        }
+        Self(vec)
+    }
+}
 
 impl AsRef<[u8]> for Recycle {
     fn as_ref(&self) -> &[u8] {
@@ -133,7 +161,117 @@ impl AsRef<[u8]> for Recycle {
 
 impl Drop for Recycle {
     fn drop(&mut self) {
-        RECYCLED.put(std::mem::take(&mut self.0));
+        let mut vec = std::mem::take(&mut self.0);
+        if vec.len() >= RECYCLE_MIN {
+            let loan = LOANS.lock().remove(&(vec.as_ptr() as usize));
+            if let Some(Loan {
+                lent: Some((from, to)),
+                ..
+            }) = loan
+            {
+                if !pages::give_back(&mut vec, from, to) {
+                    // The pages could not be detached, so the bytes in flight would change
+                    // with the next use: this buffer is never used again.
+                    std::mem::forget(vec);
+                    LOST.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+            }
+        }
+        RECYCLED.put(vec);
+    }
+}
+
+/// The live pooled buffers inside [`Bytes`], by the address of their `Vec`: the only memory
+/// whose bytes may be lent, because its reuse is known to go through [`Recycle`]'s drop.
+static LOANS: Mutex<BTreeMap<usize, Loan>> = Mutex::new(BTreeMap::new());
+
+/// Buffers that lent pages they then could not give back (never expected): left allocated.
+static LOST: AtomicU64 = AtomicU64::new(0);
+
+struct Loan {
+    /// One past the `Vec`'s last byte.
+    end: usize,
+    /// The addresses lent so far, first to one past the last.
+    lent: Option<(usize, usize)>,
+}
+
+/// Lend the leading bytes of `bytes` to `pipe` by reference (`vmsplice`, non-blocking): at most
+/// what the pipe has room for, and only bytes of a pooled buffer still held in [`Bytes`] (a
+/// large one this module made), whole pages of it. Returns how many went in: 0 when `bytes`
+/// is not such memory, and the caller writes them the usual way.
+///
+/// The pipe holds the pages, not a copy: whatever the pipe is spliced to gets the bytes as
+/// they are when it reads them. The buffer never changes while it is held, and when the last
+/// `Bytes` of it goes, the pages it lent are detached before the buffer is used again.
+pub fn lend_into_pipe(pipe: impl std::os::fd::AsFd, bytes: &[u8]) -> std::io::Result<usize> {
+    let at = bytes.as_ptr() as usize;
+    let mut loans = LOANS.lock();
+    let Some((loan, len)) = loan_of(&mut loans, bytes) else {
+        return Ok(0);
+    };
+    // Recorded before the pages go, under the lock that the buffer's drop takes first: the
+    // buffer cannot be pooled between the two (`bytes` borrows it anyway).
+    let (from, to) = loan.lent.map_or((at, at + len), |(f, t)| (f.min(at), t.max(at + len)));
+    loan.lent = Some((from, to));
+    drop(loans);
+    pages::lend(pipe.as_fd(), &bytes[..len])
+}
+
+/// How many leading bytes of `bytes` [`lend_into_pipe`] would lend, pipe room aside.
+pub fn lendable(bytes: &[u8]) -> usize {
+    loan_of(&mut LOANS.lock(), bytes).map_or(0, |(_, len)| len)
+}
+
+/// The loan of the live pooled buffer `bytes` starts in, and how many of them lie in its whole
+/// pages (a page shared with another allocation could change under the pipe).
+fn loan_of<'a>(loans: &'a mut BTreeMap<usize, Loan>, bytes: &[u8]) -> Option<(&'a mut Loan, usize)> {
+    let at = bytes.as_ptr() as usize;
+    let (&start, loan) = loans.range_mut(..=at).next_back()?;
+    let (first, last) = (start.next_multiple_of(ALIGN), loan.end / ALIGN * ALIGN);
+    (first..last)
+        .contains(&at)
+        .then(|| (loan, bytes.len().min(last - at)))
+}
+
+/// The two system calls behind a loan: the only `unsafe` in the workspace.
+#[allow(unsafe_code)]
+mod pages {
+    use std::os::fd::BorrowedFd;
+
+    use rustix::mm::{madvise, Advice};
+    use rustix::pipe::{vmsplice, IoSliceRaw, SpliceFlags};
+
+    use super::ALIGN;
+
+    /// `vmsplice` of `bytes` into `pipe`, non-blocking.
+    pub(super) fn lend(pipe: BorrowedFd<'_>, bytes: &[u8]) -> std::io::Result<usize> {
+        let slice = [IoSliceRaw::from_slice(bytes)];
+        // SAFETY: `vmsplice` without SPLICE_F_GIFT takes references to the pages of `bytes`,
+        // which the pipe keeps after this returns; rustix marks it unsafe because the memory
+        // may then change under the pipe. `lend_into_pipe` passes only whole pages of a pooled
+        // buffer held in `Bytes` (never written while held) and has recorded them in the
+        // buffer's loan, so its drop detaches those pages (`give_back`) before anything can
+        // write to that memory again.
+        Ok(unsafe { vmsplice(pipe, &slice, SpliceFlags::NONBLOCK) }?)
+    }
+
+    /// Detach the pages of `vec` that cover `from..to` (addresses inside it) with
+    /// `MADV_DONTNEED`: the kernel keeps the old pages for whoever still holds them (a pipe, a
+    /// socket) and maps fresh zeroed ones here. False if the kernel refused.
+    pub(super) fn give_back(vec: &mut [u8], from: usize, to: usize) -> bool {
+        let base = vec.as_mut_ptr() as usize;
+        let lo = (from / ALIGN * ALIGN).max(base.next_multiple_of(ALIGN));
+        let hi = to.next_multiple_of(ALIGN).min((base + vec.len()) / ALIGN * ALIGN);
+        if hi <= lo {
+            return true;
+        }
+        // SAFETY: `lo..hi` is whole pages inside `vec`, which this function borrows mutably
+        // (no other reference to it exists); they are private anonymous memory from the
+        // allocator, whose contents MADV_DONTNEED replaces with zeros on the next touch, as a
+        // write of zeros would. Every `u8` is valid, and a pooled buffer's contents are
+        // unspecified to its next user (`AlignedBuf::reused`).
+        unsafe { madvise(lo as *mut std::ffi::c_void, hi - lo, Advice::LinuxDontNeed) }.is_ok()
     }
 }
 

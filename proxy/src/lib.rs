@@ -20,6 +20,7 @@
 //! [`read::metadata`] for the object's size and ETag, then streams [`read::blocks`], which finds
 //! each block under its [`cache_key`] in `cache_core`'s tiers or fetches it once from the
 //! block's owner ([`fleet`]) or the [`upstream`].
+#![forbid(unsafe_code)]
 
 pub mod auth;
 pub mod cache_key;

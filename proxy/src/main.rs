@@ -1,5 +1,6 @@
 //! The `larder` command: `serve` runs the proxy; `warm` warms a running one. (The demo, in front
 //! of an embedded origin, is a program of its own: `larder-demo`, in `proxy/demo/`.)
+#![forbid(unsafe_code)]
 
 use std::path::PathBuf;
 

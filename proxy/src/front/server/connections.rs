@@ -18,6 +18,7 @@ use crate::config::Config;
 use crate::front::tls::TlsConfig;
 
 use super::gather::{FlushedAfter, Gathered};
+use super::lend::Lending;
 
 /// What one client may hold of a listener.
 #[derive(Debug, Clone, Copy)]
@@ -108,8 +109,14 @@ pub(super) async fn serve_clients(
                     let Some(h2) = h2 else {
                         return;
                     };
-                    let io = Tracked::new(socket, activity.clone());
-                    serve_one(&http, io, h2, service, &activity, limits, &shutdown).await
+                    if h2 {
+                        let io = Tracked::new(socket, activity.clone());
+                        serve_one(&http, io, h2, service, &activity, limits, &shutdown).await
+                    } else {
+                        // Large bodies of cached bytes leave by reference ([`super::lend`]).
+                        let io = Tracked::new(Lending::new(socket), activity.clone());
+                        serve_one(&http, io, h2, service, &activity, limits, &shutdown).await
+                    }
                 }
                 Some(tls) => {
                     let io = Tracked::new(socket, activity.clone());

@@ -39,6 +39,7 @@ use cache_core::{DiskCache, DiskConfig};
 
 mod connections;
 mod gather;
+mod lend;
 
 use connections::{serve_clients, ClientLimits};
 /// A running Larder.

@@ -1,0 +1,205 @@
+//! Large HTTP/1.1 bodies sent from the cache's own buffers, without copying them into the socket.
+//!
+//! A hit's body is the cached block itself ([`Bytes`](bytes::Bytes) of one of cache-core's
+//! pooled buffers), and writing it copies every byte into the socket's buffer: for 1 MiB and
+//! up that copy was about half of a memory hit's CPU, and nginx, which sends its cache files
+//! with `sendfile`, does not make it. A cleartext HTTP/1.1 connection is [`Lending`]: a body's
+//! bytes of such a buffer go into a pipe by reference
+//! ([`cache_core::buffers::lend_into_pipe`], `vmsplice`) and from the pipe to the socket
+//! (`splice`), the pages themselves, as `sendfile` does. Heads, small bodies and bytes of any
+//! other memory are written as before.
+//!
+//! The pipe is the connection's extra send buffer: bytes in it count as written (hyper drops
+//! its `Bytes`; the buffer's pages stay with the pipe, see cache-core's `buffers`), and every
+//! write, flush and shutdown empties it into the socket first, so the order of the stream is
+//! kept and a client that stops reading stops the writes. A write from the pipe that fails
+//! after hyper was told its bytes were taken is returned by the next write, flush or shutdown,
+//! as a socket's own buffered send would fail.
+//!
+//! TLS connections encrypt in user space and HTTP/2's frames are gathered
+//! ([`super::gather`]), so neither lends.
+
+use std::io::{self, IoSlice};
+use std::os::fd::OwnedFd;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use rustix::net::{send, SendFlags};
+use rustix::pipe::{fcntl_setpipe_size, pipe_with, splice, PipeFlags, SpliceFlags};
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
+use tokio::net::TcpStream;
+
+/// Bodies (a single `Bytes` of one) shorter than this are copied: a loan's two system calls and
+/// the page references it takes are worth it only for large writes, and a buffer that lent
+/// pages is faulted in afresh when next used.
+const LEND_MIN: usize = 256 * 1024;
+
+/// The pipe's size asked for: a MiB moves in one `splice`. The kernel may give less (an
+/// unprivileged user's pipes past `/proc/sys/fs/pipe-user-pages-soft` keep the default 64
+/// KiB), which only means more calls.
+const PIPE_SIZE: usize = 1 << 20;
+
+/// A cleartext socket whose large writes of cached bytes are lent, not copied.
+pub(super) struct Lending {
+    socket: TcpStream,
+    pipe: Pipe,
+    /// Bytes in the pipe, taken from the connection and not yet in the socket.
+    piped: usize,
+}
+
+enum Pipe {
+    /// None needed yet: most connections never write a large body.
+    Unopened,
+    Open { read: OwnedFd, write: OwnedFd },
+    /// The system would not make one (out of descriptors): this connection copies.
+    Refused,
+}
+
+impl Lending {
+    pub(super) fn new(socket: TcpStream) -> Self {
+        Self {
+            socket,
+            pipe: Pipe::Unopened,
+            piped: 0,
+        }
+    }
+
+    /// The pipe's write end, made on first use.
+    fn pipe(&mut self) -> Option<&OwnedFd> {
+        if let Pipe::Unopened = self.pipe {
+            self.pipe = match pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK) {
+                Ok((read, write)) => {
+                    let _ = fcntl_setpipe_size(&write, PIPE_SIZE);
+                    Pipe::Open { read, write }
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "no pipe for lending; this connection copies");
+                    Pipe::Refused
+                }
+            };
+        }
+        match &self.pipe {
+            Pipe::Open { write, .. } => Some(write),
+            Pipe::Unopened | Pipe::Refused => None,
+        }
+    }
+
+    /// Empty the pipe into the socket.
+    fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.piped > 0 {
+            let Pipe::Open { read, .. } = &self.pipe else {
+                unreachable!("bytes are piped only through an open pipe");
+            };
+            let (socket, piped) = (&self.socket, self.piped);
+            let n = ready!(poll_writable(socket, cx, || Ok(splice(
+                read,
+                None,
+                socket,
+                None,
+                piped,
+                SpliceFlags::NONBLOCK | SpliceFlags::MOVE,
+            )?)))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            self.piped -= n;
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// Run `op` on the socket once it is writable, until it stops answering "would block".
+fn poll_writable<T>(
+    socket: &TcpStream,
+    cx: &mut Context<'_>,
+    mut op: impl FnMut() -> io::Result<T>,
+) -> Poll<io::Result<T>> {
+    loop {
+        ready!(socket.poll_write_ready(cx))?;
+        match socket.try_io(Interest::WRITABLE, &mut op) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            done => return Poll::Ready(done),
+        }
+    }
+}
+
+impl AsyncRead for Lending {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().socket).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Lending {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_write_vectored(cx, &[IoSlice::new(buf)])
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        ready!(this.poll_drain(cx))?;
+        let lendable = bufs
+            .iter()
+            .position(|b| b.len() >= LEND_MIN && cache_core::buffers::lendable(b) >= LEND_MIN);
+        let Some(at) = lendable.filter(|_| this.pipe().is_some()) else {
+            return Pin::new(&mut this.socket).poll_write_vectored(cx, bufs);
+        };
+        if at > 0 {
+            // What comes before the body (its head) first, held back to leave with the body's
+            // first bytes rather than in a packet of its own.
+            let before = &bufs[..at];
+            return match before {
+                [one] => poll_writable(&this.socket, cx, || {
+                    Ok(send(&this.socket, one, SendFlags::MORE)?)
+                }),
+                _ => Pin::new(&mut this.socket).poll_write_vectored(cx, before),
+            };
+        }
+        let Some(pipe) = this.pipe() else {
+            unreachable!("checked above");
+        };
+        match cache_core::buffers::lend_into_pipe(pipe, &bufs[0]) {
+            Ok(0) => Pin::new(&mut this.socket).poll_write_vectored(cx, &bufs[..1]),
+            Ok(n) => {
+                this.piped = n;
+                // Start them on their way; a full socket leaves them for the next call.
+                if let Poll::Ready(Err(e)) = this.poll_drain(cx) {
+                    return Poll::Ready(Err(e));
+                }
+                Poll::Ready(Ok(n))
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "vmsplice failed; this connection copies");
+                this.pipe = Pipe::Refused;
+                Pin::new(&mut this.socket).poll_write_vectored(cx, bufs)
+            }
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.poll_drain(cx))?;
+        Pin::new(&mut this.socket).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        ready!(this.poll_drain(cx))?;
+        Pin::new(&mut this.socket).poll_shutdown(cx)
+    }
+}
