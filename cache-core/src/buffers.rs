@@ -212,7 +212,9 @@ pub fn lend_into_pipe(pipe: impl std::os::fd::AsFd, bytes: &[u8]) -> std::io::Re
     };
     // Recorded before the pages go, under the lock that the buffer's drop takes first: the
     // buffer cannot be pooled between the two (`bytes` borrows it anyway).
-    let (from, to) = loan.lent.map_or((at, at + len), |(f, t)| (f.min(at), t.max(at + len)));
+    let (from, to) = loan
+        .lent
+        .map_or((at, at + len), |(f, t)| (f.min(at), t.max(at + len)));
     loan.lent = Some((from, to));
     drop(loans);
     pages::lend(pipe.as_fd(), &bytes[..len])
@@ -225,7 +227,10 @@ pub fn lendable(bytes: &[u8]) -> usize {
 
 /// The loan of the live pooled buffer `bytes` starts in, and how many of them lie in its whole
 /// pages (a page shared with another allocation could change under the pipe).
-fn loan_of<'a>(loans: &'a mut BTreeMap<usize, Loan>, bytes: &[u8]) -> Option<(&'a mut Loan, usize)> {
+fn loan_of<'a>(
+    loans: &'a mut BTreeMap<usize, Loan>,
+    bytes: &[u8],
+) -> Option<(&'a mut Loan, usize)> {
     let at = bytes.as_ptr() as usize;
     let (&start, loan) = loans.range_mut(..=at).next_back()?;
     let (first, last) = (start.next_multiple_of(ALIGN), loan.end / ALIGN * ALIGN);
@@ -262,7 +267,9 @@ mod pages {
     pub(super) fn give_back(vec: &mut [u8], from: usize, to: usize) -> bool {
         let base = vec.as_mut_ptr() as usize;
         let lo = (from / ALIGN * ALIGN).max(base.next_multiple_of(ALIGN));
-        let hi = to.next_multiple_of(ALIGN).min((base + vec.len()) / ALIGN * ALIGN);
+        let hi = to
+            .next_multiple_of(ALIGN)
+            .min((base + vec.len()) / ALIGN * ALIGN);
         if hi <= lo {
             return true;
         }
@@ -466,6 +473,67 @@ mod tests {
         // Small ones are not the pool's: neither taken nor counted.
         assert!(pool.take(ALIGN).is_none());
         assert_eq!(pool.stats().fresh, 1);
+    }
+
+    /// Read `len` bytes out of a pipe.
+    #[cfg(target_os = "linux")]
+    fn drain(pipe: &std::os::fd::OwnedFd, len: usize) -> Vec<u8> {
+        let mut out = vec![0u8; len];
+        let mut at = 0;
+        while at < len {
+            at += rustix::io::read(pipe, &mut out[at..]).expect("read the pipe");
+        }
+        out
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn lent_bytes_keep_their_value_when_their_buffer_is_reused() {
+        // A length no other test uses, so the pool hands this buffer back to this test.
+        let len = 2 * RECYCLE_MIN + 5 * ALIGN;
+        let (read, write) = rustix::pipe::pipe().expect("pipe");
+        let mut buf = AlignedBuf::reused(len);
+        buf.as_mut_slice().fill(0xA1);
+        let at = buf.as_slice().as_ptr() as usize;
+        let bytes = buf.freeze(0, len);
+        let lent = lend_into_pipe(&write, &bytes[ALIGN..]).expect("vmsplice");
+        assert!(lent > 0, "a pooled buffer's whole pages are lent");
+        drop(bytes);
+        let covered = LOANS
+            .lock()
+            .range(..=at)
+            .next_back()
+            .is_some_and(|(_, l)| l.end > at);
+        assert!(!covered, "no loan outlives its buffer");
+        // The same memory, reused and overwritten while the pipe still holds what was lent.
+        let mut again = AlignedBuf::reused(len);
+        assert_eq!(
+            again.as_slice().as_ptr() as usize,
+            at,
+            "the pool gave the buffer back"
+        );
+        again.as_mut_slice().fill(0x5E);
+        assert!(
+            drain(&read, lent).iter().all(|&b| b == 0xA1),
+            "the pipe holds the bytes lent, not what the buffer holds now"
+        );
+        assert!(again.as_slice().iter().all(|&b| b == 0x5E));
+    }
+
+    #[test]
+    fn only_whole_pages_of_live_pooled_buffers_are_lent() {
+        // Memory the pool does not own is never lent: its owner may reuse it in place.
+        let plain = Bytes::from(vec![7u8; 4 * RECYCLE_MIN]);
+        assert_eq!(lendable(&plain), 0);
+        let small = AlignedBuf::reused(RECYCLE_MIN / 2).freeze(0, RECYCLE_MIN / 2);
+        assert_eq!(lendable(&small), 0, "buffers too small for the pool");
+        // A length that ends inside a page: everything up to its last whole page.
+        let len = 3 * RECYCLE_MIN + 100;
+        let bytes = AlignedBuf::reused(len).freeze(0, len);
+        let whole = lendable(&bytes);
+        assert!(whole >= 3 * RECYCLE_MIN && whole <= len, "{whole}");
+        assert_eq!(lendable(&bytes[ALIGN..]), whole - ALIGN);
+        assert_eq!(lendable(&bytes[..ALIGN]), ALIGN, "no further than asked");
     }
 
     #[test]

@@ -4,7 +4,9 @@ real client: boto3, the aws CLI and aws-sdk-rust."""
 import hashlib
 import os
 import random
+import socket
 import subprocess
+import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -88,6 +90,55 @@ def curl_h2(url: str, out, *extra) -> list[str]:
     done = subprocess.run(args, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, (done.returncode, done.stderr)
     return done.stdout.split()
+
+
+def test_a_hit_read_late_keeps_its_bytes_though_memory_reused_its_block(make_larder, direct, bucket):
+    """An HTTP/1.1 hit's body leaves by reference: the block's pages go to the socket without a
+    copy, and wait there until the client reads them. A client that reads only after the block
+    was evicted and its memory refilled with another object's bytes must still get the bytes it
+    asked for."""
+    larder = make_larder("--block-size", "1MiB", "--memory-capacity", "2MiB", name="lend")
+    # The first object and the refills share a length no other block has, so the fills that
+    # follow its eviction take its buffer from the pool (buffers are reused by exact length).
+    odd = MiB - 3 * 4096
+    first = ("lend/first", payload(odd, 90))
+    hot = {f"lend/hot{i:02d}": payload(MiB, 91 + i) for i in range(15)}
+    refills = {f"lend/refill{i:02d}": payload(odd, 120 + i) for i in range(10)}
+    for key, data in [first, *hot.items(), *refills.items()]:
+        direct.put_object(Bucket=bucket, Key=key, Body=data)
+    client = larder.client()
+    assert client.get_object(Bucket=bucket, Key=first[0])["Body"].read() == first[1]
+    # A hit asked on a connection nobody reads yet: all of it fits in the pipe and the socket.
+    from_memory = metric(larder, "larder_served_bytes_total", tier="memory")
+    url = urllib.parse.urlsplit(client.generate_presigned_url(
+        "get_object", Params={"Bucket": bucket, "Key": first[0]}, ExpiresIn=300))
+    late = socket.create_connection((url.hostname, url.port), timeout=30)
+    late.sendall(f"GET {url.path}?{url.query} HTTP/1.1\r\nHost: {url.netloc}\r\n\r\n".encode())
+    wait_until(lambda: metric(larder, "larder_served_bytes_total", tier="memory") >= from_memory + odd, 10,
+               "the hit handed to the connection")
+    # Objects read often push the first out of the two-block memory tier (its admission keeps
+    # what is read most); then cold reads of the first's length refill its buffer.
+    for _ in range(6):
+        for key, data in hot.items():
+            assert client.get_object(Bucket=bucket, Key=key)["Body"].read() == data, key
+    for key, data in refills.items():
+        for _ in range(4):
+            assert client.get_object(Bucket=bucket, Key=key)["Body"].read() == data, key
+    got = b""
+    while b"\r\n\r\n" not in got:
+        got += late.recv(65536)
+    head, body = got.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    assert b"x-cache: hit-memory" in head.lower(), head
+    while len(body) < odd:
+        chunk = late.recv(MiB)
+        assert chunk, "closed early"
+        body += chunk
+    late.close()
+    assert body == first[1], "the late reader got other bytes than its object's"
+    resp = client.get_object(Bucket=bucket, Key=first[0])
+    assert resp["Body"].read() == first[1]
+    assert resp["ResponseMetadata"]["HTTPHeaders"]["x-cache"] != "hit-memory", "the first block was evicted"
 
 
 def test_http2_reads_get_every_byte_cold_and_warm(larder, direct, bucket, workdir):

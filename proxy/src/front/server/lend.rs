@@ -50,7 +50,10 @@ pub(super) struct Lending {
 enum Pipe {
     /// None needed yet: most connections never write a large body.
     Unopened,
-    Open { read: OwnedFd, write: OwnedFd },
+    Open {
+        read: OwnedFd,
+        write: OwnedFd,
+    },
     /// The system would not make one (out of descriptors): this connection copies.
     Refused,
 }
@@ -201,5 +204,136 @@ impl AsyncWrite for Lending {
         let this = self.get_mut();
         ready!(this.poll_drain(cx))?;
         Pin::new(&mut this.socket).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use cache_core::buffers::AlignedBuf;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    async fn pair() -> (Lending, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let client = TcpStream::connect(listener.local_addr().expect("addr"))
+            .await
+            .expect("connect");
+        let (server, _) = listener.accept().await.expect("accept");
+        (Lending::new(server), client)
+    }
+
+    /// A body in one of cache-core's pooled buffers, as the memory tier holds blocks.
+    fn pooled(len: usize, byte: impl Fn(usize) -> u8) -> Bytes {
+        let mut buf = AlignedBuf::reused(len);
+        for (i, b) in buf.as_mut_slice().iter_mut().enumerate() {
+            *b = byte(i);
+        }
+        buf.freeze(0, len)
+    }
+
+    /// Write all of `bufs` through `io` with vectored writes, as hyper writes a response.
+    async fn write_all_vectored(io: &mut Lending, bufs: &[&[u8]]) {
+        let mut left: Vec<&[u8]> = bufs.to_vec();
+        while !left.is_empty() {
+            let slices: Vec<IoSlice<'_>> = left.iter().map(|b| IoSlice::new(b)).collect();
+            let mut n = io.write_vectored(&slices).await.expect("write");
+            assert!(n > 0);
+            while n > 0 {
+                if n >= left[0].len() {
+                    n -= left[0].len();
+                    left.remove(0);
+                } else {
+                    left[0] = &left[0][n..];
+                    n = 0;
+                }
+            }
+        }
+    }
+
+    const HEAD: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\n";
+
+    #[tokio::test]
+    async fn a_large_pooled_body_leaves_by_reference_in_order() {
+        let (mut server, mut client) = pair().await;
+        let body = pooled(3 * LEND_MIN + 5 * 4096 + 11, |i| (i % 251) as u8);
+        let tail: &[u8] = b"\r\n0\r\n\r\n";
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            client.read_to_end(&mut got).await.expect("read");
+            got
+        });
+        write_all_vectored(&mut server, &[HEAD, &body, tail]).await;
+        assert!(
+            matches!(server.pipe, Pipe::Open { .. }),
+            "the body was lent"
+        );
+        server.shutdown().await.expect("shutdown");
+        let got = reader.await.expect("reader");
+        assert_eq!(got, [HEAD, &body[..], tail].concat());
+    }
+
+    #[tokio::test]
+    async fn bytes_of_other_memory_are_copied() {
+        let (mut server, mut client) = pair().await;
+        let body = Bytes::from(
+            (0..4 * LEND_MIN)
+                .map(|i| (i % 13) as u8)
+                .collect::<Vec<_>>(),
+        );
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            client.read_to_end(&mut got).await.expect("read");
+            got
+        });
+        write_all_vectored(&mut server, &[HEAD, &body]).await;
+        assert!(
+            matches!(server.pipe, Pipe::Unopened),
+            "no pipe for memory not the pool's"
+        );
+        server.shutdown().await.expect("shutdown");
+        assert_eq!(reader.await.expect("reader"), [HEAD, &body[..]].concat());
+    }
+
+    #[tokio::test]
+    async fn a_client_reading_late_gets_the_bytes_sent_though_their_buffer_was_reused() {
+        let (mut server, mut client) = pair().await;
+        // A length no other test uses, so the pool hands this buffer back below.
+        let len = 2 * LEND_MIN + 7 * 4096;
+        let body = pooled(len, |_| 0xA1);
+        let at = body.as_ptr();
+        // The client reads nothing yet: the body waits in the pipe and the socket, by reference.
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            write_all_vectored(&mut server, &[HEAD, &body]),
+        )
+        .await
+        .expect("the pipe took the body without the client reading");
+        // The response is written as far as hyper knows: its bytes are dropped, the memory
+        // tier evicts the block, and the next fill takes the buffer and overwrites it.
+        drop(body);
+        let again = pooled(len, |_| 0x5E);
+        assert_eq!(again.as_ptr(), at, "the pool gave the same buffer back");
+        let (sent, got) = tokio::join!(
+            async {
+                server.shutdown().await.expect("shutdown");
+            },
+            async {
+                let mut got = Vec::new();
+                client.read_to_end(&mut got).await.expect("read");
+                got
+            }
+        );
+        let () = sent;
+        assert_eq!(&got[..HEAD.len()], HEAD);
+        assert_eq!(got.len(), HEAD.len() + len);
+        assert!(
+            got[HEAD.len()..].iter().all(|&b| b == 0xA1),
+            "the client got the bytes sent, not what the buffer holds now"
+        );
     }
 }
