@@ -86,6 +86,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         worker_threads = tokio::runtime::Handle::current().metrics().num_workers(),
         "request threads started"
     );
+    raise_open_files();
     let auth = Authenticator::load(
         config.auth,
         config.auth_credentials.as_deref(),
@@ -134,6 +135,26 @@ async fn shutdown_signal() {
         }
         Err(_) => {
             let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// Raise the soft limit on open files to the hard one, as nginx's `worker_rlimit_nofile` and
+/// most servers do: a shell's default soft limit (often 1,024) is below what `max_connections`
+/// (4,096) needs, and a cleartext connection that has sent a large body holds a pipe as well
+/// (two more descriptors; `front/server/lend.rs`). Accepting fails, and is retried, when
+/// descriptors run out; a connection that cannot get a pipe copies.
+fn raise_open_files() {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut limit = getrlimit(Resource::Nofile);
+    let (soft, hard) = (limit.current, limit.maximum);
+    if soft < hard {
+        limit.current = hard;
+        match setrlimit(Resource::Nofile, limit) {
+            Ok(()) => tracing::debug!(?soft, ?hard, "open files limit raised"),
+            Err(e) => {
+                tracing::warn!(error = %e, ?soft, ?hard, "could not raise the open files limit")
+            }
         }
     }
 }
