@@ -100,7 +100,7 @@ def test_a_hit_read_late_keeps_its_bytes_though_memory_reused_its_block(make_lar
     larder = make_larder("--block-size", "1MiB", "--memory-capacity", "2MiB", name="lend")
     # The first object and the refills share a length no other block has, so the fills that
     # follow its eviction take its buffer from the pool (buffers are reused by exact length).
-    # A quarter of a MiB: what a connection's pipe holds, so the response is written whole
+    # A quarter of a MiB: less than a connection's pipe holds, so the response is written whole
     # while its client reads nothing.
     odd = MiB // 4
     first = ("lend/first", payload(odd, 90))

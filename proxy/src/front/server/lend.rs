@@ -34,13 +34,14 @@ use tokio::net::TcpStream;
 /// pages is faulted in afresh when next used.
 const LEND_MIN: usize = 256 * 1024;
 
-/// The pipe's size asked for. It bounds what a connection holds beyond what hyper knows of,
-/// as a socket's send buffer does: pages of a block the memory tier has since let go stay
-/// alive while they wait in a pipe, so 4,096 stalled connections could hold 1 GiB. Larger
-/// pipes moved no more bytes per CPU second (256 KiB and 1 MiB measured alike, 64 KiB more
-/// calls). The kernel may give less (an unprivileged user's pipes past
+/// The pipe's size asked for. Each `splice` from a fuller pipe takes the socket's lock and
+/// wakes the client once for more bytes: one client reading 8 MiB hits cost 1,597 ms of CPU
+/// per 1,000 with 1 MiB pipes and 1,986 with 256 KiB ones (docs/benchmarks.md). What waits in
+/// a pipe is references to the cache's pages, as a socket's send buffer (up to 4 MiB by
+/// default) holds copies; a page is extra memory only if its block left the memory tier
+/// meanwhile. The kernel may give less (an unprivileged user's pipes past
 /// `/proc/sys/fs/pipe-user-pages-soft` keep the default 64 KiB): then only more calls.
-const PIPE_SIZE: usize = 256 * 1024;
+const PIPE_SIZE: usize = 1 << 20;
 
 /// A cleartext socket whose large writes of cached bytes are lent, not copied.
 pub(super) struct Lending {
@@ -306,7 +307,7 @@ mod tests {
     async fn a_client_reading_late_gets_the_bytes_sent_though_their_buffer_was_reused() {
         let (mut server, mut client) = pair().await;
         // A length no other test uses, so the pool hands this buffer back below.
-        let len = PIPE_SIZE;
+        let len = PIPE_SIZE - 5 * 4096;
         assert!(len >= LEND_MIN);
         let body = pooled(len, |_| 0xA1);
         let at = body.as_ptr();
