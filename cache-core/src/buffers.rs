@@ -146,6 +146,7 @@ impl Recycle {
                 Loan {
                     end: at + vec.len(),
                     lent: None,
+                    read_again: false,
                 },
             );
         }
@@ -173,9 +174,10 @@ impl Drop for Recycle {
                     // The pages could not be detached, so the bytes in flight would change
                     // with the next use: this buffer is never used again.
                     std::mem::forget(vec);
-                    LOST.fetch_add(1, Ordering::Relaxed);
+                    RECYCLED.stranded.fetch_add(1, Ordering::Relaxed);
                     return;
                 }
+                RECYCLED.given_back.fetch_add(1, Ordering::Relaxed);
             }
         }
         RECYCLED.put(vec);
@@ -186,19 +188,35 @@ impl Drop for Recycle {
 /// whose bytes may be lent, because its reuse is known to go through [`Recycle`]'s drop.
 static LOANS: Mutex<BTreeMap<usize, Loan>> = Mutex::new(BTreeMap::new());
 
-/// Buffers that lent pages they then could not give back (never expected): left allocated.
-static LOST: AtomicU64 = AtomicU64::new(0);
-
 struct Loan {
     /// One past the `Vec`'s last byte.
     end: usize,
     /// The addresses lent so far, first to one past the last.
     lent: Option<(usize, usize)>,
+    /// Whether its bytes were read again ([`read_again`]): only then are they lent.
+    read_again: bool,
+}
+
+/// Note that `bytes`, in a pooled buffer, are being read again (a memory hit): from now on
+/// they may be lent. A loan costs the buffer its pages when it is next reused (faulted in
+/// afresh, about as much CPU as copying them twice), which a buffer read once (a disk hit, a
+/// block filled and evicted unread) never earns back: lending every 1 MiB disk hit took 81 %
+/// more CPU per hit (docs/benchmarks.md). A block read again from memory is likely read more.
+pub fn read_again(bytes: &[u8]) {
+    if bytes.len() < RECYCLE_MIN {
+        return;
+    }
+    let at = bytes.as_ptr() as usize;
+    if let Some((_, loan)) = LOANS.lock().range_mut(..=at).next_back() {
+        if at < loan.end {
+            loan.read_again = true;
+        }
+    }
 }
 
 /// Lend the leading bytes of `bytes` to `pipe` by reference (`vmsplice`, non-blocking): at most
 /// what the pipe has room for, and only bytes of a pooled buffer still held in [`Bytes`] (a
-/// large one this module made), whole pages of it. Returns how many went in: 0 when `bytes`
+/// large one this module made) and [`read_again`], whole pages of it. Returns how many went in: 0 when `bytes`
 /// is not such memory, and the caller writes them the usual way.
 ///
 /// The pipe holds the pages, not a copy: whatever the pipe is spliced to gets the bytes as
@@ -225,8 +243,9 @@ pub fn lendable(bytes: &[u8]) -> usize {
     loan_of(&mut LOANS.lock(), bytes).map_or(0, |(_, len)| len)
 }
 
-/// The loan of the live pooled buffer `bytes` starts in, and how many of them lie in its whole
-/// pages (a page shared with another allocation could change under the pipe).
+/// The loan of the live pooled buffer `bytes` starts in, if it was read again, and how many of
+/// them lie in its whole pages (a page shared with another allocation could change under the
+/// pipe).
 fn loan_of<'a>(
     loans: &'a mut BTreeMap<usize, Loan>,
     bytes: &[u8],
@@ -234,9 +253,7 @@ fn loan_of<'a>(
     let at = bytes.as_ptr() as usize;
     let (&start, loan) = loans.range_mut(..=at).next_back()?;
     let (first, last) = (start.next_multiple_of(ALIGN), loan.end / ALIGN * ALIGN);
-    (first..last)
-        .contains(&at)
-        .then(|| (loan, bytes.len().min(last - at)))
+    (loan.read_again && (first..last).contains(&at)).then(|| (loan, bytes.len().min(last - at)))
 }
 
 /// The two system calls behind a loan: the only `unsafe` in the workspace.
@@ -304,6 +321,12 @@ pub struct PoolStats {
     /// Buffers of a pooled size allocated fresh since start, the pool holding none of that
     /// length: each one zeroed and faulted in.
     pub fresh: u64,
+    /// Buffers whose pages were lent ([`lend_into_pipe`]) and given back to the kernel before
+    /// the buffer's reuse: each one's next user faults in fresh pages where they were.
+    pub given_back: u64,
+    /// Buffers whose lent pages the kernel would not take back, left allocated and never
+    /// reused (not expected to happen).
+    pub stranded: u64,
 }
 
 /// A snapshot of the pool.
@@ -321,6 +344,8 @@ struct Recycler {
     free: Mutex<Free>,
     limit: AtomicUsize,
     fresh: AtomicU64,
+    given_back: AtomicU64,
+    stranded: AtomicU64,
 }
 
 /// Free buffers, newest last, and their total length (at most the pool's limit).
@@ -346,6 +371,8 @@ impl Recycler {
             }),
             limit: AtomicUsize::new(limit),
             fresh: AtomicU64::new(0),
+            given_back: AtomicU64::new(0),
+            stranded: AtomicU64::new(0),
         }
     }
 
@@ -363,6 +390,8 @@ impl Recycler {
             held_bytes: self.free.lock().bytes as u64,
             limit_bytes: self.limit.load(Ordering::Relaxed) as u64,
             fresh: self.fresh.load(Ordering::Relaxed),
+            given_back: self.given_back.load(Ordering::Relaxed),
+            stranded: self.stranded.load(Ordering::Relaxed),
         }
     }
 
@@ -496,6 +525,12 @@ mod tests {
         buf.as_mut_slice().fill(0xA1);
         let at = buf.as_slice().as_ptr() as usize;
         let bytes = buf.freeze(0, len);
+        assert_eq!(
+            lend_into_pipe(&write, &bytes).expect("vmsplice"),
+            0,
+            "read once"
+        );
+        read_again(&bytes[ALIGN..]);
         let lent = lend_into_pipe(&write, &bytes[ALIGN..]).expect("vmsplice");
         assert!(lent > 0, "a pooled buffer's whole pages are lent");
         drop(bytes);
@@ -518,18 +553,23 @@ mod tests {
             "the pipe holds the bytes lent, not what the buffer holds now"
         );
         assert!(again.as_slice().iter().all(|&b| b == 0x5E));
+        assert!(pool_stats().given_back >= 1, "counted");
     }
 
     #[test]
     fn only_whole_pages_of_live_pooled_buffers_are_lent() {
         // Memory the pool does not own is never lent: its owner may reuse it in place.
         let plain = Bytes::from(vec![7u8; 4 * RECYCLE_MIN]);
+        read_again(&plain);
         assert_eq!(lendable(&plain), 0);
         let small = AlignedBuf::reused(RECYCLE_MIN / 2).freeze(0, RECYCLE_MIN / 2);
+        read_again(&small);
         assert_eq!(lendable(&small), 0, "buffers too small for the pool");
         // A length that ends inside a page: everything up to its last whole page.
         let len = 3 * RECYCLE_MIN + 100;
         let bytes = AlignedBuf::reused(len).freeze(0, len);
+        assert_eq!(lendable(&bytes), 0, "not read again yet");
+        read_again(&bytes);
         let whole = lendable(&bytes);
         assert!(whole >= 3 * RECYCLE_MIN && whole <= len, "{whole}");
         assert_eq!(lendable(&bytes[ALIGN..]), whole - ALIGN);

@@ -90,6 +90,8 @@ where
         // Load first: a hot value's flag is set once, not written by every reader.
         if !held.read.load(Ordering::Relaxed) {
             held.read.store(true, Ordering::Relaxed);
+            // Read again while held: worth lending to sockets from now on (`buffers`).
+            crate::buffers::read_again(&held.bytes);
         }
         Some(held.bytes)
     }

@@ -138,6 +138,8 @@ def test_a_hit_read_late_keeps_its_bytes_though_memory_reused_its_block(make_lar
         body += chunk
     late.close()
     assert body == first[1], "the late reader got other bytes than its object's"
+    assert metric(larder, "larder_buffer_pool_given_back_total") > 0, "bodies were sent by reference"
+    assert metric(larder, "larder_buffer_pool_stranded_total") == 0
     resp = client.get_object(Bucket=bucket, Key=first[0])
     assert resp["Body"].read() == first[1]
     assert resp["ResponseMetadata"]["HTTPHeaders"]["x-cache"] != "hit-memory", "the first block was evicted"

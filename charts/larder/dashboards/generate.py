@@ -106,9 +106,11 @@ INTERNALS = [
            ("larder_buffer_pool_bytes", "idle, kept for reuse"), ("larder_buffer_pool_limit_bytes", "reuse pool limit")],
           "bytes", description="Blocks responses hold beyond the memory tier, and idle large buffers kept for the next disk "
                                "read or fill (at most a quarter of response_buffer)."),
-    panel("Large buffers allocated fresh", [(f"rate(larder_buffer_pool_fresh_total[{RI}])", "fresh/s")], "ops",
+    panel("Large buffers allocated fresh", [(f"rate(larder_buffer_pool_fresh_total[{RI}])", "fresh/s"),
+                                            (f"rate(larder_buffer_pool_given_back_total[{RI}])", "given back/s")], "ops",
           description="Disk reads and fills the reuse pool had no buffer for: each zeroes and faults in new memory. "
-                      "High under steady load: more large reads at once than a quarter of response_buffer covers."),
+                      "High under steady load: more large reads at once than a quarter of response_buffer covers. "
+                      "Given back: buffers whose pages were sent by reference, refaulted on their next use."),
     panel("Lookup hit ratio by tier",
           [(f'sum by (tier) (rate(larder_cache_lookups_total{{result="hit"}}[{RI}])) / sum by (tier) (rate(larder_cache_lookups_total[{RI}]))',
             "{{tier}}")], "percentunit"),

@@ -4,7 +4,8 @@
 //! pooled buffers), and writing it copies every byte into the socket's buffer: for 1 MiB and
 //! up that copy was about half of a memory hit's CPU, and nginx, which sends its cache files
 //! with `sendfile`, does not make it. A cleartext HTTP/1.1 connection is [`Lending`]: a body's
-//! bytes of such a buffer go into a pipe by reference
+//! bytes of such a buffer, once the memory tier has served them (`buffers::read_again`: a
+//! buffer read once, as a disk hit's, is cheaper copied), go into a pipe by reference
 //! ([`cache_core::buffers::lend_into_pipe`], `vmsplice`) and from the pipe to the socket
 //! (`splice`), the pages themselves, as `sendfile` does. Heads, small bodies and bytes of any
 //! other memory are written as before.
@@ -162,10 +163,10 @@ impl AsyncWrite for Lending {
         let Some(at) = lendable.filter(|_| this.pipe().is_some()) else {
             return Pin::new(&mut this.socket).poll_write_vectored(cx, bufs);
         };
-        if at > 0 {
+        let before = &bufs[..at];
+        if before.iter().any(|b| !b.is_empty()) {
             // What comes before the body (its head) first, held back to leave with the body's
             // first bytes rather than in a packet of its own.
-            let before = &bufs[..at];
             return match before {
                 [one] => poll_writable(&this.socket, cx, || {
                     Ok(send(&this.socket, one, SendFlags::MORE)?)
@@ -176,8 +177,9 @@ impl AsyncWrite for Lending {
         let Some(pipe) = this.pipe() else {
             unreachable!("checked above");
         };
-        match cache_core::buffers::lend_into_pipe(pipe, &bufs[0]) {
-            Ok(0) => Pin::new(&mut this.socket).poll_write_vectored(cx, &bufs[..1]),
+        // Every slice before it is empty, so the bytes lent are the first bytes written.
+        match cache_core::buffers::lend_into_pipe(pipe, &bufs[at]) {
+            Ok(0) => Pin::new(&mut this.socket).poll_write_vectored(cx, &bufs[..=at]),
             Ok(n) => {
                 this.piped = n;
                 // Start them on their way; a full socket leaves them for the next call.
@@ -231,13 +233,15 @@ mod tests {
         (Lending::new(server), client)
     }
 
-    /// A body in one of cache-core's pooled buffers, as the memory tier holds blocks.
+    /// A body in one of cache-core's pooled buffers, read again, as a memory hit's block is.
     fn pooled(len: usize, byte: impl Fn(usize) -> u8) -> Bytes {
         let mut buf = AlignedBuf::reused(len);
         for (i, b) in buf.as_mut_slice().iter_mut().enumerate() {
             *b = byte(i);
         }
-        buf.freeze(0, len)
+        let bytes = buf.freeze(0, len);
+        cache_core::buffers::read_again(&bytes);
+        bytes
     }
 
     /// Write all of `bufs` through `io` with vectored writes, as hyper writes a response.

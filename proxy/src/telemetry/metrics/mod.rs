@@ -758,6 +758,8 @@ mod tests {
             "larder_buffer_pool_bytes",
             "larder_buffer_pool_limit_bytes",
             "larder_buffer_pool_fresh_total",
+            "larder_buffer_pool_given_back_total",
+            "larder_buffer_pool_stranded_total",
         ] {
             assert!(text.contains(name), "{name} missing from\n{text}");
         }

@@ -109,6 +109,20 @@ impl Metrics {
             )
             .with_callback(|o| o.observe(pool_stats().fresh, &[]))
             .build();
+        self.meter
+            .u64_observable_counter("larder.buffer.pool.given_back")
+            .with_description(
+                "Large buffers whose pages were sent to a client by reference, given back to the kernel before the buffer's reuse (its next use faults in fresh pages)",
+            )
+            .with_callback(|o| o.observe(pool_stats().given_back, &[]))
+            .build();
+        self.meter
+            .u64_observable_counter("larder.buffer.pool.stranded")
+            .with_description(
+                "Large buffers whose pages were sent by reference and could not be given back: left allocated, never reused (not expected)",
+            )
+            .with_callback(|o| o.observe(pool_stats().stranded, &[]))
+            .build();
     }
 
     /// Export the background refreshes of metadata (`metadata_refresh_ahead`) by outcome, read
