@@ -146,7 +146,7 @@ impl Recycle {
                 Loan {
                     end: at + vec.len(),
                     lent: None,
-                    read_again: false,
+                    reads: 0,
                 },
             );
         }
@@ -193,15 +193,21 @@ struct Loan {
     end: usize,
     /// The addresses lent so far, first to one past the last.
     lent: Option<(usize, usize)>,
-    /// Whether its bytes were read again ([`read_again`]): only then are they lent.
-    read_again: bool,
+    /// Reads of its bytes counted by [`read_again`]: lent from [`LEND_AFTER_READS`] on.
+    reads: u32,
 }
 
-/// Note that `bytes`, in a pooled buffer, are being read again (a memory hit): from now on
-/// they may be lent. A loan costs the buffer its pages when it is next reused (faulted in
-/// afresh, about as much CPU as copying them twice), which a buffer read once (a disk hit, a
-/// block filled and evicted unread) never earns back: lending every 1 MiB disk hit took 81 %
-/// more CPU per hit (docs/benchmarks.md). A block read again from memory is likely read more.
+/// Memory hits a buffer's bytes take before they are lent ([`read_again`]). A loan costs the
+/// buffer its pages when it is next reused: given back to the kernel and faulted in afresh,
+/// measured at about 0.6 ms per MiB on this project's 2-core VM, where a hit's copy into the
+/// socket is under a tenth of that. Lending every block read again from memory took 1 MiB
+/// disk hits (each block promoted to memory, read there by up to three other clients, then
+/// evicted) from 287 to 421 ms of CPU per 1,000 (docs/benchmarks.md); a block read this often
+/// is hot, and each further hit saves a copy.
+pub const LEND_AFTER_READS: u32 = 16;
+
+/// Count a read of `bytes` (a memory hit): once a pooled buffer's bytes were read
+/// [`LEND_AFTER_READS`] times, they may be lent.
 pub fn read_again(bytes: &[u8]) {
     if bytes.len() < RECYCLE_MIN {
         return;
@@ -209,15 +215,15 @@ pub fn read_again(bytes: &[u8]) {
     let at = bytes.as_ptr() as usize;
     if let Some((_, loan)) = LOANS.lock().range_mut(..=at).next_back() {
         if at < loan.end {
-            loan.read_again = true;
+            loan.reads = loan.reads.saturating_add(1);
         }
     }
 }
 
 /// Lend the leading bytes of `bytes` to `pipe` by reference (`vmsplice`, non-blocking): at most
 /// what the pipe has room for, and only bytes of a pooled buffer still held in [`Bytes`] (a
-/// large one this module made) and [`read_again`], whole pages of it. Returns how many went in: 0 when `bytes`
-/// is not such memory, and the caller writes them the usual way.
+/// large one this module made) read [`LEND_AFTER_READS`] times, whole pages of it. Returns how
+/// many went in: 0 when `bytes` is not such memory, and the caller writes them the usual way.
 ///
 /// The pipe holds the pages, not a copy: whatever the pipe is spliced to gets the bytes as
 /// they are when it reads them. The buffer never changes while it is held, and when the last
@@ -253,7 +259,8 @@ fn loan_of<'a>(
     let at = bytes.as_ptr() as usize;
     let (&start, loan) = loans.range_mut(..=at).next_back()?;
     let (first, last) = (start.next_multiple_of(ALIGN), loan.end / ALIGN * ALIGN);
-    (loan.read_again && (first..last).contains(&at)).then(|| (loan, bytes.len().min(last - at)))
+    (loan.reads >= LEND_AFTER_READS && (first..last).contains(&at))
+        .then(|| (loan, bytes.len().min(last - at)))
 }
 
 /// The two system calls behind a loan: the only `unsafe` in the workspace.
@@ -504,6 +511,12 @@ mod tests {
         assert_eq!(pool.stats().fresh, 1);
     }
 
+    fn read_often(bytes: &[u8], times: u32) {
+        for _ in 0..times {
+            read_again(bytes);
+        }
+    }
+
     /// Read `len` bytes out of a pipe.
     #[cfg(target_os = "linux")]
     fn drain(pipe: &std::os::fd::OwnedFd, len: usize) -> Vec<u8> {
@@ -525,12 +538,13 @@ mod tests {
         buf.as_mut_slice().fill(0xA1);
         let at = buf.as_slice().as_ptr() as usize;
         let bytes = buf.freeze(0, len);
+        read_often(&bytes[ALIGN..], LEND_AFTER_READS - 1);
         assert_eq!(
             lend_into_pipe(&write, &bytes).expect("vmsplice"),
             0,
-            "read once"
+            "not read enough"
         );
-        read_again(&bytes[ALIGN..]);
+        read_often(&bytes[ALIGN..], 1);
         let lent = lend_into_pipe(&write, &bytes[ALIGN..]).expect("vmsplice");
         assert!(lent > 0, "a pooled buffer's whole pages are lent");
         drop(bytes);
@@ -560,16 +574,16 @@ mod tests {
     fn only_whole_pages_of_live_pooled_buffers_are_lent() {
         // Memory the pool does not own is never lent: its owner may reuse it in place.
         let plain = Bytes::from(vec![7u8; 4 * RECYCLE_MIN]);
-        read_again(&plain);
+        read_often(&plain, LEND_AFTER_READS);
         assert_eq!(lendable(&plain), 0);
         let small = AlignedBuf::reused(RECYCLE_MIN / 2).freeze(0, RECYCLE_MIN / 2);
-        read_again(&small);
+        read_often(&small, LEND_AFTER_READS);
         assert_eq!(lendable(&small), 0, "buffers too small for the pool");
         // A length that ends inside a page: everything up to its last whole page.
         let len = 3 * RECYCLE_MIN + 100;
         let bytes = AlignedBuf::reused(len).freeze(0, len);
-        assert_eq!(lendable(&bytes), 0, "not read again yet");
-        read_again(&bytes);
+        assert_eq!(lendable(&bytes), 0, "not read yet");
+        read_often(&bytes, LEND_AFTER_READS);
         let whole = lendable(&bytes);
         assert!(whole >= 3 * RECYCLE_MIN && whole <= len, "{whole}");
         assert_eq!(lendable(&bytes[ALIGN..]), whole - ALIGN);

@@ -90,9 +90,9 @@ where
         // Load first: a hot value's flag is set once, not written by every reader.
         if !held.read.load(Ordering::Relaxed) {
             held.read.store(true, Ordering::Relaxed);
-            // Read again while held: worth lending to sockets from now on (`buffers`).
-            crate::buffers::read_again(&held.bytes);
         }
+        // Counted toward lending its bytes to sockets (`buffers`; small values return at once).
+        crate::buffers::read_again(&held.bytes);
         Some(held.bytes)
     }
 

@@ -187,7 +187,8 @@ def main():
                 print(f"{name}: " + ", ".join(l for l in larder.metrics().splitlines()
                                                if l.startswith(("larder_disk_hits_total", "larder_disk_page_cache",
                                                                 "larder_disk_io_thread", "larder_memory_hits",
-                                                                "larder_buffer_pool_fresh"))))
+                                                                "larder_buffer_pool_fresh", "larder_buffer_pool_given_back",
+                                                                "larder_cache_lookups_total"))))
     finally:
         bench.stop()
 

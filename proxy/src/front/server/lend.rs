@@ -4,8 +4,9 @@
 //! pooled buffers), and writing it copies every byte into the socket's buffer: for 1 MiB and
 //! up that copy was about half of a memory hit's CPU, and nginx, which sends its cache files
 //! with `sendfile`, does not make it. A cleartext HTTP/1.1 connection is [`Lending`]: a body's
-//! bytes of such a buffer, once the memory tier has served them (`buffers::read_again`: a
-//! buffer read once, as a disk hit's, is cheaper copied), go into a pipe by reference
+//! bytes of such a buffer, once the memory tier has served them often
+//! (`buffers::LEND_AFTER_READS`: a loan costs the buffer fresh pages later, which a block read
+//! a few times does not earn back), go into a pipe by reference
 //! ([`cache_core::buffers::lend_into_pipe`], `vmsplice`) and from the pipe to the socket
 //! (`splice`), the pages themselves, as `sendfile` does. Heads, small bodies and bytes of any
 //! other memory are written as before.
@@ -233,14 +234,16 @@ mod tests {
         (Lending::new(server), client)
     }
 
-    /// A body in one of cache-core's pooled buffers, read again, as a memory hit's block is.
+    /// A body in one of cache-core's pooled buffers, read as often as a hot block's.
     fn pooled(len: usize, byte: impl Fn(usize) -> u8) -> Bytes {
         let mut buf = AlignedBuf::reused(len);
         for (i, b) in buf.as_mut_slice().iter_mut().enumerate() {
             *b = byte(i);
         }
         let bytes = buf.freeze(0, len);
-        cache_core::buffers::read_again(&bytes);
+        for _ in 0..cache_core::buffers::LEND_AFTER_READS {
+            cache_core::buffers::read_again(&bytes);
+        }
         bytes
     }
 
