@@ -200,7 +200,7 @@ struct Loan {
 /// Memory hits a buffer's bytes take before they are lent ([`read_again`]). A loan costs the
 /// buffer its pages when it is next reused: given back to the kernel and faulted in afresh,
 /// measured at about 0.6 ms per MiB on this project's 2-core VM, where a hit's copy into the
-/// socket is under a tenth of that. Lending every block read again from memory took 1 MiB
+/// socket costs about a fifth of that. Lending every block read again from memory took 1 MiB
 /// disk hits (each block promoted to memory, read there by up to three other clients, then
 /// evicted) from 287 to 421 ms of CPU per 1,000 (docs/benchmarks.md); a block read this often
 /// is hot, and each further hit saves a copy.
