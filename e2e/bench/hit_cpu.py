@@ -176,12 +176,13 @@ def main():
                           f"time per request mean {r['mean']} sd {r['sd']}, "
                           f"{switches:.3f} context switches per request", flush=True)
                     continue
-                print(f"round {n} {name}: {r['rps']:.0f} req/s, CPU {r['cpu_ms_per_1k']:.1f} ms per 1k, "
-                      f"p50 {r['p50_us']:.2f} p99 {r['p99_us']:.2f} p99.9 {r['p999_us']:.2f} ms, "
+                print(f"round {n} {name}: {r['rps']:.0f} req/s, CPU {r['cpu_ms_per_1k']:.1f} ms per 1k "
+                      f"(wrk {r['client_cpu_ms_per_1k']:.1f}), p50 {r['p50_us']:.2f} p99 {r['p99_us']:.2f} p99.9 {r['p999_us']:.2f} ms, "
                       f"{switches:.3f} context switches per request", flush=True)
         for name, rs in results.items():
             print(f"{name}: CPU ms per 1k requests {[round(r['cpu_ms_per_1k'], 1) for r in rs]}, median "
-                  f"{median(r['cpu_ms_per_1k'] for r in rs):.1f}; req/s median {median(r['rps'] for r in rs):.0f}")
+                  f"{median(r['cpu_ms_per_1k'] for r in rs):.1f}; req/s median {median(r['rps'] for r in rs):.0f}"
+                  + ("" if args.h2 else f"; wrk's CPU median {median(r['client_cpu_ms_per_1k'] for r in rs):.1f}"))
         if args.disk:
             for name, larder in larders.items():
                 print(f"{name}: " + ", ".join(l for l in larder.metrics().splitlines()

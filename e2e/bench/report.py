@@ -91,9 +91,15 @@ def goals(res) -> list[str]:
                        f"{at_most} of {len(pairs)} cases (Larder / nginx: {spread}).")
     herd = one(w.get("herd", []), target="Larder")
     if herd:
-        ok = herd["upstream_gets"] == herd["blocks"]
-        out.append(f"- **Thundering herd, exactly one upstream GET per block**: {'met' if ok else 'NOT met'}: "
-                   f"{herd['upstream_gets']} GETs for {herd['blocks']} blocks ({herd['clients']} clients), plus "
+        # One GET may bring several blocks (a cold read's first GET runs on past its first block,
+        # docs/benchmarks.md), so the goal is no block fetched twice: at most one GET per block,
+        # and the objects' bytes once (1 % over for what the latency proxy counts besides).
+        once = herd["upstream_mib"] * MiB <= herd["objects"] * herd["size"] * 1.01
+        ok = herd["upstream_gets"] <= herd["blocks"] and once
+        out.append(f"- **Thundering herd, each block fetched once (at most one upstream GET per block, its "
+                   f"bytes once)**: {'met' if ok else 'NOT met'}: {herd['upstream_gets']} GETs for "
+                   f"{herd['blocks']} blocks ({herd['clients']} clients), {herd['upstream_mib']:.1f} MiB from the "
+                   f"upstream for {herd['objects'] * herd['size'] / MiB:.0f} MiB of objects, plus "
                    f"{herd['upstream_heads']} HEADs.")
     ttfb = w.get("cold_ttfb", [])
     for size in sorted({r["size"] for r in ttfb}):

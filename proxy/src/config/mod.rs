@@ -99,6 +99,15 @@ options! {
     /// throughput, because no idle worker was parked and woken per request
     /// (docs/benchmarks.md). Disk I/O threads are not counted here. Default: `0`.
     worker_threads: usize = 0;
+    /// Which cleartext HTTP/1.1 clients get large bodies of cached bytes by reference (256 KiB
+    /// and up, of a block the memory tier served often: `vmsplice` into a pipe, `splice` to the
+    /// socket, as `sendfile` does) instead of copied into the socket: `remote` (clients on other
+    /// hosts), `always` or `never`. Default: `remote`. By reference the server's copy is gone
+    /// (a third to a half of a large hit's CPU), but a client on this host then copies out of
+    /// the cache's memory instead of out of a copy still in the CPU's caches: on loopback, 8 MiB
+    /// hits cost the machine more CPU that way (the client's rose more than the server's fell)
+    /// and one client got half the throughput (docs/benchmarks.md).
+    send_by_reference: SendByReference = Default::default();
     /// Longest a client may take to send a request's headers before its connection is closed
     /// (guards against slowloris clients). Default: `10s`.
     client_header_timeout: HumanDuration = HumanDuration::secs(10);
@@ -435,6 +444,20 @@ pub enum PrefetchMode {
     Auto,
     /// No read-ahead.
     Off,
+}
+
+/// See [`Config::send_by_reference`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum SendByReference {
+    /// To clients whose address is not this host's (not loopback, not the address they
+    /// connected to).
+    #[default]
+    Remote,
+    /// To every cleartext HTTP/1.1 client.
+    Always,
+    /// To none: every body is copied into the socket.
+    Never,
 }
 
 /// See [`Config::cold_ranges`].

@@ -14,13 +14,13 @@ use tokio::sync::Semaphore;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Config;
+use crate::config::{Config, SendByReference};
 use crate::front::tls::TlsConfig;
 
 use super::gather::{FlushedAfter, Gathered};
 use super::lend::Lending;
 
-/// What one client may hold of a listener.
+/// What one client may hold of a listener, and how its large bodies are sent.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct ClientLimits {
     /// Most connections open at once.
@@ -31,6 +31,8 @@ pub(super) struct ClientLimits {
     pub(super) idle_timeout: Duration,
     /// Most requests in flight on one HTTP/2 connection.
     pub(super) max_streams: u32,
+    /// Which cleartext HTTP/1.1 clients get large cached bodies by reference ([`Lending`]).
+    pub(super) send_by_reference: SendByReference,
 }
 
 impl From<&Config> for ClientLimits {
@@ -40,6 +42,7 @@ impl From<&Config> for ClientLimits {
             header_timeout: config.client_header_timeout.0,
             idle_timeout: config.client_idle_timeout.0,
             max_streams: config.client_max_streams,
+            send_by_reference: config.send_by_reference,
         }
     }
 }
@@ -113,8 +116,9 @@ pub(super) async fn serve_clients(
                         let io = Tracked::new(socket, activity.clone());
                         serve_one(&http, io, h2, service, &activity, limits, &shutdown).await
                     } else {
-                        // Large bodies of cached bytes leave by reference ([`super::lend`]).
-                        let io = Tracked::new(Lending::new(socket), activity.clone());
+                        // Large bodies of cached bytes may leave by reference ([`super::lend`]).
+                        let lending = Lending::new(socket, limits.send_by_reference);
+                        let io = Tracked::new(lending, activity.clone());
                         serve_one(&http, io, h2, service, &activity, limits, &shutdown).await
                     }
                 }

@@ -18,6 +18,13 @@
 //! after hyper was told its bytes were taken is returned by the next write, flush or shutdown,
 //! as a socket's own buffered send would fail.
 //!
+//! Only clients on other hosts are lent to by default (`send_by_reference = "remote"`): a client
+//! on this host copies the body out of its socket on this machine's CPUs, and out of the cache's
+//! pages that copy cost it more than out of the server's fresh copy, more than the server saved
+//! (8 MiB hits on loopback: the machine's CPU per request up a fifth to a half, one client's
+//! throughput halved; docs/benchmarks.md). A client across a network gets the pages from the
+//! network card, which reads them either way.
+//!
 //! TLS connections encrypt in user space and HTTP/2's frames are gathered
 //! ([`super::gather`]), so neither lends.
 
@@ -30,6 +37,8 @@ use rustix::net::{send, SendFlags};
 use rustix::pipe::{fcntl_setpipe_size, pipe_with, splice, PipeFlags, SpliceFlags};
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
+
+use crate::config::SendByReference;
 
 /// Bodies (a single `Bytes` of one) shorter than this are copied: a loan's two system calls and
 /// the page references it takes are worth it only for large writes, and a buffer that lent
@@ -60,15 +69,21 @@ enum Pipe {
         read: OwnedFd,
         write: OwnedFd,
     },
-    /// The system would not make one (out of descriptors): this connection copies.
-    Refused,
+    /// This connection copies: its client is on this host (`send_by_reference`), or the system
+    /// would not make a pipe (out of descriptors), or `vmsplice` failed.
+    Off,
 }
 
 impl Lending {
-    pub(super) fn new(socket: TcpStream) -> Self {
+    pub(super) fn new(socket: TcpStream, by_reference: SendByReference) -> Self {
+        let lends = match by_reference {
+            SendByReference::Always => true,
+            SendByReference::Never => false,
+            SendByReference::Remote => !on_this_host(&socket),
+        };
         Self {
             socket,
-            pipe: Pipe::Unopened,
+            pipe: if lends { Pipe::Unopened } else { Pipe::Off },
             piped: 0,
         }
     }
@@ -83,13 +98,13 @@ impl Lending {
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "no pipe for lending; this connection copies");
-                    Pipe::Refused
+                    Pipe::Off
                 }
             };
         }
         match &self.pipe {
             Pipe::Open { write, .. } => Some(write),
-            Pipe::Unopened | Pipe::Refused => None,
+            Pipe::Unopened | Pipe::Off => None,
         }
     }
 
@@ -114,6 +129,18 @@ impl Lending {
             self.piped -= n;
         }
         Poll::Ready(Ok(()))
+    }
+}
+
+/// Whether the client is on this host: a loopback address, or the address it connected to (an
+/// address it could not be asked for counts as this host's: copying is never wrong).
+fn on_this_host(socket: &TcpStream) -> bool {
+    match (socket.peer_addr(), socket.local_addr()) {
+        (Ok(peer), Ok(local)) => {
+            let peer = peer.ip().to_canonical();
+            peer.is_loopback() || peer == local.ip().to_canonical()
+        }
+        _ => true,
     }
 }
 
@@ -191,7 +218,7 @@ impl AsyncWrite for Lending {
             }
             Err(e) => {
                 tracing::debug!(error = %e, "vmsplice failed; this connection copies");
-                this.pipe = Pipe::Refused;
+                this.pipe = Pipe::Off;
                 Pin::new(&mut this.socket).poll_write_vectored(cx, bufs)
             }
         }
@@ -225,13 +252,18 @@ mod tests {
 
     use super::*;
 
+    /// A connection on loopback whose server side lends (as to a client on another host).
     async fn pair() -> (Lending, TcpStream) {
+        pair_sending(SendByReference::Always).await
+    }
+
+    async fn pair_sending(by_reference: SendByReference) -> (Lending, TcpStream) {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let client = TcpStream::connect(listener.local_addr().expect("addr"))
             .await
             .expect("connect");
         let (server, _) = listener.accept().await.expect("accept");
-        (Lending::new(server), client)
+        (Lending::new(server, by_reference), client)
     }
 
     /// A body in one of cache-core's pooled buffers, read as often as a hot block's.
@@ -286,6 +318,32 @@ mod tests {
         server.shutdown().await.expect("shutdown");
         let got = reader.await.expect("reader");
         assert_eq!(got, [HEAD, &body[..], tail].concat());
+    }
+
+    #[tokio::test]
+    async fn a_client_on_this_host_gets_copies_unless_told_otherwise() {
+        for (by_reference, lent) in [
+            (SendByReference::Remote, false),
+            (SendByReference::Never, false),
+            (SendByReference::Always, true),
+        ] {
+            let (mut server, mut client) = pair_sending(by_reference).await;
+            assert!(on_this_host(&server.socket), "loopback is this host");
+            let body = pooled(2 * LEND_MIN, |i| (i % 7) as u8);
+            let reader = tokio::spawn(async move {
+                let mut got = Vec::new();
+                client.read_to_end(&mut got).await.expect("read");
+                got
+            });
+            write_all_vectored(&mut server, &[HEAD, &body]).await;
+            assert_eq!(
+                matches!(server.pipe, Pipe::Open { .. }),
+                lent,
+                "{by_reference:?}"
+            );
+            server.shutdown().await.expect("shutdown");
+            assert_eq!(reader.await.expect("reader"), [HEAD, &body[..]].concat());
+        }
     }
 
     #[tokio::test]
