@@ -104,9 +104,9 @@ options! {
     /// socket, as `sendfile` does) instead of copied into the socket: `remote` (clients on other
     /// hosts), `always` or `never`. Default: `remote`. By reference the server's copy is gone
     /// (a third to a half of a large hit's CPU), but a client on this host then copies out of
-    /// the cache's memory instead of out of a copy still in the CPU's caches: on loopback, 8 MiB
-    /// hits cost the machine more CPU that way (the client's rose more than the server's fell)
-    /// and one client got half the throughput (docs/benchmarks.md).
+    /// the cache's memory instead of out of a copy still in the CPU's caches: on loopback, 8 and
+    /// 64 MiB hits cost the machine 23 to 57 % more CPU that way (the client's rose more than
+    /// the server's fell) and one client got 40 to 58 % less throughput (docs/benchmarks.md).
     send_by_reference: SendByReference = Default::default();
     /// Longest a client may take to send a request's headers before its connection is closed
     /// (guards against slowloris clients). Default: `10s`.

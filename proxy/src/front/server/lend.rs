@@ -21,8 +21,8 @@
 //! Only clients on other hosts are lent to by default (`send_by_reference = "remote"`): a client
 //! on this host copies the body out of its socket on this machine's CPUs, and out of the cache's
 //! pages that copy cost it more than out of the server's fresh copy, more than the server saved
-//! (8 MiB hits on loopback: the machine's CPU per request up a fifth to a half, one client's
-//! throughput halved; docs/benchmarks.md). A client across a network gets the pages from the
+//! (8 and 64 MiB hits on loopback: the machine's CPU per request up 23 to 57 %, one client's
+//! throughput down 40 to 58 %; docs/benchmarks.md). A client across a network gets the pages from the
 //! network card, which reads them either way.
 //!
 //! TLS connections encrypt in user space and HTTP/2's frames are gathered
@@ -184,6 +184,10 @@ impl AsyncWrite for Lending {
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
+        if let Pipe::Off = this.pipe {
+            // Not even a look at the pool's registry (a lock all connections share).
+            return Pin::new(&mut this.socket).poll_write_vectored(cx, bufs);
+        }
         ready!(this.poll_drain(cx))?;
         let lendable = bufs
             .iter()

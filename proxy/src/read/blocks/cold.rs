@@ -343,13 +343,22 @@ impl BlockStore {
                 } else if supplier == Supplier::Upstream {
                     let rate = carve.measure(&self.pace);
                     if !self.pace.keeps(rate, fills.len() as u64, block_size) {
-                        break;
+                        // Too slow to go on, but the next block's bytes are on their way
+                        // already: it keeps them (a GET of its own would ask them again, a
+                        // round trip later), and only the blocks past it are asked for now.
+                        let mut rest: Vec<_> = fills.collect();
+                        let next = (!rest.is_empty()).then(|| rest.remove(0));
+                        for (fill, _) in rest {
+                            let alone = (&object, &etag);
+                            running.push(self.fetch_cold_fill(fill, alone, None, None, purpose));
+                        }
+                        fills = next.into_iter().collect::<Vec<_>>().into_iter();
                     }
                 }
                 first = false;
             }
-            // The body broke, or came too slowly to go on: the blocks it did not reach are
-            // fetched on their own, at once; its connection is let go.
+            // The body broke, or came too slowly to go on past the next block: the blocks it
+            // did not reach are fetched on their own, at once; its connection is let go.
             drop(carve);
             let alone = fills
                 .map(|(fill, _)| self.fetch_cold_fill(fill, (&object, &etag), None, None, purpose));

@@ -70,8 +70,9 @@ impl Pace {
     /// Whether a run whose first block came at `rate` bytes a second goes on for `remaining`
     /// more blocks of `block_size`: only if they would come within two round trips. A run
     /// planned on a rate the connection turned out not to have (the upstream got slower, or
-    /// caps each connection as S3 does) stops after its first block, and the rest are asked
-    /// for at once, each with a GET of its own.
+    /// caps each connection as S3 does) stops after the block following its first (whose
+    /// bytes are already on their way), and the rest are asked for at once, each with a GET of
+    /// its own.
     pub(super) fn keeps(&self, rate: Option<f64>, remaining: u64, block_size: u64) -> bool {
         let round_trip = self.round_trip_us.load(Ordering::Relaxed) as f64 / 1e6;
         let Some(rate) = rate else {
