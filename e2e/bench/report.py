@@ -281,13 +281,19 @@ def markdown(res) -> str:
         out += ["## Parquet-like ranged reads", "",
                 "Per file: the last 64 KiB (`Range: bytes=-65536`, as readers fetch the footer), then three column "
                 "chunks of 256 KiB–4 MiB at random offsets; 8 clients, one file each at a time. Three passes over "
-                "the same files: cold, the same query again, then other columns.", "",
+                "the same files: cold, the same query again, then other columns. Larder's read-ahead: the blocks it "
+                "fetched behind its readers in the pass (predicted from their reads, or completed from parts), and "
+                "the MiB of such blocks, fetched in that pass or an earlier one, first read in the pass (each block "
+                "counted once, whole, as `larder_prefetch_bytes_total{outcome=\"used\"}` counts it).", "",
                 "| target | pass | reads | served MiB | upstream GETs | upstream HEADs | upstream MiB | footer p50 ms | "
-                "column chunk p50 ms | p99 ms |", "|---|---|---|---|---|---|---|---|---|---|"]
+                "column chunk p50 ms | p99 ms | read-ahead blocks | read-ahead MiB first read |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
+            ahead = (f"{r['readahead_blocks']} | {r['readahead_used_mib']:.1f}" if "readahead_blocks" in r
+                     else " | ")
             out.append(f"| {r['target']} | {r['pass']} | {r['reads']} | {r['served_mib']:.1f} | {r['upstream_gets']} | "
                        f"{r['upstream_heads']} | {r['upstream_mib']:.1f} | {r['footer_p50']:.1f} | "
-                       f"{r['column_p50']:.1f} | {r['p99']:.1f} |")
+                       f"{r['column_p50']:.1f} | {r['p99']:.1f} | {ahead} |")
         out.append("")
     out += ["## Plots", "", "![hits](hits.png)", "", "![cold misses, herd, Zipf, Parquet](upstream.png)", ""]
     if "cold_ranges" in w:

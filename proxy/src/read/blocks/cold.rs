@@ -346,13 +346,12 @@ impl BlockStore {
                         // Too slow to go on, but the next block's bytes are on their way
                         // already: it keeps them (a GET of its own would ask them again, a
                         // round trip later), and only the blocks past it are asked for now.
-                        let mut rest: Vec<_> = fills.collect();
-                        let next = (!rest.is_empty()).then(|| rest.remove(0));
-                        for (fill, _) in rest {
+                        let next = fills.next();
+                        for (fill, _) in fills {
                             let alone = (&object, &etag);
                             running.push(self.fetch_cold_fill(fill, alone, None, None, purpose));
                         }
-                        fills = next.into_iter().collect::<Vec<_>>().into_iter();
+                        fills = Vec::from_iter(next).into_iter();
                     }
                 }
                 first = false;
