@@ -97,12 +97,19 @@ pub fn decode_meta(buf: &mut BytesMut) -> Result<(ObjectMeta, Duration), FrameEr
             .ok_or_else(|| FrameError::Bad(format!("header {name}")))?;
         headers.push((name, value));
     }
+    // Checked: `UNIX_EPOCH + secs` panics past what the clock can hold.
+    let last_modified = match wire.last_modified {
+        Some((s, n)) => Some(
+            UNIX_EPOCH
+                .checked_add(Duration::new(s, n.min(999_999_999)))
+                .ok_or_else(|| FrameError::Bad("last modified".into()))?,
+        ),
+        None => None,
+    };
     let meta = ObjectMeta {
         size: wire.size,
         etag: wire.etag,
-        last_modified: wire
-            .last_modified
-            .map(|(s, n)| UNIX_EPOCH + Duration::new(s, n.min(999_999_999))),
+        last_modified,
         version_id: wire.version_id,
         headers,
     };
@@ -243,6 +250,20 @@ mod tests {
         let mut garbled = BytesMut::from(&3u32.to_le_bytes()[..]);
         garbled.extend_from_slice(b"{x}");
         assert!(matches!(decode_meta(&mut garbled), Err(FrameError::Bad(_))));
+        // A time past what the clock can hold is refused, not a panic.
+        let meta = ObjectMeta {
+            size: 1,
+            etag: "\"e\"".into(),
+            last_modified: Some(at(1_700_000_000)),
+            version_id: None,
+            headers: vec![],
+        };
+        let json = String::from_utf8(encode_meta(&meta, Duration::ZERO)[4..].to_vec()).unwrap();
+        let json = json.replace("1700000000", &u64::MAX.to_string());
+        assert!(json.contains(&u64::MAX.to_string()), "{json}");
+        let mut far = BytesMut::from(&(json.len() as u32).to_le_bytes()[..]);
+        far.extend_from_slice(json.as_bytes());
+        assert!(matches!(decode_meta(&mut far), Err(FrameError::Bad(_))));
     }
 
     #[test]
