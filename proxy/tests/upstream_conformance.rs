@@ -184,6 +184,6 @@ async fn the_s3_client_conforms_against_a_real_s3_server() {
             .await
             .expect("put");
     }
-    let upstream: Arc<dyn Upstream> = Arc::new(S3Upstream::new(&config).await);
+    let upstream: Arc<dyn Upstream> = Arc::new(S3Upstream::new(&config).await.unwrap());
     conforms(upstream.as_ref()).await;
 }

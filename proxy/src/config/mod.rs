@@ -177,7 +177,8 @@ options! {
     /// Base domain for virtual-hosted-style requests (`bucket.<base_domain>`). Default: none, so
     /// only path-style requests (`/bucket/key`) are understood.
     base_domain: Option<String> = None;
-    /// The upstream S3 endpoint URL. Default: none, meaning AWS S3 for the region.
+    /// The upstream S3 endpoint URL. Default: none, meaning the AWS SDKs' own setting
+    /// (`AWS_ENDPOINT_URL`, a profile's `endpoint_url`), else AWS S3 for the region.
     upstream_endpoint: Option<String> = None;
     /// The upstream region. Default: `us-east-1`.
     upstream_region: String = "us-east-1".to_owned();

@@ -90,15 +90,18 @@ pub struct Forwarder {
 }
 
 /// An HTTP(S) client over the system's CA certificates, for the upstream and anything else
-/// Larder calls out to (SNS subscription confirmation).
-pub fn https_client<B>() -> Result<Client<HttpsConnector<HttpConnector>, B>, String>
+/// Larder calls out to (SNS subscription confirmation), giving up on a connection not made
+/// within `connect_timeout`.
+pub fn https_client<B>(
+    connect_timeout: Duration,
+) -> Result<Client<HttpsConnector<HttpConnector>, B>, String>
 where
     B: http_body::Body + Send + 'static,
     B::Data: Send,
 {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
-    http.set_connect_timeout(Some(Duration::from_secs(5)));
+    http.set_connect_timeout(Some(connect_timeout));
     http.set_nodelay(true);
     let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let tls = match hyper_rustls::HttpsConnectorBuilder::new()
@@ -170,13 +173,15 @@ pub enum Reshaped {
 
 impl Forwarder {
     /// A forwarder to `endpoint` (`None`: AWS S3 in `region`) signing with `credentials`
-    /// (`None`: requests go unsigned, for anonymous upstreams).
+    /// (`None`: requests go unsigned, for anonymous upstreams), waiting at most
+    /// `connect_timeout` for a connection and `first_byte_timeout` for the answer to a request
+    /// without a body.
     pub fn new(
         endpoint: Option<&str>,
         region: &str,
         path_style: bool,
         credentials: Option<SharedCredentialsProvider>,
-        first_byte_timeout: Duration,
+        (connect_timeout, first_byte_timeout): (Duration, Duration),
     ) -> Result<Self, ForwardError> {
         let endpoint = endpoint
             .map(str::to_owned)
@@ -189,7 +194,7 @@ impl Forwarder {
                 "upstream endpoint {endpoint} needs a scheme and host"
             )));
         };
-        let client = https_client().map_err(ForwardError::Build)?;
+        let client = https_client(connect_timeout).map_err(ForwardError::Build)?;
         Ok(Self {
             client,
             scheme: scheme.to_owned(),
@@ -406,7 +411,8 @@ fn strip_presign(query: &str) -> String {
         .join("&")
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
+/// `e` and its causes, for a log line or an error message.
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut source = e.source();
     while let Some(cause) = source {
@@ -427,7 +433,7 @@ mod tests {
             "us-east-1",
             path_style,
             None,
-            Duration::from_secs(1),
+            (Duration::from_secs(1), Duration::from_secs(1)),
         )
         .unwrap()
     }

@@ -1,7 +1,7 @@
 //! The upstream: where bytes come from when no cache tier holds them.
 //!
 //! [`Upstream`] is the seam between Larder's read path and the upstream S3 API: the real
-//! implementation is [`s3::S3Upstream`] (aws-sdk-s3); unit tests plug in fakes. Concerns of
+//! implementation is [`s3::S3Upstream`] (S3 over HTTP, signed); unit tests plug in fakes. Concerns of
 //! every request are layers implementing the same trait, each in its own file and composed in
 //! [`layered`]: [`instrument`] (spans and metrics), [`throttle`] (per-prefix back-off on
 //! `SlowDown`), [`hedge`], [`resume`] and [`pieces`]. The in-memory
@@ -122,13 +122,13 @@ impl Clients {
     /// Both clients of an S3 upstream, signing with the same credentials; `first_byte_timeout`
     /// bounds the wait for a pass-through answer.
     pub async fn s3(config: &S3UpstreamConfig) -> Result<Self, ForwardError> {
-        let origin = S3Upstream::new(config).await;
+        let origin = S3Upstream::new(config).await?;
         let forwarder = Forwarder::new(
-            config.endpoint.as_deref(),
+            origin.endpoint(),
             &config.region,
             config.path_style,
             origin.credentials(),
-            config.first_byte_timeout,
+            (config.connect_timeout, config.first_byte_timeout),
         )?;
         Ok(Self {
             credentials: origin.credentials(),

@@ -1,10 +1,15 @@
-//! The origin on aws-sdk-s3: credentials from the standard AWS chain (environment, profile,
-//! web identity / IRSA, ECS, IMDS), requests signed with Larder's own credentials.
+//! The origin: credentials from the standard AWS chain (environment, profile, web identity /
+//! IRSA, ECS, IMDS), requests signed with Larder's own credentials. Object reads (GET, HEAD),
+//! the requests a miss waits for, are one signed request each on a plain HTTP client (the
+//! pass-through's, [`Forwarder`]); listings, rare and paged in XML, go through aws-sdk-s3.
+//! The SDK's machinery around each request (interceptors, endpoint rules, runtime plugins,
+//! output parsing) cost a cold read about 0.3 ms before its GET left and after its answer came
+//! (docs/benchmarks.md, "A miss's own time").
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use aws_sdk_s3::config::interceptors::BeforeTransmitInterceptorContextRef;
 use aws_sdk_s3::config::retry::RetryConfig;
@@ -12,7 +17,6 @@ use aws_sdk_s3::config::timeout::TimeoutConfig;
 use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region, StalledStreamProtectionConfig};
 use aws_sdk_s3::config::{ConfigBag, Intercept, RuntimeComponents};
 use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
-use aws_sdk_s3::operation::head_object::HeadObjectOutput;
 use aws_sdk_s3::Client;
 use aws_smithy_runtime_api::box_error::BoxError;
 use aws_smithy_runtime_api::client::interceptors::context::InterceptorContext;
@@ -20,13 +24,19 @@ use aws_smithy_runtime_api::client::retries::classifiers::{
     ClassifyRetry, RetryAction, RetryClassifierPriority,
 };
 use aws_smithy_runtime_api::client::retries::RequestAttempts;
+use axum::body::Body;
+use bytes::Bytes;
 use futures::StreamExt;
-use http::{HeaderName, HeaderValue};
+use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Response};
+use http_body_util::BodyExt;
+use percent_encoding::utf8_percent_encode;
 
+use super::forward::{error_chain, Forward, ForwardError, Forwarder, Reshaped, SignedBody};
 use super::Upstream;
 use crate::model::{
     is_throttling_status, BodyStream, ByteRange, ObjectId, ObjectMeta, UpstreamError,
 };
+use crate::s3::request::Target;
 
 /// How to reach the upstream.
 #[derive(Debug, Clone)]
@@ -61,11 +71,21 @@ impl Default for S3UpstreamConfig {
     }
 }
 
-/// The upstream S3 API through aws-sdk-s3.
+/// The upstream S3 API.
 pub struct S3Upstream {
+    /// Listings.
     client: Client,
+    /// Object reads.
+    objects: Forwarder,
+    /// Where both go (`None`: AWS S3 in the region).
+    endpoint: Option<String>,
     credentials: Option<aws_credential_types::provider::SharedCredentialsProvider>,
+    /// Retries of both, since start.
     retries: Arc<AtomicU64>,
+    max_attempts: u32,
+    /// What object reads may still spend on retries.
+    budget: RetryBudget,
+    first_byte_timeout: Duration,
 }
 
 /// Counts the SDK's retries: every attempt after an operation's first.
@@ -118,8 +138,8 @@ impl ClassifyRetry for LeaveThrottlingToTheLayer {
 }
 
 impl S3Upstream {
-    /// Build a client, loading credentials from the standard AWS chain.
-    pub async fn new(config: &S3UpstreamConfig) -> Self {
+    /// Build the clients, loading credentials from the standard AWS chain.
+    pub async fn new(config: &S3UpstreamConfig) -> Result<Self, ForwardError> {
         let mut loader = aws_config::defaults(BehaviorVersion::latest())
             .region(Region::new(config.region.clone()));
         if let Some(endpoint) = &config.endpoint {
@@ -151,11 +171,33 @@ impl S3Upstream {
                     .build(),
             )
             .build();
-        Self {
+        let credentials = shared.credentials_provider();
+        // The endpoint as the SDK resolved it (`AWS_ENDPOINT_URL` or a profile's, if the
+        // configuration names none), so that object reads and listings go to one place.
+        let endpoint = shared.endpoint_url().map(str::to_owned);
+        let objects = Forwarder::new(
+            endpoint.as_deref(),
+            &config.region,
+            config.path_style,
+            credentials.clone(),
+            (config.connect_timeout, config.first_byte_timeout),
+        )?;
+        Ok(Self {
             client: Client::from_conf(s3),
-            credentials: shared.credentials_provider(),
+            objects,
+            endpoint,
+            credentials,
             retries,
-        }
+            max_attempts: config.max_attempts.max(1),
+            budget: RetryBudget::default(),
+            first_byte_timeout: config.first_byte_timeout,
+        })
+    }
+
+    /// The endpoint this origin reads from (`None`: AWS S3 in the region), for the
+    /// pass-through to send to as well.
+    pub fn endpoint(&self) -> Option<&str> {
+        self.endpoint.as_deref()
     }
 
     /// The credentials this origin signs with, for the pass-through to sign with too.
@@ -198,16 +240,15 @@ impl Upstream for S3Upstream {
     }
 
     async fn head(&self, object: &ObjectId) -> Result<ObjectMeta, UpstreamError> {
-        let out = self
-            .client
-            .head_object()
-            .bucket(object.bucket.as_ref())
-            .key(object.key.as_ref())
-            .set_version_id(object.version_id.as_deref().map(str::to_owned))
-            .send()
-            .await
-            .map_err(map_error)?;
-        meta_from_head(out)
+        let answer = self
+            .object_request(Method::HEAD, object, HeaderMap::new())
+            .await?;
+        let size = content_length(answer.headers()).ok_or_else(|| UpstreamError::Service {
+            status: 502,
+            code: "InternalError".into(),
+            message: "upstream HEAD had no Content-Length".into(),
+        })?;
+        object_meta(answer.headers(), size, "HEAD")
     }
 
     async fn get(
@@ -216,36 +257,28 @@ impl Upstream for S3Upstream {
         if_match: Option<&str>,
         range: Option<Range<u64>>,
     ) -> Result<BodyStream, UpstreamError> {
-        let expected = range.as_ref().map(|r| r.end - r.start);
-        let out = self
-            .client
-            .get_object()
-            .bucket(object.bucket.as_ref())
-            .key(object.key.as_ref())
-            .set_version_id(object.version_id.as_deref().map(str::to_owned))
-            .set_if_match(if_match.map(str::to_owned))
-            .set_range(
-                range
-                    .filter(|r| r.end > r.start)
-                    .map(|r| format!("bytes={}-{}", r.start, r.end - 1)),
-            )
-            .send()
-            .await
-            .map_err(|e| match map_error(e) {
-                UpstreamError::Service { status: 412, .. } if if_match.is_some() => {
-                    UpstreamError::Changed
-                }
-                other => other,
-            })?;
-        if let (Some(expected), Some(len)) = (expected, out.content_length) {
-            if u64::try_from(len).ok() != Some(expected) {
-                return Err(UpstreamError::BodyLength {
-                    got: len.max(0) as u64,
-                    expected,
-                });
+        let range = range.filter(|r| r.end > r.start);
+        let mut headers = HeaderMap::new();
+        if let Some(etag) = if_match {
+            headers.insert(header::IF_MATCH, header_value(etag)?);
+        }
+        if let Some(r) = &range {
+            let asked = format!("bytes={}-{}", r.start, r.end - 1);
+            headers.insert(header::RANGE, header_value(&asked)?);
+        }
+        let answer = match self.object_request(Method::GET, object, headers).await {
+            Err(UpstreamError::Service { status: 412, .. }) if if_match.is_some() => {
+                return Err(UpstreamError::Changed)
+            }
+            other => other?,
+        };
+        if let (Some(r), Some(len)) = (&range, content_length(answer.headers())) {
+            let expected = r.end - r.start;
+            if len != expected {
+                return Err(UpstreamError::BodyLength { got: len, expected });
             }
         }
-        Ok(body_stream(out.body))
+        Ok(body_stream(answer.into_body()))
     }
 
     async fn get_with_meta(
@@ -253,60 +286,220 @@ impl Upstream for S3Upstream {
         object: &ObjectId,
         span: ByteRange,
     ) -> Result<Option<(ObjectMeta, BodyStream)>, UpstreamError> {
-        let result = self
-            .client
-            .get_object()
-            .bucket(object.bucket.as_ref())
-            .key(object.key.as_ref())
-            .set_version_id(object.version_id.as_deref().map(str::to_owned))
-            .range(span.header())
-            .send()
-            .await;
-        let mut out = match result {
-            Ok(out) => out,
-            Err(e) => {
-                return match map_error(e) {
-                    // Past the end, or an empty object: only a HEAD says which.
-                    UpstreamError::Service { status: 416, .. } => Ok(None),
-                    other => Err(other),
-                };
-            }
+        let mut headers = HeaderMap::new();
+        headers.insert(header::RANGE, header_value(&span.header())?);
+        let answer = match self.object_request(Method::GET, object, headers).await {
+            Ok(answer) => answer,
+            // Past the end, or an empty object: only a HEAD says which.
+            Err(UpstreamError::Service { status: 416, .. }) => return Ok(None),
+            Err(e) => return Err(e),
         };
-        let Some(size) = out
-            .content_range
-            .as_deref()
+        let Some(size) = answer
+            .headers()
+            .get(header::CONTENT_RANGE)
+            .and_then(|v| v.to_str().ok())
             .and_then(total_of_content_range)
         else {
             return Ok(None);
         };
         let within = span.within(size);
         let expected = within.end - within.start;
-        if out.content_length.and_then(|l| u64::try_from(l).ok()) != Some(expected) {
+        let len = content_length(answer.headers());
+        if len != Some(expected) {
             return Err(UpstreamError::BodyLength {
-                got: out.content_length.unwrap_or(0).max(0) as u64,
+                got: len.unwrap_or(0),
                 expected,
             });
         }
-        let body = std::mem::take(&mut out.body);
-        let meta = object_meta!(out, size, "GET")?;
-        Ok(Some((meta, body_stream(body))))
+        let meta = object_meta(answer.headers(), size, "GET")?;
+        Ok(Some((meta, body_stream(answer.into_body()))))
     }
 }
 
-fn body_stream(body: aws_sdk_s3::primitives::ByteStream) -> BodyStream {
-    futures::stream::unfold(body, |mut body| async move {
-        match body.next().await {
-            None => None,
-            Some(Ok(bytes)) => Some((Ok(bytes), body)),
-            Some(Err(e)) => Some((
-                Err(UpstreamError::Transport(
-                    DisplayErrorContext(&e).to_string(),
-                )),
-                body,
-            )),
+impl S3Upstream {
+    /// A GET or HEAD of `object` with `headers`, signed and sent on the object client, and sent
+    /// again after a transient failure the way the SDK's standard retries do (a connection
+    /// that broke or timed out before the answer, 500, 502 or 504; `max_attempts` in all,
+    /// full-jitter exponential backoff, within the [`RetryBudget`]), each retry counted.
+    /// Throttling (503, 429) is left to the throttle layer, as with
+    /// [`LeaveThrottlingToTheLayer`]. An answer that is not a success is the S3 error it
+    /// carries.
+    async fn object_request(
+        &self,
+        method: Method,
+        object: &ObjectId,
+        headers: HeaderMap,
+    ) -> Result<Response<Body>, UpstreamError> {
+        let query = object
+            .version_id
+            .as_deref()
+            .map(|v| format!("versionId={}", utf8_percent_encode(v, QUERY_VALUE)));
+        let (mut attempt, mut spent) = (1, None);
+        loop {
+            let answer = self
+                .objects
+                .send(Forward {
+                    method: method.clone(),
+                    target: Target::Object {
+                        bucket: object.bucket.to_string(),
+                        key: object.key.to_string(),
+                    },
+                    query: query.clone(),
+                    headers: headers.clone(),
+                    body: Body::empty(),
+                    payload: SignedBody::Sha256(EMPTY_SHA256.to_owned()),
+                    reshaped: Reshaped::AsSent,
+                })
+                .await;
+            // What sending it again would cost the budget; `None`: not sent again.
+            let retry_cost = match &answer {
+                Ok(a) if matches!(a.status().as_u16(), 500 | 502 | 504) => Some(RETRY_COST),
+                Err(ForwardError::Transport(_)) => Some(RETRY_COST),
+                Err(ForwardError::Timeout(_)) => Some(RETRY_TIMEOUT_COST),
+                _ => None,
+            }
+            .filter(|_| attempt < self.max_attempts);
+            if !retry_cost.is_some_and(|cost| self.budget.take(cost)) {
+                return match answer {
+                    Ok(a) if a.status().is_success() => {
+                        self.budget.give_back(spent.unwrap_or(NO_RETRY_INCREMENT));
+                        Ok(a)
+                    }
+                    Ok(a) => Err(self.service_error(a).await),
+                    Err(e) => Err(upstream_error(e)),
+                };
+            }
+            spent = retry_cost;
+            self.retries.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(retry_backoff(attempt)).await;
+            attempt += 1;
         }
-    })
-    .boxed()
+    }
+
+    /// The S3 error an answer that is not a success carries: the `Code` and `Message` of its
+    /// XML body, or (a HEAD's answer has no body) the code S3 uses for its status.
+    async fn service_error(&self, answer: Response<Body>) -> UpstreamError {
+        let status = answer.status().as_u16();
+        // Bounded in size and time: an error document is a few hundred bytes.
+        let read = http_body_util::Limited::new(answer.into_body(), ERROR_BODY_LIMIT).collect();
+        let body = match tokio::time::timeout(self.first_byte_timeout, read).await {
+            Ok(Ok(collected)) => collected.to_bytes(),
+            _ => Bytes::new(),
+        };
+        let doc = String::from_utf8_lossy(&body);
+        let code = xml_text(&doc, "Code").unwrap_or_else(|| code_for_status(status).to_owned());
+        let message = xml_text(&doc, "Message").unwrap_or_else(|| code.clone());
+        UpstreamError::Service {
+            status,
+            code,
+            message,
+        }
+    }
+}
+
+/// The SHA-256 of an empty payload: what a GET or HEAD signs as its body.
+const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+
+/// The most of an error answer's body read for its code and message.
+const ERROR_BODY_LIMIT: usize = 64 * 1024;
+
+/// What is escaped in a query parameter's value: all but RFC 3986's unreserved characters.
+const QUERY_VALUE: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// How long to wait before attempt `attempt + 1`: the SDK's standard retry backoff, a random
+/// share of 1 s doubled per attempt, at most 20 s.
+fn retry_backoff(attempt: u32) -> Duration {
+    let ceiling = Duration::from_secs(1 << attempt.saturating_sub(1).min(4)).min(MAX_BACKOFF);
+    ceiling.mul_f64(rand::random::<f64>())
+}
+
+/// The longest wait between attempts, as the SDK's standard retries.
+const MAX_BACKOFF: Duration = Duration::from_secs(20);
+
+/// The SDK standard retry strategy's budget, shared by every object read: a retry takes
+/// [`RETRY_COST`] tokens ([`RETRY_TIMEOUT_COST`] after a timeout) and a read that then succeeds
+/// gives them back; a first attempt that succeeds adds [`NO_RETRY_INCREMENT`], up to
+/// [`RETRY_QUOTA`]. With the budget spent, a failure is answered at once: an upstream that is
+/// down is asked once per read, not `max_attempts` times.
+struct RetryBudget(std::sync::atomic::AtomicU32);
+
+const RETRY_QUOTA: u32 = 500;
+const RETRY_COST: u32 = 5;
+const RETRY_TIMEOUT_COST: u32 = 10;
+const NO_RETRY_INCREMENT: u32 = 1;
+
+impl Default for RetryBudget {
+    fn default() -> Self {
+        Self(RETRY_QUOTA.into())
+    }
+}
+
+impl RetryBudget {
+    /// Whether `cost` tokens were there, taken if so.
+    fn take(&self, cost: u32) -> bool {
+        self.0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
+                t.checked_sub(cost)
+            })
+            .is_ok()
+    }
+
+    fn give_back(&self, tokens: u32) {
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
+                Some((t + tokens).min(RETRY_QUOTA))
+            });
+    }
+}
+
+fn upstream_error(e: ForwardError) -> UpstreamError {
+    match e {
+        ForwardError::Transport(m) => UpstreamError::Transport(m),
+        ForwardError::Timeout(_) => UpstreamError::Timeout(e.to_string()),
+        ForwardError::Credentials(_) | ForwardError::Build(_) => {
+            UpstreamError::Internal(e.to_string())
+        }
+    }
+}
+
+fn header_value(v: &str) -> Result<HeaderValue, UpstreamError> {
+    HeaderValue::from_str(v).map_err(|e| UpstreamError::Internal(format!("header {v:?}: {e}")))
+}
+
+fn content_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
+/// The text of the first `<tag>` element of an S3 error document, its five XML entities
+/// unescaped; `None` if there is none.
+fn xml_text(doc: &str, tag: &str) -> Option<String> {
+    let open = format!("<{tag}>");
+    let start = doc.find(&open)? + open.len();
+    let len = doc[start..].find(&format!("</{tag}>"))?;
+    Some(
+        doc[start..start + len]
+            .replace("&lt;", "<")
+            .replace("&gt;", ">")
+            .replace("&quot;", "\"")
+            .replace("&apos;", "'")
+            .replace("&amp;", "&"),
+    )
+}
+
+fn body_stream(body: Body) -> BodyStream {
+    body.into_data_stream()
+        .map(|chunk| chunk.map_err(|e| UpstreamError::Transport(error_chain(&e))))
+        .boxed()
 }
 
 /// The object size in a Content-Range (`bytes 0-99/1234`); `None` for `*` or garbage.
@@ -360,111 +553,62 @@ fn code_for_status(status: u16) -> &'static str {
     }
 }
 
-fn meta_from_head(out: HeadObjectOutput) -> Result<ObjectMeta, UpstreamError> {
-    let size = out
-        .content_length
-        .and_then(|l| u64::try_from(l).ok())
-        .ok_or_else(|| UpstreamError::Service {
-            status: 502,
-            code: "InternalError".into(),
-            message: "upstream HEAD had no Content-Length".into(),
-        })?;
-    object_meta!(out, size, "HEAD")
-}
+/// The headers of an object S3 sends with GET and HEAD that a client may want, passed on as
+/// they came (with every `x-amz-meta-*`, in name order).
+const OBJECT_HEADERS: &[&str] = &[
+    "content-type",
+    "content-encoding",
+    "content-language",
+    "content-disposition",
+    "cache-control",
+    "expires",
+    "x-amz-storage-class",
+    "x-amz-server-side-encryption",
+    "x-amz-server-side-encryption-aws-kms-key-id",
+    "x-amz-website-redirect-location",
+    "x-amz-object-lock-mode",
+    "x-amz-object-lock-legal-hold",
+    "x-amz-replication-status",
+    "x-amz-restore",
+    // The lifecycle rule's expiry, which S3 and MinIO send with GET and HEAD.
+    "x-amz-expiration",
+    "x-amz-object-lock-retain-until-date",
+    "x-amz-tagging-count",
+    "x-amz-missing-meta",
+];
 
-/// [`ObjectMeta`] from a HeadObject or GetObject output (the SDK gives them the same fields,
-/// but no common type).
-macro_rules! object_meta {
-    ($out:expr, $size:expr, $op:literal) => {{
-        let out = $out;
-        match out.e_tag.clone() {
-            None => Err(UpstreamError::Service {
-                status: 502,
-                code: "InternalError".into(),
-                message: concat!("upstream ", $op, " had no ETag").into(),
-            }),
-            Some(etag) => {
-                let last_modified = out.last_modified.and_then(|t| SystemTime::try_from(t).ok());
-                let mut headers = Vec::new();
-                let mut add = |name: &str, value: Option<&str>| {
-                    if let Some(v) = value {
-                        if let (Ok(n), Ok(v)) =
-                            (HeaderName::try_from(name), HeaderValue::from_str(v))
-                        {
-                            headers.push((n, v));
-                        }
-                    }
-                };
-                add("content-type", out.content_type.as_deref());
-                add("content-encoding", out.content_encoding.as_deref());
-                add("content-language", out.content_language.as_deref());
-                add("content-disposition", out.content_disposition.as_deref());
-                add("cache-control", out.cache_control.as_deref());
-                add("expires", out.expires_string.as_deref());
-                add(
-                    "x-amz-storage-class",
-                    out.storage_class.as_ref().map(|s| s.as_str()),
-                );
-                add(
-                    "x-amz-server-side-encryption",
-                    out.server_side_encryption.as_ref().map(|s| s.as_str()),
-                );
-                add(
-                    "x-amz-server-side-encryption-aws-kms-key-id",
-                    out.ssekms_key_id.as_deref(),
-                );
-                add(
-                    "x-amz-website-redirect-location",
-                    out.website_redirect_location.as_deref(),
-                );
-                add(
-                    "x-amz-object-lock-mode",
-                    out.object_lock_mode.as_ref().map(|s| s.as_str()),
-                );
-                add(
-                    "x-amz-object-lock-legal-hold",
-                    out.object_lock_legal_hold_status
-                        .as_ref()
-                        .map(|s| s.as_str()),
-                );
-                add(
-                    "x-amz-replication-status",
-                    out.replication_status.as_ref().map(|s| s.as_str()),
-                );
-                add("x-amz-restore", out.restore.as_deref());
-                // The lifecycle rule's expiry, which S3 and MinIO send with GET and HEAD.
-                add("x-amz-expiration", out.expiration.as_deref());
-                let retain = out
-                    .object_lock_retain_until_date
-                    .and_then(|d| d.fmt(aws_smithy_types::date_time::Format::DateTime).ok());
-                add("x-amz-object-lock-retain-until-date", retain.as_deref());
-                let tag_count = out.tag_count.map(|n| n.to_string());
-                add("x-amz-tagging-count", tag_count.as_deref());
-                let missing = out.missing_meta.map(|n| n.to_string());
-                add("x-amz-missing-meta", missing.as_deref());
-                if let Some(meta) = &out.metadata {
-                    let mut pairs: Vec<_> = meta.iter().collect();
-                    pairs.sort();
-                    for (k, v) in pairs {
-                        add(&format!("x-amz-meta-{}", k.to_ascii_lowercase()), Some(v));
-                    }
-                }
-                Ok(ObjectMeta {
-                    size: $size,
-                    etag,
-                    last_modified,
-                    version_id: out.version_id,
-                    headers,
-                })
-            }
-        }
-    }};
+/// [`ObjectMeta`] from the headers of a GET's or HEAD's answer, the object `size` bytes long.
+fn object_meta(headers: &HeaderMap, size: u64, op: &str) -> Result<ObjectMeta, UpstreamError> {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let etag = text("etag").ok_or_else(|| UpstreamError::Service {
+        status: 502,
+        code: "InternalError".into(),
+        message: format!("upstream {op} had no ETag"),
+    })?;
+    let mut kept: Vec<(HeaderName, HeaderValue)> = OBJECT_HEADERS
+        .iter()
+        .filter_map(|name| Some((HeaderName::from_static(name), headers.get(*name)?.clone())))
+        .collect();
+    let mut user: Vec<_> = headers
+        .iter()
+        .filter(|(name, _)| name.as_str().starts_with("x-amz-meta-"))
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect();
+    user.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+    kept.extend(user);
+    Ok(ObjectMeta {
+        size,
+        etag: etag.to_owned(),
+        last_modified: text("last-modified").and_then(|t| httpdate::parse_http_date(t).ok()),
+        version_id: text("x-amz-version-id").map(str::to_owned),
+        headers: kept,
+    })
 }
-use object_meta;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::SystemTime;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// A server on loopback that answers `first` (a status line) to the first request and 200
@@ -500,6 +644,214 @@ mod tests {
             ..Default::default()
         })
         .await
+        .unwrap()
+    }
+
+    /// A server on loopback that answers each of `replies` (whole HTTP responses) to one
+    /// request, on a connection of its own, and hands back the requests it read.
+    async fn scripted_server(
+        replies: Vec<String>,
+    ) -> (String, tokio::task::JoinHandle<Vec<String>>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let task = tokio::spawn(async move {
+            let mut requests = Vec::new();
+            for reply in replies {
+                let (mut conn, _) = listener.accept().await.unwrap();
+                let mut buf = vec![0u8; 8192];
+                let n = conn.read(&mut buf).await.unwrap();
+                requests.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+                conn.write_all(reply.as_bytes()).await.unwrap();
+            }
+            requests
+        });
+        (url, task)
+    }
+
+    fn answer(status: &str, headers: &str, body: &str) -> String {
+        format!(
+            "HTTP/1.1 {status}\r\n{headers}content-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    }
+
+    /// A cold GET's answer stands for a HEAD: size from Content-Range, the version, the date,
+    /// the object's headers as they came (user metadata in name order), nothing else; the
+    /// request is signed, asks the range, and names the version.
+    #[tokio::test]
+    async fn a_ranged_get_brings_the_objects_metadata() {
+        let headers = "content-range: bytes 2-4/10\r\netag: \"e1\"\r\n\
+            last-modified: Wed, 21 Oct 2015 07:28:00 GMT\r\nx-amz-version-id: v/1\r\n\
+            content-type: text/plain\r\nx-amz-meta-zeta: z\r\nx-amz-meta-alpha: a\r\n\
+            x-amz-request-id: 42\r\n";
+        let (url, server) =
+            scripted_server(vec![answer("206 Partial Content", headers, "abc")]).await;
+        let origin = origin(url).await;
+        let mut id = id();
+        id.version_id = Some("v/1".into());
+        let (meta, body) = origin
+            .get_with_meta(
+                &id,
+                ByteRange::FromTo {
+                    first: 2,
+                    last: Some(4),
+                },
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        let bytes: Vec<Bytes> = body.map(Result::unwrap).collect().await;
+        assert_eq!(bytes.concat(), b"abc");
+        assert_eq!((meta.size, meta.etag.as_str()), (10, "\"e1\""));
+        assert_eq!(meta.version_id.as_deref(), Some("v/1"));
+        assert_eq!(
+            meta.last_modified,
+            Some(SystemTime::UNIX_EPOCH + Duration::from_secs(1_445_412_480))
+        );
+        let names: Vec<_> = meta
+            .headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.to_str().unwrap()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("content-type", "text/plain"),
+                ("x-amz-meta-alpha", "a"),
+                ("x-amz-meta-zeta", "z")
+            ]
+        );
+        let request = &server.await.unwrap()[0];
+        assert!(
+            request.starts_with("GET /b/k?versionId=v%2F1 HTTP/1.1\r\n"),
+            "{request}"
+        );
+        let lower = request.to_ascii_lowercase();
+        assert!(lower.contains("\r\nrange: bytes=2-4\r\n"), "{request}");
+        assert!(
+            lower.contains("\r\nauthorization: aws4-hmac-sha256 credential=k/"),
+            "{request}"
+        );
+    }
+
+    /// An error answer is the S3 error its document names (entities unescaped); a HEAD's,
+    /// which has no document, the code S3 uses for its status; a 412 to a GET pinned to an
+    /// ETag is the object having changed; a range past the end asks for a HEAD instead.
+    #[tokio::test]
+    async fn error_answers_are_the_s3_errors_they_carry() {
+        let doc = "<?xml version=\"1.0\"?><Error><Code>NoSuchKey</Code>\
+            <Message>no &quot;k&quot; &amp; no other</Message></Error>";
+        let (url, server) = scripted_server(vec![
+            answer("404 Not Found", "content-type: application/xml\r\n", doc),
+            "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".into(),
+            answer(
+                "412 Precondition Failed",
+                "",
+                "<Error><Code>PreconditionFailed</Code></Error>",
+            ),
+            answer(
+                "416 Requested Range Not Satisfiable",
+                "",
+                "<Error><Code>InvalidRange</Code></Error>",
+            ),
+        ])
+        .await;
+        let origin = origin(url).await;
+        match origin.get(&id(), None, None).await.map(|_| ()).unwrap_err() {
+            UpstreamError::Service {
+                status,
+                code,
+                message,
+            } => {
+                assert_eq!((status, code.as_str()), (404, "NoSuchKey"));
+                assert_eq!(message, "no \"k\" & no other");
+            }
+            other => panic!("{other:?}"),
+        }
+        match origin.head(&id()).await.unwrap_err() {
+            UpstreamError::Service { status, code, .. } => {
+                assert_eq!((status, code.as_str()), (404, "NotFound"))
+            }
+            other => panic!("{other:?}"),
+        }
+        let changed = origin
+            .get(&id(), Some("\"e0\""), Some(0..4))
+            .await
+            .map(|_| ());
+        assert!(
+            matches!(changed, Err(UpstreamError::Changed)),
+            "{changed:?}"
+        );
+        let past = origin
+            .get_with_meta(
+                &id(),
+                ByteRange::FromTo {
+                    first: 99,
+                    last: None,
+                },
+            )
+            .await;
+        assert!(matches!(past, Ok(None)));
+        let requests = server.await.unwrap();
+        assert!(
+            requests[1].starts_with("HEAD /b/k HTTP/1.1"),
+            "{}",
+            requests[1]
+        );
+        assert!(
+            requests[2]
+                .to_ascii_lowercase()
+                .contains("\r\nif-match: \"e0\"\r\n"),
+            "{}",
+            requests[2]
+        );
+        assert_eq!(origin.retries(), 0);
+    }
+
+    /// Retries draw from a shared budget that successes refill: once it is spent a failure is
+    /// answered at once, and a success after a retry gives its cost back.
+    #[test]
+    fn retries_stop_when_the_budget_is_spent() {
+        let budget = RetryBudget::default();
+        let retries = (0..=RETRY_QUOTA)
+            .take_while(|_| budget.take(RETRY_COST))
+            .count();
+        assert_eq!(retries as u32, RETRY_QUOTA / RETRY_COST);
+        assert!(!budget.take(RETRY_TIMEOUT_COST));
+        budget.give_back(RETRY_TIMEOUT_COST);
+        assert!(budget.take(RETRY_TIMEOUT_COST));
+        assert!(!budget.take(NO_RETRY_INCREMENT));
+        for _ in 0..2 * RETRY_QUOTA {
+            budget.give_back(NO_RETRY_INCREMENT);
+        }
+        assert!(budget.take(RETRY_QUOTA) && !budget.take(NO_RETRY_INCREMENT));
+    }
+
+    /// A range whose answer is not as long as asked is refused, not cached short.
+    #[tokio::test]
+    async fn a_short_answer_to_a_range_is_refused() {
+        let (url, server) = scripted_server(vec![answer(
+            "206 Partial Content",
+            "content-range: bytes 0-2/10\r\netag: \"e1\"\r\n",
+            "abc",
+        )])
+        .await;
+        let origin = origin(url).await;
+        let got = origin
+            .get(&id(), Some("\"e1\""), Some(0..4))
+            .await
+            .map(|_| ());
+        assert!(
+            matches!(
+                got,
+                Err(UpstreamError::BodyLength {
+                    got: 3,
+                    expected: 4
+                })
+            ),
+            "{got:?}"
+        );
+        server.await.unwrap();
     }
 
     fn id() -> ObjectId {

@@ -13,7 +13,7 @@ pub(crate) fn forwarder_to_nowhere() -> Forwarder {
         "us-east-1",
         true,
         None,
-        Duration::from_secs(1),
+        (Duration::from_secs(1), Duration::from_secs(1)),
     )
     .expect("a forwarder to a loopback URL builds")
 }
