@@ -7,6 +7,7 @@ import random
 import re
 import socket
 import time
+import urllib.parse
 
 import pytest
 from botocore.exceptions import ClientError
@@ -475,3 +476,26 @@ def test_a_signing_key_kept_for_one_access_key_never_verifies_another(larder, di
     # And both keys still verify as themselves, each with its own kept key.
     writer.put_object(Bucket=bucket, Key="real", Body=b"w")
     assert reader.get_object(Bucket=bucket, Key="real")["Body"].read() == b"w"
+
+
+def test_a_version_id_cannot_smuggle_parameters_upstream(larder, direct, bucket, upstream):
+    """A version id is one query value: spelled to end itself and add a parameter (a second
+    `versionId` naming another version), it reaches the upstream escaped, as the one value the
+    client signed, and gets the upstream's refusal, not either version's bytes. (Larder's
+    object GETs build their query themselves: docs/security.md.)"""
+    direct.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    id1 = direct.put_object(Bucket=bucket, Key="doc", Body=b"version one")["VersionId"]
+    id2 = direct.put_object(Bucket=bucket, Key="doc", Body=b"version two")["VersionId"]
+    upstream.reset()
+    smuggled = f"{id1}&versionId={id2}"
+    for read in (lambda c: c.get_object(Bucket=bucket, Key="doc", VersionId=smuggled)["Body"].read(),
+                 lambda c: c.head_object(Bucket=bucket, Key="doc", VersionId=smuggled)):
+        with pytest.raises(ClientError) as mine:
+            got = read(larder.client())
+            pytest.fail(f"answered {got!r}")
+        with pytest.raises(ClientError) as theirs:
+            read(direct)
+        assert mine.value.response["Error"]["Code"] == theirs.value.response["Error"]["Code"]
+    sent = upstream.seen(None, f"/{bucket}/doc")
+    escaped = "versionId=" + urllib.parse.quote(smuggled, safe="-._~")
+    assert sent and all(p.count("versionId=") == 1 and escaped in p for _, p, _ in sent), sent
