@@ -9,7 +9,7 @@
 //!   └─ read/       the read path: metadata, then blocks from memory | disk | flight | peer | upstream
 //!        ├─ cache_key   the cache-key schema, in one place
 //!        ├─ fleet/      which replica owns a block, and the client that asks it
-//!        └─ upstream/   the upstream S3 API (aws-sdk-s3), hedging, and the pass-through forwarder
+//!        └─ upstream/   the upstream S3 API (signed HTTP), hedging, and the pass-through forwarder
 //! s3/        the S3 protocol: addressing, ranges, conditionals, headers, errors
 //! telemetry/ metrics (with dollar costs), logs and traces
 //! model/     object identity, metadata, spans and upstream errors: depends on nothing here

@@ -33,7 +33,7 @@ async fn server(origin: Arc<MemoryUpstream>) -> Running {
     };
     let clients = Clients {
         origin,
-        forwarder: common::forwarder_to_nowhere(),
+        forwarder: std::sync::Arc::new(common::forwarder_to_nowhere()),
         credentials: None,
     };
     start(&config, clients, Authenticator::None)

@@ -112,8 +112,8 @@ pub trait Upstream: Send + Sync + 'static {
 pub struct Clients {
     /// Object reads (HEAD and ranged GETs) for the cache.
     pub origin: Arc<dyn Upstream>,
-    /// Every other request.
-    pub forwarder: Forwarder,
+    /// Every other request (on the object reads' client and connections).
+    pub forwarder: Arc<Forwarder>,
     /// The credentials both sign with (`None`: unsigned), for Larder's other AWS calls (SQS).
     pub credentials: Option<aws_credential_types::provider::SharedCredentialsProvider>,
 }
@@ -123,17 +123,10 @@ impl Clients {
     /// bounds the wait for a pass-through answer.
     pub async fn s3(config: &S3UpstreamConfig) -> Result<Self, ForwardError> {
         let origin = S3Upstream::new(config).await?;
-        let forwarder = Forwarder::new(
-            origin.endpoint(),
-            &config.region,
-            config.path_style,
-            origin.credentials(),
-            (config.connect_timeout, config.first_byte_timeout),
-        )?;
         Ok(Self {
             credentials: origin.credentials(),
+            forwarder: origin.forwarder(),
             origin: Arc::new(origin),
-            forwarder,
         })
     }
 }

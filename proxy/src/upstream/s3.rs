@@ -75,10 +75,8 @@ impl Default for S3UpstreamConfig {
 pub struct S3Upstream {
     /// Listings.
     client: Client,
-    /// Object reads.
-    objects: Forwarder,
-    /// Where both go (`None`: AWS S3 in the region).
-    endpoint: Option<String>,
+    /// Object reads, and (shared) the pass-through.
+    objects: Arc<Forwarder>,
     credentials: Option<aws_credential_types::provider::SharedCredentialsProvider>,
     /// Retries of both, since start.
     retries: Arc<AtomicU64>,
@@ -175,17 +173,16 @@ impl S3Upstream {
         // The endpoint as the SDK resolved it (`AWS_ENDPOINT_URL` or a profile's, if the
         // configuration names none), so that object reads and listings go to one place.
         let endpoint = shared.endpoint_url().map(str::to_owned);
-        let objects = Forwarder::new(
+        let objects = Arc::new(Forwarder::new(
             endpoint.as_deref(),
             &config.region,
             config.path_style,
             credentials.clone(),
             (config.connect_timeout, config.first_byte_timeout),
-        )?;
+        )?);
         Ok(Self {
             client: Client::from_conf(s3),
             objects,
-            endpoint,
             credentials,
             retries,
             max_attempts: config.max_attempts.max(1),
@@ -194,10 +191,10 @@ impl S3Upstream {
         })
     }
 
-    /// The endpoint this origin reads from (`None`: AWS S3 in the region), for the
-    /// pass-through to send to as well.
-    pub fn endpoint(&self) -> Option<&str> {
-        self.endpoint.as_deref()
+    /// The client object reads are sent on, for the pass-through to send on too: the same
+    /// endpoint, credentials, timeouts and connections.
+    pub fn forwarder(&self) -> Arc<Forwarder> {
+        self.objects.clone()
     }
 
     /// The credentials this origin signs with, for the pass-through to sign with too.

@@ -340,7 +340,6 @@ pub async fn start(
             )
         });
     }
-    let forwarder = Arc::new(forwarder);
     let warmer = Arc::new(Warmer::new(
         blocks.clone(),
         metadata.clone(),
