@@ -152,9 +152,9 @@ impl S3Upstream {
             .interceptor(CountRetries(retries.clone()))
             .retry_classifier(LeaveThrottlingToTheLayer)
             .force_path_style(config.path_style)
-            // Standard retries (backoff with jitter) cover 5xx and resets before the first
-            // byte; a body that breaks later is resumed by the block store, and SlowDown is
-            // left to the throttle layer (`LeaveThrottlingToTheLayer`).
+            // Listings only (object reads do the same in `object_request`): standard retries
+            // (backoff with jitter) cover 5xx and resets before the first byte, and SlowDown
+            // is left to the throttle layer (`LeaveThrottlingToTheLayer`).
             .retry_config(RetryConfig::standard().with_max_attempts(config.max_attempts))
             // A body that stalls is the resume layer's to time (`upstream_idle_timeout`, every
             // block GET is pinned and ranged) and to continue where it stopped. The SDK's own
