@@ -260,7 +260,7 @@ impl Upstream for S3Upstream {
             headers.insert(header::IF_MATCH, header_value(etag)?);
         }
         if let Some(r) = &range {
-            let asked = format!("bytes={}-{}", r.start, r.end - 1);
+            let asked = ByteRange::bytes(r.clone()).header();
             headers.insert(header::RANGE, header_value(&asked)?);
         }
         let answer = match self.object_request(Method::GET, object, headers).await {
