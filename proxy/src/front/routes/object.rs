@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::response::Response;
+use bytes::Bytes;
 use futures::StreamExt;
 use http::request::Parts;
 use http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -15,7 +16,7 @@ use crate::model::{
     range::{self, ByteRange, Resolved},
     ObjectId, UpstreamError,
 };
-use crate::read::blocks::CacheResult;
+use crate::read::blocks::{CacheResult, InMemory};
 use crate::read::metadata::Source;
 use crate::s3::conditional::{self, Outcome};
 use crate::s3::headers::{names, object_headers};
@@ -170,11 +171,23 @@ impl AppState {
             self.blocks.fetch_behind(id, &etag, start..end, meta.size);
             return respond(Body::from_stream(body), CacheResult::Miss.as_str());
         }
-        let cache = label(
-            self.blocks.classify(id, &etag, start..end, meta.size),
-            opened.load(Ordering::Relaxed),
-        );
+        let found = self.blocks.classify(id, &etag, start..end, meta.size);
+        let cache = label(found, opened.load(Ordering::Relaxed));
+        let cache = if source == Source::Stale {
+            cache.as_stale_str()
+        } else {
+            cache.as_str()
+        };
         self.blocks.read_ahead(id, &etag, start..end, meta.size);
+        if found == CacheResult::HitMemory {
+            let held = self
+                .blocks
+                .read_in_memory(id, &etag, start..end, meta.size)
+                .await;
+            if let Some(held) = held {
+                return respond(Body::new(InMemoryBody(held)), cache);
+            }
+        }
         let mut body = Box::pin(self.blocks.read(id.clone(), etag, start..end, meta.size));
         // Wait for the first bytes before answering, so an upstream failure (or a changed object)
         // becomes a proper S3 error instead of a broken body.
@@ -186,11 +199,6 @@ impl AppState {
         };
         let stream =
             futures::stream::once(async move { Ok::<_, UpstreamError>(first) }).chain(body);
-        let cache = if source == Source::Stale {
-            cache.as_stale_str()
-        } else {
-            cache.as_str()
-        };
         respond(Body::from_stream(stream), cache)
     }
 
@@ -272,6 +280,32 @@ enum Cold {
     /// With the last this many bytes (a suffix range), streamed to the client as they arrive,
     /// the blocks under them fetched behind.
     Tail(u64),
+}
+
+/// A body of bytes found in memory: one frame. The room they hold in the responses' buffer is
+/// given back when the body is dropped (ended, or the client gone), as a streamed block's is.
+struct InMemoryBody(InMemory);
+
+impl http_body::Body for InMemoryBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        // Never empty until sent: an empty read is answered before it gets here.
+        let bytes = std::mem::take(&mut self.0.bytes);
+        std::task::Poll::Ready((!bytes.is_empty()).then(|| Ok(http_body::Frame::data(bytes))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.bytes.is_empty()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.0.bytes.len() as u64)
+    }
 }
 
 /// The object changed upstream between reading its metadata and its first block.

@@ -55,6 +55,14 @@ mod tests;
 pub use ahead::Warmed;
 pub use classify::CacheResult;
 
+/// A read's bytes found in memory ([`BlockStore::read_in_memory`]), holding their room in the
+/// responses' buffer until dropped.
+pub struct InMemory {
+    /// The bytes asked.
+    pub bytes: Bytes,
+    _room: Slot,
+}
+
 /// A slice at most this fraction of its block (1 MiB of an 8 MiB block) is read from disk by
 /// range rather than as a whole block.
 const SMALL_SLICE_DIVISOR: u64 = 8;
@@ -345,6 +353,38 @@ impl BlockStore {
         self.read_as(object, etag, range, size, Purpose::Demand(Turn::First))
     }
 
+    /// The bytes `[start, end)` of `object` (of `size` bytes) at `etag` when they lie in one
+    /// block that memory holds (nearly every hit of an object up to a block long), with the
+    /// room that block takes in the responses' buffer until they are sent, counted as
+    /// [`BlockStore::read`] counts them. `None`, with nothing counted, otherwise: then
+    /// [`BlockStore::read`]. That stream of blocks opened ahead and its wrappers cost a small
+    /// hit a dozen allocations (docs/benchmarks.md, "Small hits in one buffer").
+    pub async fn read_in_memory(
+        &self,
+        object: &ObjectId,
+        etag: &Arc<str>,
+        range: Range<u64>,
+        size: u64,
+    ) -> Option<InMemory> {
+        let mut slices = self.keys.layout().slices(range.start, range.end, size);
+        let (slice, None) = (slices.next()?, slices.next()) else {
+            return None;
+        };
+        let id = self.id(object, etag, slice.index);
+        let bytes = self.cache.memory().get(&id).await?;
+        let bytes = self.checked(bytes, &slice)?;
+        self.metrics.lookup(Lookup::Memory, true);
+        self.prefetch_used(&id);
+        let room = self.pin(slice.block_len, Turn::First).await;
+        let part = bytes.slice(slice.from as usize..slice.to as usize);
+        self.metrics
+            .served(Source::Memory, Some(&*object.bucket), part.len() as u64);
+        Some(InMemory {
+            bytes: part,
+            _room: room,
+        })
+    }
+
     /// [`BlockStore::read`] for another replica that found this one owns the blocks: what is
     /// missing here comes from the upstream, never from a third replica.
     pub fn read_for_peer(
@@ -562,6 +602,15 @@ impl BlockStore {
         }
     }
 
+    /// Count block `id` as read, if read-ahead fetched it.
+    fn prefetch_used(&self, id: &BlockId) {
+        if self.prefetch.enabled() {
+            if let Some(bytes) = self.prefetched.remove(id) {
+                self.metrics.prefetch_bytes(PrefetchBytes::Used, bytes);
+            }
+        }
+    }
+
     /// Open `slice`'s block from a tier or its fetch, or say which part to open instead.
     async fn open_block(
         self: &Arc<Self>,
@@ -571,11 +620,7 @@ impl BlockStore {
         purpose: Purpose,
     ) -> Opening {
         let id = self.id(object, etag, slice.index);
-        if self.prefetch.enabled() {
-            if let Some(bytes) = self.prefetched.remove(&id) {
-                self.metrics.prefetch_bytes(PrefetchBytes::Used, bytes);
-            }
-        }
+        self.prefetch_used(&id);
         let in_memory = self.cache.memory().get(&id).await;
         if let Some(bytes) = in_memory.and_then(|b| self.checked(b, &slice)) {
             self.metrics.lookup(Lookup::Memory, true);

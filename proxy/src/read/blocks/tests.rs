@@ -547,3 +547,46 @@ async fn a_new_readers_first_block_does_not_wait_behind_blocks_others_opened_ahe
         assert_eq!(sizes.iter().sum::<usize>(), big.len());
     }
 }
+
+#[tokio::test]
+async fn a_read_within_one_block_in_memory_is_its_bytes_holding_their_room() {
+    // The fast path of a small hit: the bytes asked, found in the one block under them, with
+    // that block's room in the responses' buffer held until they are dropped, and counted as
+    // served from memory. A read over two blocks, or of a block not in memory, is left to
+    // `read` with nothing counted.
+    let data = crate::upstream::memory::fixtures::data(3 * 4096);
+    let origin = Arc::new(MemoryUpstream::default());
+    let store = cold_store(&origin, &data);
+    let (id, etag, size) = (
+        crate::upstream::memory::fixtures::object(),
+        Arc::<str>::from("\"e1\""),
+        data.len() as u64,
+    );
+    let served = |store: &BlockStore| {
+        let snapshot = store.metrics.snapshot();
+        snapshot.sum("larder_served_bytes_total", &[("tier", "memory")])
+    };
+    assert!(store
+        .read_in_memory(&id, &etag, 100..200, size)
+        .await
+        .is_none());
+    assert_eq!(read_whole(&store, "k", "\"e1\"", 4096).await, data[..4096]);
+    let before = served(&store);
+    let held = store.read_in_memory(&id, &etag, 100..4000, size).await;
+    let held = held.expect("in memory");
+    assert_eq!(held.bytes, data[100..4000]);
+    assert_eq!(store.response_buffer().0, 4096, "the block's room is held");
+    assert_eq!(served(&store) - before, 3900.0);
+    drop(held);
+    assert_eq!(store.response_buffer().0, 0, "and given back");
+    // The first block is in memory; the second is not, and the third not at all read.
+    assert!(store
+        .read_in_memory(&id, &etag, 4000..4200, size)
+        .await
+        .is_none());
+    assert!(store
+        .read_in_memory(&id, &etag, 8192..8300, size)
+        .await
+        .is_none());
+    assert_eq!(served(&store) - before, 3900.0, "nothing counted for those");
+}
