@@ -179,6 +179,8 @@ impl AppState {
             cache.as_str()
         };
         self.blocks.read_ahead(id, &etag, start..end, meta.size);
+        // Bytes that one block in memory holds need no stream of blocks opened ahead, and no
+        // wait for a first chunk that cannot fail: one buffer (docs/architecture.md).
         if found == CacheResult::HitMemory {
             let held = self
                 .blocks
