@@ -78,7 +78,7 @@ pub enum WritePolicy {
 pub enum Tier {
     /// The memory tier.
     Memory,
-    /// The disk tier (the value is now in memory too).
+    /// The disk tier (and perhaps now memory too: [`MemoryTier::insert_copy`]).
     Disk,
     /// Neither: the value was fetched (by this call or one it joined).
     Fetched,
@@ -257,7 +257,8 @@ impl<K: CacheKey, E: Clone + From<Abandoned>> HybridCache<K, E> {
         }
     }
 
-    /// The value of `key` from memory, or from disk (then promoted to memory).
+    /// The value of `key` from memory, or from disk (then promoted to memory, as
+    /// [`MemoryTier::insert_copy`] decides).
     pub async fn get(&self, key: &K) -> Option<(Bytes, Tier)> {
         if let Some(v) = self.memory.get(key).await {
             return Some((v, Tier::Memory));
@@ -265,11 +266,12 @@ impl<K: CacheKey, E: Clone + From<Abandoned>> HybridCache<K, E> {
         self.promote(key).await.map(|v| (v, Tier::Disk))
     }
 
-    /// The value of `key` from disk, in one read, then promoted to memory (for a caller that
-    /// looked in memory already: a second lookup would count twice in its admission).
+    /// The value of `key` from disk, in one read, then promoted to memory as
+    /// [`MemoryTier::insert_copy`] decides (for a caller that looked in memory already: a
+    /// second lookup would count twice in its admission).
     pub async fn promote(&self, key: &K) -> Option<Bytes> {
         let v = self.partition(key)?.get(&key.disk_key()).await?;
-        self.memory.insert(key.clone(), v.clone()).await;
+        self.memory.insert_copy(key.clone(), v.clone()).await;
         Some(v)
     }
 

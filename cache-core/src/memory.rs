@@ -20,6 +20,15 @@ struct Held {
     read: Arc<AtomicBool>,
 }
 
+/// Values at least this long are always copied up from disk ([`MemoryTier::insert_copy`]): a
+/// disk hit of one costs far more than its promotion. It copies the value out of the page
+/// cache and checksums every byte, about 0.2 ms more CPU per 1 MiB hit than a memory hit in
+/// the runs of docs/benchmarks.md, where an insert into a full tier cost about 6 µs.
+const PROMOTE_ALWAYS_FROM: usize = 1 << 20;
+/// A smaller value, while the tier is full, is copied up on one disk hit in
+/// `PROMOTE_ALWAYS_FROM / len` (a 64 KiB one in 16, a 512 KiB one in 2), at most this many.
+const PROMOTE_AT_MOST_ONE_IN: usize = 16;
+
 /// A byte-weighted in-memory cache on moka (TinyLFU admission, LRU eviction).
 ///
 /// Values are immutable [`Bytes`]: a hit hands out a reference-counted view, never a copy.
@@ -28,6 +37,10 @@ pub struct MemoryTier<K> {
     cache: Cache<K, Held>,
     evictions: Arc<AtomicU64>,
     capacity: u64,
+    /// Copies offered from the disk tier: stored, skipped, and draws of the sampling.
+    promoted: Arc<AtomicU64>,
+    promotions_skipped: Arc<AtomicU64>,
+    draws: Arc<AtomicU64>,
 }
 
 /// A snapshot of the memory tier's counters.
@@ -41,6 +54,10 @@ pub struct MemoryTierStats {
     pub entries: u64,
     /// Entries evicted for size since start.
     pub evictions: u64,
+    /// Values read from the disk tier and copied up here since start.
+    pub promotions: u64,
+    /// Values read from the disk tier and not copied up (see [`MemoryTier::insert_copy`]).
+    pub promotions_skipped: u64,
 }
 
 impl<K> MemoryTier<K>
@@ -81,6 +98,9 @@ where
             cache,
             evictions,
             capacity: capacity_bytes,
+            promoted: Arc::default(),
+            promotions_skipped: Arc::default(),
+            draws: Arc::default(),
         }
     }
 
@@ -113,6 +133,36 @@ where
         self.cache.insert(key, held).await;
     }
 
+    /// Store a copy of `value`, which the disk tier holds, as a disk hit's promotion does;
+    /// returns whether it was stored.
+    ///
+    /// Why not always: once the tier is full, each insert costs CPU (moka's key lock, its
+    /// table, the admission and the eviction or refusal it leads to), however the admission
+    /// then decides. With a working set of 64 KiB blocks eight times the tier, that churn was
+    /// about a tenth of a disk hit's CPU (docs/benchmarks.md, "Disk hits: promotion
+    /// sampled"). So while the tier has room, or for values of 1 MiB and up, the copy is
+    /// always offered; otherwise one disk hit in `1 MiB / len` (at most one in 16) offers it,
+    /// at random. A value read often is still offered soon (its `get`s count in TinyLFU's
+    /// frequencies all along), and a value read once rarely pays for a copy nobody reads.
+    pub async fn insert_copy(&self, key: K, value: Bytes) -> bool {
+        if !self.promotes(value.len()) {
+            self.promotions_skipped.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        self.promoted.fetch_add(1, Ordering::Relaxed);
+        self.insert(key, value).await;
+        true
+    }
+
+    fn promotes(&self, len: usize) -> bool {
+        let room = self.cache.weighted_size().saturating_add(len as u64) <= self.capacity;
+        if room || len >= PROMOTE_ALWAYS_FROM {
+            return true;
+        }
+        let one_in = (PROMOTE_ALWAYS_FROM / len.max(1)).clamp(1, PROMOTE_AT_MOST_ONE_IN) as u64;
+        splitmix64(self.draws.fetch_add(1, Ordering::Relaxed)).is_multiple_of(one_in)
+    }
+
     /// Drop `key`, if held.
     pub async fn remove(&self, key: &K) {
         self.cache.invalidate(key).await;
@@ -131,6 +181,8 @@ where
             used_bytes: self.cache.weighted_size(),
             entries: self.cache.entry_count(),
             evictions: self.evictions.load(Ordering::Relaxed),
+            promotions: self.promoted.load(Ordering::Relaxed),
+            promotions_skipped: self.promotions_skipped.load(Ordering::Relaxed),
         }
     }
 
@@ -139,6 +191,15 @@ where
     pub async fn sync(&self) {
         self.cache.run_pending_tasks().await;
     }
+}
+
+/// SplitMix64's output for `n`: consecutive counters give draws that look independent, so a
+/// reader cycling through keys in a fixed order does not always land on the same skips.
+fn splitmix64(n: u64) -> u64 {
+    let mut z = n.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 #[cfg(test)]
@@ -191,6 +252,84 @@ mod tests {
         let seen = seen.lock();
         assert!(seen.contains(&(1, false)), "{seen:?}");
         assert!(seen.contains(&(2, true)), "{seen:?}");
+    }
+
+    #[tokio::test]
+    async fn copies_from_disk_are_stored_while_there_is_room_and_sampled_once_full() {
+        const SMALL: usize = 64 << 10;
+        let tier = MemoryTier::new(PROMOTE_ALWAYS_FROM as u64 * 2);
+        for k in 0..32u32 {
+            assert!(tier.insert_copy(k, Bytes::from(vec![0u8; SMALL])).await);
+            tier.sync().await;
+        }
+        let full = tier.stats();
+        assert_eq!(
+            (full.promotions, full.promotions_skipped, full.used_bytes),
+            (32, 0, 2 * PROMOTE_ALWAYS_FROM as u64),
+            "every copy stored while there was room"
+        );
+        let mut stored = 0;
+        for k in 100..420u32 {
+            stored += u32::from(tier.insert_copy(k, Bytes::from(vec![0u8; SMALL])).await);
+        }
+        // One in 16 expected: 20 of 320. The draws are a fixed sequence, so this cannot flake;
+        // the bounds only keep it from depending on that sequence's exact values.
+        assert!(
+            (6..=60).contains(&stored),
+            "{stored} of 320 stored once full"
+        );
+        let sampled = tier.stats();
+        assert_eq!(sampled.promotions, 32 + u64::from(stored));
+        assert_eq!(sampled.promotions_skipped, 320 - u64::from(stored));
+        // Large values are always worth their copy, full or not.
+        for k in 1000..1004u32 {
+            let large = Bytes::from(vec![0u8; PROMOTE_ALWAYS_FROM + 4096]);
+            assert!(tier.insert_copy(k, large).await);
+        }
+    }
+
+    /// The memory hit ratio of `requests` Zipf(1.0) reads over 1,024 values of 64 KiB, eight
+    /// times the tier, each miss offering its value as a disk hit's promotion would.
+    async fn zipf_memory_hits(sampled: bool, requests: u32) -> f64 {
+        use rand::{Rng, SeedableRng};
+        let weights: Vec<f64> = (1..=1024).map(|i| 1.0 / f64::from(i)).collect();
+        let total: f64 = weights.iter().sum();
+        let cdf: Vec<f64> = weights
+            .iter()
+            .scan(0.0, |acc, w| {
+                *acc += w / total;
+                Some(*acc)
+            })
+            .collect();
+        let tier = MemoryTier::new(8 << 20);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        let mut hits = 0u32;
+        for i in 0..requests {
+            let k = cdf.partition_point(|c| *c < rng.gen::<f64>()) as u32;
+            if tier.get(&k).await.is_some() {
+                hits += 1;
+            } else if sampled {
+                tier.insert_copy(k, Bytes::from(vec![0u8; 64 << 10])).await;
+            } else {
+                tier.insert(k, Bytes::from(vec![0u8; 64 << 10])).await;
+            }
+            if i % 1000 == 0 {
+                tier.sync().await;
+            }
+        }
+        f64::from(hits) / f64::from(requests)
+    }
+
+    #[tokio::test]
+    async fn sampled_copies_keep_a_skewed_workloads_hot_values_in_memory() {
+        // A hot value is read often, so it is offered soon; TinyLFU counts its reads all along.
+        let always = zipf_memory_hits(false, 60_000).await;
+        let sampled = zipf_memory_hits(true, 60_000).await;
+        assert!(always > 0.5, "the workload has a hot set: {always}");
+        assert!(
+            sampled >= always - 0.02,
+            "memory hits {sampled} sampled against {always} always"
+        );
     }
 
     #[tokio::test]

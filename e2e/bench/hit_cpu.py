@@ -189,7 +189,7 @@ def main():
                                                if l.startswith(("larder_disk_hits_total", "larder_disk_page_cache",
                                                                 "larder_disk_io_thread", "larder_memory_hits",
                                                                 "larder_buffer_pool_fresh", "larder_buffer_pool_given_back",
-                                                                "larder_cache_lookups_total"))))
+                                                                "larder_cache_lookups_total", "larder_memory_promotions"))))
     finally:
         bench.stop()
 

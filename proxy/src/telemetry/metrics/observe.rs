@@ -171,10 +171,22 @@ impl Metrics {
                 .with_callback(move |o| o.observe(read(&tier), &[]))
                 .build();
         }
+        let evicted = tier.clone();
         self.meter
             .u64_observable_counter("larder.memory.evictions")
             .with_description("Memory tier evictions for size")
-            .with_callback(move |o| o.observe(tier.stats().evictions, &[]))
+            .with_callback(move |o| o.observe(evicted.stats().evictions, &[]))
+            .build();
+        self.meter
+            .u64_observable_counter("larder.memory.promotions")
+            .with_description(
+                "Disk hits whose block was copied up to the memory tier (promoted) or not (skipped)",
+            )
+            .with_callback(move |o| {
+                let stats = tier.stats();
+                o.observe(stats.promotions, &[kv("outcome", "promoted")]);
+                o.observe(stats.promotions_skipped, &[kv("outcome", "skipped")]);
+            })
             .build();
     }
 
