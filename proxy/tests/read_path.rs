@@ -844,6 +844,81 @@ mod disk_tests {
     }
 
     #[tokio::test]
+    async fn a_read_within_one_block_on_disk_is_one_buffer_holding_its_room() {
+        // The one-buffer path of a disk hit: the bytes asked of the one block under them, read
+        // from disk, with the block's room held until they are dropped, counted as served
+        // from disk; a read across blocks is left to `read` with nothing counted.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("cache");
+        let origin = Arc::new(MemoryUpstream::with_delay(Duration::ZERO));
+        let body: Bytes = (0..200_000u32)
+            .map(|i| (i % 251) as u8)
+            .collect::<Vec<_>>()
+            .into();
+        let size = body.len() as u64;
+        let (id, etag) = put(&origin, &body);
+        let (store, disk) = store_over(&path, origin.clone()).await;
+        collect(store.read(id.clone(), etag.clone(), 0..size, size))
+            .await
+            .expect("read");
+        assert!(store.settled(Duration::from_secs(5)).await);
+        disk.close().await;
+        drop((store, disk));
+
+        let metrics = Arc::new(Metrics::default());
+        let geometry = (64 * 1024, 1 << 20);
+        let (store, _disk) = store_with(&path, origin.clone(), geometry, metrics.clone()).await;
+        let gets = origin.gets.load(Ordering::SeqCst);
+        let served = || {
+            metrics
+                .snapshot()
+                .sum("larder_served_bytes_total", &[("tier", "disk")])
+        };
+        let across = 60_000..70_000;
+        assert_eq!(
+            store.classify(&id, &etag, across.clone(), size),
+            CacheResult::HitDisk
+        );
+        let held = store
+            .read_in_one(&id, &etag, across, size, CacheResult::HitDisk)
+            .await;
+        assert!(held.is_none(), "two blocks: `read`'s");
+        assert_eq!(served(), 0.0, "nothing counted for it");
+
+        let held = store
+            .read_in_one(&id, &etag, 66_000..130_000, size, CacheResult::HitDisk)
+            .await
+            .expect("one block on disk");
+        assert_eq!(held.bytes, body[66_000..130_000]);
+        assert_eq!(
+            store.response_buffer().0,
+            64 * 1024,
+            "the block's room is held"
+        );
+        assert_eq!(served(), 64_000.0);
+        drop(held);
+        assert_eq!(store.response_buffer().0, 0, "and given back");
+        // The tier had room: the block read whole from disk is in memory now.
+        assert_eq!(
+            store.classify(&id, &etag, 66_000..130_000, size),
+            CacheResult::HitMemory
+        );
+        // A small slice reads only its chunk, and leaves the block on disk alone.
+        let held = store
+            .read_in_one(&id, &etag, 140_000..141_000, size, CacheResult::HitDisk)
+            .await
+            .expect("a small slice on disk");
+        assert_eq!(held.bytes, body[140_000..141_000]);
+        assert_eq!(served(), 65_000.0);
+        drop(held);
+        assert_eq!(
+            store.classify(&id, &etag, 140_000..141_000, size),
+            CacheResult::HitDisk
+        );
+        assert_eq!(origin.gets.load(Ordering::SeqCst), gets, "no upstream GET");
+    }
+
+    #[tokio::test]
     async fn a_restarted_store_serves_from_disk_without_the_origin() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("cache");

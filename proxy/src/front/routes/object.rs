@@ -179,12 +179,12 @@ impl AppState {
             cache.as_str()
         };
         self.blocks.read_ahead(id, &etag, start..end, meta.size);
-        // Bytes that one block in memory holds need no stream of blocks opened ahead, and no
-        // wait for a first chunk that cannot fail: one buffer (docs/architecture.md).
-        if found == CacheResult::HitMemory {
+        // Bytes that one block here holds need no stream of blocks opened ahead, and no wait
+        // for a first chunk that cannot fail: one buffer (docs/architecture.md).
+        if matches!(found, CacheResult::HitMemory | CacheResult::HitDisk) {
             let held = self
                 .blocks
-                .read_in_memory(id, &etag, start..end, meta.size)
+                .read_in_one(id, &etag, start..end, meta.size, found)
                 .await;
             if let Some(held) = held {
                 return respond(Body::new(InMemoryBody(held)), cache);
@@ -284,7 +284,7 @@ enum Cold {
     Tail(u64),
 }
 
-/// A body of bytes found in memory: one frame. The room they hold in the responses' buffer is
+/// A body of bytes in one buffer: one frame. The room they hold in the responses' buffer is
 /// given back when the body is dropped (ended, or the client gone), as a streamed block's is.
 struct InMemoryBody(InMemory);
 

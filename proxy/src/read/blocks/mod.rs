@@ -55,7 +55,7 @@ mod tests;
 pub use ahead::Warmed;
 pub use classify::CacheResult;
 
-/// A read's bytes found in memory ([`BlockStore::read_in_memory`]), holding their room in the
+/// A read's bytes in one buffer ([`BlockStore::read_in_one`]), holding their room in the
 /// responses' buffer until dropped.
 pub struct InMemory {
     /// The bytes asked.
@@ -354,38 +354,60 @@ impl BlockStore {
     }
 
     /// The bytes `[start, end)` of `object` (of `size` bytes) at `etag` when they lie in one
-    /// block that memory holds (nearly every hit of an object up to a block long), with the
-    /// room that block takes in the responses' buffer until they are sent, counted as
-    /// [`BlockStore::read`] counts them. `None`, with nothing counted, otherwise: then
-    /// [`BlockStore::read`]. That stream of blocks opened ahead, and the wrappers around it,
-    /// were 8 of a 4 KiB hit's 53 allocations (docs/benchmarks.md, "Small hits in one buffer").
-    pub async fn read_in_memory(
+    /// block that memory holds, or that the disk holds and a read of it takes in one read
+    /// ([`BlockStore::read_on_disk`]): nearly every hit of an object up to a block long, and
+    /// every range inside one block. `found` is what `classify` said (`HitMemory` or
+    /// `HitDisk`; anything else is `None`). The bytes hold the room their block takes in the
+    /// responses' buffer until they are sent, and are counted as [`BlockStore::read`] counts
+    /// them. `None`, with nothing counted, otherwise: then [`BlockStore::read`]. That stream
+    /// of blocks opened ahead, and the wrappers around it, were 8 of a 4 KiB hit's 53
+    /// allocations (docs/benchmarks.md, "Small hits in one buffer").
+    pub async fn read_in_one(
         &self,
         object: &ObjectId,
         etag: &Arc<str>,
         range: Range<u64>,
         size: u64,
+        found: CacheResult,
     ) -> Option<InMemory> {
         let mut slices = self.keys.layout().slices(range.start, range.end, size);
         let (slice, None) = (slices.next()?, slices.next()) else {
             return None;
         };
-        let id = self.id(object, etag, slice.index);
-        let bytes = self.cache.memory().get(&id).await?;
-        // A block of another length is `read`'s to count and refuse (`checked`).
-        if bytes.len() as u64 != slice.block_len {
-            return None;
+        match found {
+            CacheResult::HitMemory => {}
+            // A block the disk gives only through its flight is `read`'s, looked up once.
+            CacheResult::HitDisk if in_one_disk_read(&slice) => {}
+            _ => return None,
         }
-        self.metrics.lookup(Lookup::Memory, true);
+        let id = self.id(object, etag, slice.index);
+        // Looked up in memory either way, as `read` does: the lookup counts in the memory
+        // tier's admission of the block (TinyLFU), which promoting it from disk relies on.
+        let (bytes, room, source) = match self.cache.memory().get(&id).await {
+            Some(bytes) => {
+                // A block of another length is `read`'s to count and refuse (`checked`).
+                if bytes.len() as u64 != slice.block_len {
+                    return None;
+                }
+                self.metrics.lookup(Lookup::Memory, true);
+                let room = self.pin(slice.block_len, Turn::First).await;
+                let part = bytes.slice(slice.from as usize..slice.to as usize);
+                (part, room, Source::Memory)
+            }
+            None if found == CacheResult::HitDisk => {
+                // The room first, as `read` takes it: the read makes a buffer of its own.
+                let room = self.pin(slice.block_len, Turn::First).await;
+                let part = self.read_on_disk(&id, &slice).await?;
+                self.metrics.lookup(Lookup::Memory, false);
+                self.metrics.lookup(Lookup::Disk, true);
+                (part, room, Source::Disk)
+            }
+            None => return None,
+        };
         self.prefetch_used(&id);
-        let room = self.pin(slice.block_len, Turn::First).await;
-        let part = bytes.slice(slice.from as usize..slice.to as usize);
         self.metrics
-            .served(Source::Memory, Some(&*object.bucket), part.len() as u64);
-        Some(InMemory {
-            bytes: part,
-            _room: room,
-        })
+            .served(source, Some(&*object.bucket), bytes.len() as u64);
+        Some(InMemory { bytes, _room: room })
     }
 
     /// [`BlockStore::read`] for another replica that found this one owns the blocks: what is
@@ -614,6 +636,34 @@ impl BlockStore {
         }
     }
 
+    /// `slice` of block `id`, which the disk holds, read here when a read of it takes one
+    /// read; `None` when it goes through the block's flight instead (being fetched, or large),
+    /// or the read failed (the flight then reads the disk again, or the upstream).
+    /// - A small slice of a block (a Parquet footer, a column chunk index) reads only the 64
+    ///   KiB chunks it touches, instead of the whole block through a flight, not promoted.
+    /// - A small block is read and verified whole, in one read, and promoted as its fetch
+    ///   would have: for a block this small, a task and a flight cost more than the read
+    ///   (docs/benchmarks.md, "Small disk hits"). Readers that race read it each, from the
+    ///   page cache as a rule; a block being fetched is joined instead.
+    async fn read_on_disk(&self, id: &BlockId, slice: &BlockSlice) -> Option<Bytes> {
+        if self.cache.in_flight(id) {
+            return None;
+        }
+        if small_slice(slice) {
+            if let Some((part, _)) = self.cache.get_range(id, slice.from..slice.to).await {
+                if part.len() as u64 == slice.to - slice.from {
+                    return Some(part);
+                }
+            }
+        }
+        if slice.block_len > fetch::STREAMED_FROM {
+            return None;
+        }
+        let block = self.cache.promote(id).await?;
+        let block = self.checked(block, slice)?;
+        Some(block.slice(slice.from as usize..slice.to as usize))
+    }
+
     /// Open `slice`'s block from a tier or its fetch, or say which part to open instead.
     async fn open_block(
         self: &Arc<Self>,
@@ -644,26 +694,8 @@ impl BlockStore {
         if self.cache.disk().is_some() {
             self.metrics.lookup(Lookup::Disk, on_disk);
         }
-        // A small slice of a block on disk (a Parquet footer, a column chunk index) reads only
-        // the 64 KiB chunks it touches, instead of the whole block through a flight.
-        if on_disk
-            && (slice.to - slice.from) * SMALL_SLICE_DIVISOR <= slice.block_len
-            && !self.cache.in_flight(&id)
-        {
-            if let Some((part, _)) = self.cache.get_range(&id, slice.from..slice.to).await {
-                if part.len() as u64 == slice.to - slice.from {
-                    return Opening::Block(OpenBlock::Part(part));
-                }
-            }
-        }
-        // A small block on disk is read and verified right here, in one read, and promoted as
-        // its fetch would have: for a block this small, a task and a flight cost more than the
-        // read (docs/benchmarks.md, "Small disk hits"). Readers that race read it each, from
-        // the page cache as a rule; a block being fetched is joined instead.
-        if on_disk && slice.block_len <= fetch::STREAMED_FROM && !self.cache.in_flight(&id) {
-            let read = self.cache.promote(&id).await;
-            if let Some(block) = read.and_then(|b| self.checked(b, &slice)) {
-                let part = block.slice(slice.from as usize..slice.to as usize);
+        if on_disk {
+            if let Some(part) = self.read_on_disk(&id, &slice).await {
                 return Opening::Block(OpenBlock::Part(part));
             }
         }
@@ -718,6 +750,17 @@ impl BlockStore {
             }
         }
     }
+}
+
+/// Whether `slice` is at most 1/[`SMALL_SLICE_DIVISOR`] of its block: read from disk by range.
+fn small_slice(slice: &BlockSlice) -> bool {
+    (slice.to - slice.from) * SMALL_SLICE_DIVISOR <= slice.block_len
+}
+
+/// Whether a read of `slice` from disk takes one read ([`BlockStore::read_on_disk`]): a
+/// small slice's chunks, or a whole small block.
+fn in_one_disk_read(slice: &BlockSlice) -> bool {
+    small_slice(slice) || slice.block_len <= fetch::STREAMED_FROM
 }
 
 /// The bytes `[from, to)` of a block arriving through `reader`. Stops reading (and drops the

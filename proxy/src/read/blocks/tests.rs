@@ -567,12 +567,14 @@ async fn a_read_within_one_block_in_memory_is_its_bytes_holding_their_room() {
         snapshot.sum("larder_served_bytes_total", &[("tier", "memory")])
     };
     assert!(store
-        .read_in_memory(&id, &etag, 100..200, size)
+        .read_in_one(&id, &etag, 100..200, size, CacheResult::HitMemory)
         .await
         .is_none());
     assert_eq!(read_whole(&store, "k", "\"e1\"", 4096).await, data[..4096]);
     let before = served(&store);
-    let held = store.read_in_memory(&id, &etag, 100..4000, size).await;
+    let held = store
+        .read_in_one(&id, &etag, 100..4000, size, CacheResult::HitMemory)
+        .await;
     let held = held.expect("in memory");
     assert_eq!(held.bytes, data[100..4000]);
     assert_eq!(store.response_buffer().0, 4096, "the block's room is held");
@@ -581,11 +583,11 @@ async fn a_read_within_one_block_in_memory_is_its_bytes_holding_their_room() {
     assert_eq!(store.response_buffer().0, 0, "and given back");
     // The first block is in memory; the second is not, and the third not at all read.
     assert!(store
-        .read_in_memory(&id, &etag, 4000..4200, size)
+        .read_in_one(&id, &etag, 4000..4200, size, CacheResult::HitMemory)
         .await
         .is_none());
     assert!(store
-        .read_in_memory(&id, &etag, 8192..8300, size)
+        .read_in_one(&id, &etag, 8192..8300, size, CacheResult::HitMemory)
         .await
         .is_none());
     assert_eq!(served(&store) - before, 3900.0, "nothing counted for those");
