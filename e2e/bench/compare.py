@@ -10,6 +10,8 @@ through that proxy, and drives all three targets with the same workloads:
 
 - memory hits of 4 KiB / 1 / 8 / 64 MiB objects and disk hits of 1 / 8 / 64 MiB objects at 1-64
   connections (wrk), with each server's CPU time per request;
+- memory hits across protocol and signing (`matrix`): HTTP/1.1 (wrk) and HTTP/2 (h2load), Larder
+  verifying SigV4 and Larder with `auth = none`, at 1-256 connections, against nginx;
 - cold misses: time to first byte, one request at a time, over direct;
 - a thundering herd of 64 clients on the same cold objects: upstream GETs and bytes;
 - Zipf reads over a working set 10x Larder's memory and 2x its disk, nginx given the same
@@ -58,12 +60,15 @@ MODES = {
     "quick": dict(seconds=2, clients=[1, 16], ttfb={1 * MiB: 20, 64 * MiB: 4}, herd_objects=2, herd_size=16 * MiB,
                   disk_sets={1 * MiB: 48, 8 * MiB: 12, 64 * MiB: 3}, zipf_objects=320, zipf_requests=6000,
                   zipf_region="16MiB", parquet_files=4, parquet_size=64 * MiB, capped={64 * MiB: 3},
-                  ranges={64 * KiB: 3, 1 * MiB: 3, 4 * MiB: 3, 16 * MiB: 3}),
+                  ranges={64 * KiB: 3, 1 * MiB: 3, 4 * MiB: 3, 16 * MiB: 3},
+                  matrix=dict(sizes=[4 * KiB, 1 * MiB], clients=[16], seconds=2)),
     "full": dict(seconds=10, clients=[1, 4, 16, 64], ttfb={1 * MiB: 100, 64 * MiB: 16}, herd_objects=4,
                  herd_size=16 * MiB, disk_sets={1 * MiB: 128, 8 * MiB: 32, 64 * MiB: 6}, zipf_objects=2048,
                  zipf_requests=40000, zipf_region="16MiB", parquet_files=16, parquet_size=64 * MiB,
                  capped={64 * MiB: 8, 256 * MiB: 3, 1 * GiB: 2},
-                 ranges={64 * KiB: 10, 256 * KiB: 10, 1 * MiB: 10, 4 * MiB: 10, 16 * MiB: 6}),
+                 ranges={64 * KiB: 10, 256 * KiB: 10, 1 * MiB: 10, 4 * MiB: 10, 16 * MiB: 6},
+                 matrix=dict(sizes=[4 * KiB, 64 * KiB, 1 * MiB, 8 * MiB, 64 * MiB], clients=[1, 16, 64, 256],
+                             seconds=5)),
 }
 # What one S3 connection delivers, roughly (docs/benchmarks.md): the cap the latency proxy puts on
 # each connection for the capped cold reads.
@@ -484,6 +489,14 @@ class Bench:
                 "client_cpu_ms_per_1k": load * 1e6 / r["requests"],
                 **{k: r[k] / 1000 for k in ("p50_us", "p90_us", "p99_us", "p999_us", "max_us")}}
 
+    def h2load(self, target: Target, keys: list[str], size: int, clients: int, seconds: int,
+               check: Target | None = None) -> dict:
+        """wrk's figures that h2load has (it reports no percentiles) for `clients` HTTP/2
+        connections (cleartext, prior knowledge, one stream each) reading `keys` of `size` bytes;
+        every response checked as `wrk` checks its own, the keys read again through `check` (an
+        HTTP/1.1 port of the same server) or `target`."""
+        return h2load(target, keys, clients, 1, seconds, (size, check or target))
+
     # --- workloads -------------------------------------------------------------------------
     def hits(self, tier: str, larder: Larder, targets: list[Target], keys_by_size: dict):
         rows = []
@@ -540,6 +553,46 @@ class Bench:
         self.warm_by_reading(lt, list(sizes), sizes, {"hit-memory"})
         self.warm_by_reading(nt, list(sizes), sizes, {"HIT"})
         self.results["workloads"]["memory_hits"] = self.hits("memory", larder, [self.direct(), nt, lt], keys)
+
+    def hit_matrix(self, lt: Target, nt: Target):
+        """Memory hits of each size at each connection count, over HTTP/1.1 (wrk) and HTTP/2
+        (h2load, one stream per connection), through nginx, Larder verifying SigV4 (`lt`, clients
+        presigning) and a second Larder with `auth = none` (anonymous URLs, as nginx gets): issue
+        21's table of sizes × connections × protocol × signing, and what verifying costs a hit
+        (the two Larders' CPU per request side by side)."""
+        section("memory hits: protocol × signing")
+        m = self.cfg["matrix"]
+        keys = {s: f"hot/{s}" for s in m["sizes"]}
+        sizes = {k: s for s, k in keys.items()}
+        self.upload(sizes.items())
+        _, ut = self.larder("larder-unsigned", "--auth", "none", "--memory-capacity", "2GiB", "--metadata-ttl", "1h")
+        ut.presigner = None
+        # nginx's HTTP/2 port is a server of its own: nginx 1.22 needs `sendfile off` there
+        # (`Nginx`), which its HTTP/1.1 cells must not get.
+        n2, n2t = self.nginx("nginx-h2", 8 * GiB, http2=True)
+        h2_nginx = Target("nginx", n2.h2_endpoint, pid=n2t.pid)
+        for t, want in ((lt, {"hit-memory"}), (ut, {"hit-memory"}), (nt, {"HIT"}), (n2t, {"HIT"})):
+            self.warm_by_reading(t, list(sizes), sizes, want)
+        targets = {"http/1.1": [("nginx", "none", nt), ("Larder", "sigv4", lt), ("Larder", "none", ut)],
+                   "h2": [("nginx", "none", h2_nginx), ("Larder", "sigv4", lt), ("Larder", "none", ut)]}
+        # The bodies behind h2load's counts are read again over HTTP/1.1: Larder's port speaks
+        # both, nginx's HTTP/2 port only HTTP/2 (its server's other port reads the same cache).
+        again = {id(h2_nginx): n2t}
+        rows = []
+        for size, key in sorted(keys.items()):
+            for clients in m["clients"]:
+                for protocol, ts in targets.items():
+                    for name, signing, t in ts:
+                        if protocol == "h2":
+                            r = self.h2load(t, [key], size, clients, m["seconds"], again.get(id(t)))
+                        else:
+                            r = self.wrk(t, [key], sizes, clients, m["seconds"])
+                        rows.append({"size": size, "clients": clients, "protocol": protocol, "target": name,
+                                     "signing": signing, **r})
+                        tail = f", p99 {r['p99_us']:.2f} ms" if "p99_us" in r else ""
+                        print(f"  {size_name(size)} x{clients} {protocol} {name} ({signing}): {r['rps']:.0f} req/s, "
+                              f"CPU {r.get('cpu_ms_per_1k', 0):.1f} ms per 1k{tail}", flush=True)
+        self.results["workloads"]["hit_matrix"] = rows
 
     def disk_hits(self, nt):
         section("disk hits")
@@ -877,11 +930,51 @@ class Bench:
         steps = [("memory", lambda: self.memory_hits(larder, lt, nt)), ("ttfb", lambda: self.cold_ttfb(lt, nt)),
                  ("capped", lambda: self.cold_capped(lt, nt)), ("ranges", lambda: self.cold_ranges(lt, nt)),
                  ("herd", lambda: self.herd(lt, nt)), ("parquet", lambda: self.parquet(larder, lt, nt)),
-                 ("disk", lambda: self.disk_hits(nt)), ("zipf", self.zipf)]
+                 ("disk", lambda: self.disk_hits(nt)), ("zipf", self.zipf),
+                 ("matrix", lambda: self.hit_matrix(lt, nt))]
         for name, step in steps:
             if not only or name in only:
                 step()
         self.results["seconds"] = time.monotonic() - started
+
+
+def h2load(t: Target, keys: list[str], clients: int, streams: int, seconds: int,
+           checked: tuple[int, Target] | None = None) -> dict:
+    """wrk's figures that h2load has for `clients` HTTP/2 connections reading `keys`, with the
+    server's CPU per 1,000 requests. With `checked` (the objects' size, and a target serving the
+    same cache over HTTP/1.1), the bytes are checked as `Bench.wrk` checks wrk's: the body bytes
+    received hold one whole body per completed response (and at most what was in flight when the
+    run ended), then each key is read once more and compared byte for byte."""
+    cmd = ["h2load", "-c", str(clients), "-t", str(min(2, clients)), "-m", str(streams), "-D", str(seconds),
+           *[t.endpoint + t.path(k) for k in keys]]
+    cpu, load = t.cpu_seconds(), children_cpu_seconds()
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    cpu = None if cpu is None else t.cpu_seconds() - cpu
+    load = children_cpu_seconds() - load
+    done = int(re.search(r"requests: \d+ total, \d+ started, (\d+) done", out).group(1))
+    # Counted for every request started, done or not.
+    ok = int(re.search(r"status codes: (\d+) 2xx", out).group(1))
+    if ok < done or done == 0:
+        raise RuntimeError(f"h2load against {t.name}: {ok} of {done} requests answered 2xx:\n{out}")
+    rps = float(re.search(r"finished in [\d.]+m?s, ([\d.]+) req/s", out).group(1))
+    mean, sd = re.search(r"time for request:\s+\S+\s+\S+\s+(\S+)\s+(\S+)", out).groups()
+    r = {"rps": rps, "requests": done, "mean": mean, "sd": sd, "client_cpu_ms_per_1k": load * 1e6 / done,
+         **({} if cpu is None else {"cpu_ms_per_1k": cpu * 1e6 / done})}
+    if checked is not None:
+        size, again = checked
+        data = int(re.search(r"traffic: .*?, (?:[\d.]+\w*B \((\d+)\)) data", out).group(1))
+        low, high = done * size, (done + clients * streams) * size
+        if not low <= data <= high:
+            raise RuntimeError(f"h2load against {t.name}: {data} body bytes for {done} responses of {size}-byte "
+                               f"objects (expected {low} to {high})")
+        reader = Reader(again)
+        try:
+            for key in keys:
+                reader.get(key, content(key, size))
+        finally:
+            reader.close()
+        r["mib_s"] = data / MiB / (done / rps)
+    return r
 
 
 def post_json(url: str, body: dict) -> dict:
@@ -914,7 +1007,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", choices=MODES, default="quick")
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--only", default="", help="comma-separated workloads: memory,ttfb,capped,ranges,herd,parquet,disk,zipf")
+    ap.add_argument("--only", default="", help="comma-separated workloads: memory,ttfb,capped,ranges,herd,parquet,disk,zipf,matrix")
     ap.add_argument("--larder-args", default="", help="more `larder serve` flags for every Larder, e.g. \"--read-window 8\"")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -46,7 +46,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import CLIENT_KEY, CLIENT_SECRET, Bench, Larder, Target, s3_client  # noqa: E402
+from compare import CLIENT_KEY, CLIENT_SECRET, Bench, Larder, Target, h2load, s3_client  # noqa: E402
 
 
 def context_switches(pid: int) -> int:
@@ -76,23 +76,6 @@ def variant_bench(args) -> Bench:
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ["LARDER_E2E_PROFILE"] = args.variants[0][1]
     return Bench("quick", args.out)
-
-
-def h2load(t: Target, keys: list[str], clients: int, streams: int, seconds: int) -> dict:
-    """wrk's figures (those h2load has) for `clients` HTTP/2 connections reading `keys`."""
-    cmd = ["h2load", "-c", str(clients), "-t", str(min(2, clients)), "-m", str(streams), "-D", str(seconds),
-           *[t.endpoint + t.path(k) for k in keys]]
-    cpu = t.cpu_seconds()
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    cpu = t.cpu_seconds() - cpu
-    done = int(re.search(r"requests: \d+ total, \d+ started, (\d+) done", out).group(1))
-    # Counted for every request started, done or not.
-    ok = int(re.search(r"status codes: (\d+) 2xx", out).group(1))
-    if ok < done or done == 0:
-        raise RuntimeError(f"h2load: {ok} of {done} requests answered 2xx:\n{out}")
-    rps = float(re.search(r"finished in [\d.]+m?s, ([\d.]+) req/s", out).group(1))
-    mean, sd = re.search(r"time for request:\s+\S+\s+\S+\s+(\S+)\s+(\S+)", out).groups()
-    return {"rps": rps, "requests": done, "cpu_ms_per_1k": 1000 * 1000 * cpu / done, "mean": mean, "sd": sd}
 
 
 def median(values):
@@ -146,7 +129,10 @@ def main():
                 tiers = ("--memory-capacity", "1GiB")
             larder = Larder(bench.work, bench.proxy.endpoint, *tiers, *extra, name=name, env=env)
             bench.stoppers.append(larder.stop)
-            presigner = s3_client(larder.endpoint, CLIENT_KEY, CLIENT_SECRET, signature_version="s3v4")
+            # A Larder with `--auth none` is read as nginx is, with anonymous URLs.
+            unsigned = "none" in (extra[i + 1] for i, a in enumerate(extra[:-1]) if a == "--auth")
+            presigner = None if unsigned else s3_client(larder.endpoint, CLIENT_KEY, CLIENT_SECRET,
+                                                        signature_version="s3v4")
             t = Target("Larder", larder.endpoint, presigner, pid=larder.proc.pid)
             if args.disk:
                 bench.warm_prefix(larder, "hit-cpu/disk/")

@@ -2,7 +2,7 @@
 one cached object, summed by function (self time) and by crate. `--disk N`: disk hits of N
 objects instead.
 
-    python3 e2e/bench/profile.py [--size 1MiB] [--clients 16] [--seconds 8] [--disk N] [--h2] --out DIR
+    python3 e2e/bench/profile.py [--size 1MiB] [--clients 16] [--seconds 8] [--disk N] [--h2] [--unsigned] --out DIR
         [--call-graph dwarf --keep-data]   # then: perf report -i DIR/perf.data -G -S SYMBOL
 
 Needs `perf` (linux-perf) and the release build with debug info (the workspace's release profile
@@ -47,6 +47,8 @@ def main():
     ap.add_argument("--disk", type=int, default=0, metavar="N",
                     help="disk hits of N objects (hit_cpu.py's setup: 8 MiB memory tier, warmed disk tier)")
     ap.add_argument("--h2", action="store_true", help="HTTP/2 (h2load, one stream per connection) instead of wrk")
+    ap.add_argument("--unsigned", action="store_true",
+                    help="Larder with `auth = none`, read with anonymous URLs (as nginx is), not SigV4-presigned")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--keep-data", action="store_true", help="keep DIR/perf.data, for call graphs")
     ap.add_argument("--call-graph", choices=("fp", "dwarf"), default="fp",
@@ -59,14 +61,17 @@ def main():
         keys = [f"profile/disk/{i}" for i in range(args.disk)] if args.disk else ["profile/hot"]
         sizes = {k: args.size for k in keys}
         bench.upload(sizes.items())
+        auth = ("--auth", "none") if args.unsigned else ()
         if args.disk:
-            larder, lt = bench.larder("larder", "--memory-capacity", "8MiB", "--disk-path",
+            larder, lt = bench.larder("larder", *auth, "--memory-capacity", "8MiB", "--disk-path",
                                       str(bench.work / "larder.cache"), "--disk-capacity",
                                       f"{max(512, 2 * args.disk * args.size >> 20)}MiB")
             bench.warm_prefix(larder, "profile/disk/")
         else:
-            larder, lt = bench.larder("larder", "--memory-capacity", "1GiB")
+            larder, lt = bench.larder("larder", *auth, "--memory-capacity", "1GiB")
             bench.warm_by_reading(lt, keys, sizes, {"hit-memory"})
+        if args.unsigned:
+            lt.presigner = None
         data = args.out / "perf.data"
         perf = subprocess.Popen(["perf", "record", "-F", "499", "--call-graph", args.call_graph, "-o", str(data),
                                  "-p", str(larder.proc.pid),

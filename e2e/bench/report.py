@@ -67,6 +67,74 @@ def hits_table(rows) -> list[str]:
     return out
 
 
+MATRIX = [("nginx", "none"), ("Larder", "sigv4"), ("Larder", "none")]
+
+
+def matrix_table(rows) -> list[str]:
+    """One line per size × connections × protocol: nginx, Larder verifying SigV4 and Larder with
+    `auth = none` side by side, each Larder's figures also as a ratio to nginx's."""
+    out = ["| object | connections | protocol | req/s: nginx | Larder SigV4 (× nginx) | Larder unsigned (× nginx) "
+           "| CPU ms per 1k requests: nginx | Larder SigV4 (× nginx) | Larder unsigned (× nginx) "
+           "| p99 ms: nginx / SigV4 / unsigned | p99.9 ms: nginx / SigV4 / unsigned |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for size in sorted({r["size"] for r in rows}):
+        for clients in sorted({r["clients"] for r in rows}):
+            for protocol in dict.fromkeys(r["protocol"] for r in rows):
+                nx, sig, uns = (one(rows, size=size, clients=clients, protocol=protocol, target=t, signing=g)
+                                for t, g in MATRIX)
+                if not (nx and sig and uns):
+                    continue
+                cells = [size_name(size), str(clients), protocol, f"{nx['rps']:,.0f}"]
+                cells += [f"{r['rps']:,.0f} ({ratio(r['rps'], nx['rps'])})" for r in (sig, uns)]
+                cells.append(f"{nx['cpu_ms_per_1k']:.1f}")
+                cells += [f"{r['cpu_ms_per_1k']:.1f} ({ratio(r['cpu_ms_per_1k'], nx['cpu_ms_per_1k'])})"
+                          for r in (sig, uns)]
+                for k in ("p99_us", "p999_us"):
+                    cells.append(" / ".join(f"{r[k]:.2f}" for r in (nx, sig, uns)) if k in nx else "–")
+                out.append("| " + " | ".join(cells) + " |")
+    out += ["", "HTTP/2 through h2load, one stream per connection, cleartext with prior knowledge; h2load gives no "
+            "percentiles. nginx's HTTP/2 port is a second nginx with `sendfile off` (nginx 1.22 delays each HTTP/2 "
+            "response 40 ms with it on); its HTTP/1.1 cells are the main nginx's, with `sendfile on`."]
+    return out
+
+
+def matrix_goals(rows) -> list[str]:
+    """Issue 21's memory-hit goals over every cell of the matrix, and what SigV4 costs a 1 MiB hit."""
+    cells = []
+    for size in sorted({r["size"] for r in rows}):
+        for clients in sorted({r["clients"] for r in rows}):
+            for protocol in dict.fromkeys(r["protocol"] for r in rows):
+                nx = one(rows, size=size, clients=clients, protocol=protocol, target="nginx")
+                for signing in ("sigv4", "none"):
+                    lt = one(rows, size=size, clients=clients, protocol=protocol, target="Larder", signing=signing)
+                    if nx and lt:
+                        cells.append((size, protocol, signing, lt, nx))
+    if not cells:
+        return []
+    cpu = sum(lt["cpu_ms_per_1k"] <= nx["cpu_ms_per_1k"] for *_, lt, nx in cells)
+    fast = sum(lt["rps"] >= 1.2 * nx["rps"] for *_, lt, nx in cells)
+    tails = [(lt, nx) for *_, lt, nx in cells if "p99_us" in lt and "p99_us" in nx]
+    tail = sum(lt["p99_us"] <= nx["p99_us"] and lt["p999_us"] <= nx["p999_us"] for lt, nx in tails)
+    out = [f"- **Memory hits over sizes × connections × protocol × signing: CPU per request at or below nginx's, "
+           f"throughput at least 1.2× nginx's, p99 and p99.9 at or below nginx's**: CPU met in {cpu} of {len(cells)} "
+           f"cells, throughput in {fast} of {len(cells)}, the tail in {tail} of {len(tails)} (HTTP/1.1 cells; h2load "
+           "gives no percentiles)."]
+    shares = []
+    for size in (s for s in sorted({r["size"] for r in rows}) if s == MiB):
+        for clients in sorted({r["clients"] for r in rows}):
+            for protocol in dict.fromkeys(r["protocol"] for r in rows):
+                sig = one(rows, size=size, clients=clients, protocol=protocol, target="Larder", signing="sigv4")
+                uns = one(rows, size=size, clients=clients, protocol=protocol, target="Larder", signing="none")
+                if sig and uns:
+                    share = 1 - uns["cpu_ms_per_1k"] / sig["cpu_ms_per_1k"]
+                    shares.append(f"{protocol} ×{clients} {share * 100:+.0f} %")
+    if shares:
+        out.append("- **SigV4 verification at most 10 % of a 1 MiB hit's CPU** (1 − unsigned / SigV4 CPU per request, "
+                   "two Larders measured one after the other; within this machine's spread a cell can come out "
+                   f"negative): {', '.join(shares)}.")
+    return out
+
+
 def goals(res) -> list[str]:
     w = res["workloads"]
     out = []
@@ -120,6 +188,7 @@ def goals(res) -> list[str]:
         out.append(f"- **Cold ranges ({model}): first byte within 1 ms of direct, last byte within 10 %, at most "
                    f"1.5× the bytes asked from the upstream** (p50, per range length): first byte met for {first} of "
                    f"{len(pairs)} lengths, last byte for {last}, bytes for {fetched}.")
+    out += matrix_goals(w.get("hit_matrix", []))
     z = {r["target"]: r for r in w.get("zipf", [])}
     if "Larder" in z and "nginx" in z:
         ok = z["Larder"]["hit_ratio"] >= z["nginx"]["hit_ratio"]
@@ -148,6 +217,12 @@ def markdown(res) -> str:
            f"Run time: {res.get('seconds', 0) / 60:.1f} min.", "", "## Goals", "", *goals(res), ""]
     if "memory_hits" in w:
         out += ["## Memory hits", "", *hits_table(w["memory_hits"]), ""]
+    if "hit_matrix" in w:
+        out += ["## Memory hits: protocol × signing", "",
+                "The same cached objects through nginx, Larder verifying SigV4 (clients presign) and a second "
+                "Larder with `auth = none` (anonymous URLs, as nginx's clients send), over HTTP/1.1 (wrk) and "
+                "HTTP/2 (h2load); the Larders trust metadata for an hour, as the memory-hit cells do.", "",
+                *matrix_table(w["hit_matrix"]), ""]
     if "disk_hits" in w:
         setup = res.get("disk_hits_setup", {})
         objs = ", ".join(f"{n} × {size_name(int(s))}" for s, n in setup.get("objects", {}).items())

@@ -6,7 +6,7 @@
 # --quick (the default, ~5 minutes; the test suite runs it) or --full (~50 minutes, the figures in
 # docs/benchmarks.md). --only picks workloads (`replay` is the trace replay, e2e/bench/replay.py).
 # Results (results.md, results.json, PNG plots) go to DIR, by default target/bench/<mode>.
-# Installs what it needs: nginx (with the slice module) and wrk from Debian, matplotlib and
+# Installs what it needs: nginx (with the slice module), wrk and h2load (nghttp2-client) from Debian, matplotlib and
 # libcachesim from PyPI, MinIO through e2e/setup.sh's pinned `go install` when missing.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,7 +20,7 @@ while [ $# -gt 0 ]; do
     --full) mode=full ;;
     --out) out="$2"; shift ;;
     --only) only="$2"; shift ;;
-    *) echo "usage: $0 [--quick|--full] [--out DIR] [--only memory,ttfb,capped,ranges,herd,parquet,disk,zipf,replay]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--quick|--full] [--out DIR] [--only memory,ttfb,capped,ranges,herd,parquet,disk,zipf,matrix,replay]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -30,6 +30,8 @@ sudo_if_needed() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 missing=()
 command -v nginx >/dev/null || missing+=(nginx-light)
 command -v wrk >/dev/null || missing+=(wrk)
+# h2load, for the memory hits over HTTP/2 (compare.py's `matrix` step).
+command -v h2load >/dev/null || missing+=(nghttp2-client)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "bench: installing ${missing[*]} from apt"
   sudo_if_needed apt-get install -y -q --no-install-recommends "${missing[@]}" \

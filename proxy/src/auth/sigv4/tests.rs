@@ -173,6 +173,10 @@ fn presigned_url_from_the_aws_example_verifies_until_it_expires() {
         PRESIGNED.replace("&X-Amz-Date=20130524T000000Z", ""),
         PRESIGNED.replace("AWS4-HMAC-SHA256", "AWS4-ECDSA-P256-SHA256"),
         format!("{PRESIGNED}&X-Amz-Expires=1"),
+        // Read as 86400 by a lenient parse, but not what a signer writes: the signature covers
+        // the text, and the text must be the number Larder acts on.
+        PRESIGNED.replace("X-Amz-Expires=86400", "X-Amz-Expires=%2B86400"),
+        PRESIGNED.replace("X-Amz-Expires=86400", "X-Amz-Expires=086400"),
     ] {
         assert_eq!(
             verify(&presigned(&bad), &keys(), at("20130524T000000Z"))
@@ -236,11 +240,11 @@ fn streaming_chunk_signatures_from_the_aws_example_chain() {
 
 #[test]
 fn paths_are_tried_as_sent_and_as_s3_canonicalises_them() {
-    assert_eq!(candidate_paths("/b/k~1.txt"), vec!["/b/k~1.txt"]);
-    assert_eq!(
-        candidate_paths("/b/a(1)%7e"),
-        vec!["/b/a(1)%7e", "/b/a%281%29~"]
-    );
+    let paths = |raw| candidate_paths(raw).collect::<Vec<_>>();
+    assert_eq!(paths("/b/k~1.txt"), vec!["/b/k~1.txt"]);
+    assert_eq!(paths("/b/a(1)%7e"), vec!["/b/a(1)%7e", "/b/a%281%29~"]);
+    // Already canonical, though not plain: tried once.
+    assert_eq!(paths("/b/a%20b"), vec!["/b/a%20b"]);
 }
 
 /// The AWS SDK's signer (`aws-sigv4`), as a client would run it: the reference the verifier's
@@ -552,4 +556,20 @@ fn a_header_named_twice_in_signed_headers_is_refused() {
             .code(),
         "AuthorizationHeaderMalformed"
     );
+}
+
+#[test]
+fn signatures_are_equal_only_when_every_byte_is() {
+    // 64 hex digits (SigV4), 28 base64 characters (SigV2, a remainder past the last word), and
+    // lengths around a word.
+    for len in [0usize, 1, 7, 8, 9, 28, 64] {
+        let a: Vec<u8> = (0..len as u8).map(|i| b'a' + i % 26).collect();
+        assert!(equal(&a, &a.clone()), "{len}");
+        for i in 0..len {
+            let mut b = a.clone();
+            b[i] ^= 1;
+            assert!(!equal(&a, &b), "{len}: byte {i}");
+        }
+        assert!(!equal(&a, &[a.as_slice(), b"x"].concat()), "{len}: longer");
+    }
 }
