@@ -114,15 +114,23 @@ mod tests {
             "é=€+%E2%82%AC",
             "==&&=",
         ] {
-            let ours: Vec<_> = Query::parse(Some(raw))
-                .iter()
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .collect();
-            let theirs: Vec<_> = form_urlencoded::parse(raw.as_bytes())
-                .map(|(k, v)| (k.into_owned(), v.into_owned()))
-                .collect();
+            let (ours, theirs) = both_parses(raw);
             assert_eq!(ours, theirs, "{raw}");
         }
+    }
+
+    type Pairs = Vec<(String, String)>;
+
+    /// `raw`'s pairs as this parser and as `form_urlencoded` give them.
+    fn both_parses(raw: &str) -> (Pairs, Pairs) {
+        let ours = Query::parse(Some(raw))
+            .iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        let theirs = form_urlencoded::parse(raw.as_bytes())
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect();
+        (ours, theirs)
     }
 
     proptest::proptest! {
@@ -132,13 +140,7 @@ mod tests {
         fn any_query_parses_as_form_urlencoded_parses_it(
             raw in "[a=&%+2Bfé€ ]{0,24}"
         ) {
-            let ours: Vec<_> = Query::parse(Some(&raw))
-                .iter()
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .collect();
-            let theirs: Vec<_> = form_urlencoded::parse(raw.as_bytes())
-                .map(|(k, v)| (k.into_owned(), v.into_owned()))
-                .collect();
+            let (ours, theirs) = both_parses(&raw);
             proptest::prop_assert_eq!(ours, theirs);
         }
     }
