@@ -304,20 +304,12 @@ impl<K: CacheKey, E: Clone + From<Abandoned>> HybridCache<K, E> {
         written
     }
 
-    /// Bytes `range` of the value of `key`: sliced from memory, or read from disk verifying only
-    /// the 64 KiB chunks the range touches. A disk hit is not promoted (a small read should not
-    /// pull a whole value into memory).
-    pub async fn get_range(&self, key: &K, range: std::ops::Range<u64>) -> Option<(Bytes, Tier)> {
-        if let Some(v) = self.memory.get(key).await {
-            let len = v.len() as u64;
-            let (from, to) = (range.start.min(len), range.end.min(len));
-            return Some((v.slice(from as usize..to.max(from) as usize), Tier::Memory));
-        }
-        let v = self
-            .partition(key)?
-            .get_range(&key.disk_key(), range)
-            .await?;
-        Some((v, Tier::Disk))
+    /// Bytes `range` of the value of `key` read from disk, verifying only the 64 KiB chunks the
+    /// range touches; not promoted (a small read should not pull a whole value into memory).
+    /// Memory is not looked at: this is for a caller that looked there already, as for
+    /// [`HybridCache::promote`], since a second lookup would count twice in its admission.
+    pub async fn range_on_disk(&self, key: &K, range: std::ops::Range<u64>) -> Option<Bytes> {
+        self.partition(key)?.get_range(&key.disk_key(), range).await
     }
 
     /// The value of `key` from disk as a stream of verified pieces (see
@@ -494,8 +486,11 @@ mod tests {
         assert_eq!(cache.get(&K(1)).await.map(|(_, t)| t), Some(Tier::Memory));
         cache.memory().remove(&K(1)).await;
         assert_eq!(cache.locate(&K(1)), Some(Tier::Disk));
-        let (part, tier) = cache.get_range(&K(1), 70_000..70_010).await.expect("range");
-        assert_eq!((part.len(), tier), (10, Tier::Disk));
+        let part = cache
+            .range_on_disk(&K(1), 70_000..70_010)
+            .await
+            .expect("range");
+        assert_eq!(part.len(), 10);
         assert_eq!(
             cache.locate(&K(1)),
             Some(Tier::Disk),
@@ -506,6 +501,27 @@ mod tests {
         assert_eq!(cache.locate(&K(1)), Some(Tier::Memory), "promoted");
         cache.remove(&K(1)).await;
         assert_eq!(cache.locate(&K(1)), None);
+    }
+
+    /// Its callers looked in memory already; a second look would count twice in the memory
+    /// tier's admission. Memory holding other bytes under the key shows it is not looked at.
+    #[tokio::test]
+    async fn a_range_on_disk_is_read_from_disk_whatever_memory_holds() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cache = HybridCache::<K>::new(
+            1 << 20,
+            Some(disk(&dir.path().join("c")).await),
+            WritePolicy::OnInsert,
+        );
+        cache.insert(K(3), Bytes::from(vec![1u8; 100_000])).await;
+        cache
+            .memory()
+            .insert(K(3), Bytes::from(vec![2u8; 100_000]))
+            .await;
+        assert_eq!(cache.locate(&K(3)), Some(Tier::Memory));
+        let part = cache.range_on_disk(&K(3), 70_000..70_010).await;
+        assert_eq!(part.as_deref(), Some(&[1u8; 10][..]));
+        assert_eq!(cache.range_on_disk(&K(4), 0..10).await, None, "not held");
     }
 
     #[tokio::test]

@@ -650,7 +650,7 @@ impl BlockStore {
             return None;
         }
         if small_slice(slice) {
-            if let Some((part, _)) = self.cache.get_range(id, slice.from..slice.to).await {
+            if let Some(part) = self.cache.range_on_disk(id, slice.from..slice.to).await {
                 if part.len() as u64 == slice.to - slice.from {
                     return Some(part);
                 }
