@@ -1,0 +1,120 @@
+"""Instructions per request of memory hits, counted by valgrind's callgrind: Larder builds (or
+settings) side by side, for a change too small for CPU time to show.
+
+    python3 e2e/bench/instructions.py --size 65536 --requests 2000 --rounds 2 \\
+        'before:base::--auth;none' 'after:release::--auth;none'
+
+On this kind of VM the CPU time per request of the same build moves by 20 % from one `hit_cpu.py`
+round to the next, so a change worth 2 % cannot be seen there. The instructions a build runs per
+request repeat to about 0.5 % (user space only: the kernel's share, the copies into the socket,
+is not counted, and nor is anything that waits). Each variant (hit_cpu.py's NAME:PROFILE[:ENV=V,...
+[:ARG;ARG...]]) runs under callgrind, is warmed, has its counters zeroed, serves `--requests`
+reads of one cached object over `--connections` keep-alive connections, and is dumped; the
+instructions of that dump divided by the requests are its figure. `--top N` prints the N
+functions with the most instructions (inclusive) of each variant's last round.
+
+Needs valgrind (`apt-get install valgrind`). Not part of the test suite: it measures, it does not
+judge. Requests are signed (SigV4 presigned URLs) unless the variant runs with `--auth none`.
+"""
+
+import argparse
+import http.client
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compare import CLIENT_KEY, CLIENT_SECRET, Target, content, s3_client  # noqa: E402
+import conftest  # noqa: E402  (on the path once compare is imported)
+from hit_cpu import median, variant, variant_bench  # noqa: E402
+
+
+def read(target: Target, key: str, size: int, count: int):
+    """`count` GETs of `key` on one keep-alive connection, each body checked."""
+    want = content(key, size)
+    c = http.client.HTTPConnection(target.host, target.port, timeout=120)
+    try:
+        for _ in range(count):
+            c.request("GET", target.path(key))
+            r = c.getresponse()
+            body = r.read()
+            if r.status != 200 or body != want:
+                raise RuntimeError(f"{target.name}: {r.status}, {len(body)} bytes")
+    finally:
+        c.close()
+
+
+def on_connections(target: Target, key: str, size: int, requests: int, connections: int):
+    threads = [threading.Thread(target=read, args=(target, key, size, requests // connections))
+               for _ in range(connections)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", type=int, default=65536, help="object size in bytes")
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--connections", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--top", type=int, default=0, metavar="N")
+    ap.add_argument("--out", type=Path, default=Path("target/bench/instructions"))
+    ap.add_argument("variants", nargs="+", type=variant)
+    args = ap.parse_args()
+    bench = variant_bench(args)
+    key = "instructions/hot"
+    requests = args.requests // args.connections * args.connections
+    figures = {name: [] for name, *_ in args.variants}
+    try:
+        bench.start()
+        bench.upload([(key, args.size)])
+        for rnd in range(args.rounds):
+            for name, profile, env, extra in args.variants:
+                dump = args.out / f"{name}-{rnd}.callgrind"
+                wrapper = args.out / f"{name}-valgrind.sh"
+                binary = conftest.ROOT / "target" / profile / "larder"
+                wrapper.write_text("#!/bin/sh\nexec valgrind --tool=callgrind --dump-instr=no "
+                                   f"--callgrind-out-file={dump} {binary} \"$@\"\n")
+                wrapper.chmod(0o755)
+                # conftest's Larder starts `binary("larder")`: here, the wrapper.
+                plain = conftest.binary
+                conftest.binary = lambda n, w=wrapper, plain=plain: str(w) if n == "larder" else plain(n)
+                try:
+                    larder = conftest.Larder(bench.work, bench.proxy.endpoint, "--memory-capacity", "1GiB",
+                                             *extra, name=name, env=env)
+                finally:
+                    conftest.binary = plain
+                try:
+                    unsigned = "none" in (extra[i + 1] for i, a in enumerate(extra[:-1]) if a == "--auth")
+                    presigner = None if unsigned else s3_client(larder.endpoint, CLIENT_KEY, CLIENT_SECRET,
+                                                                signature_version="s3v4")
+                    target = Target(name, larder.endpoint, presigner)
+                    # Warm: the block cached, the metadata known, every connection's first request done.
+                    on_connections(target, key, args.size, 50 * args.connections, args.connections)
+                    pid = str(larder.proc.pid)
+                    subprocess.run(["callgrind_control", "--zero", pid], check=True, capture_output=True)
+                    on_connections(target, key, args.size, requests, args.connections)
+                    subprocess.run(["callgrind_control", "--dump", pid], check=True, capture_output=True)
+                finally:
+                    larder.stop()
+                part = Path(f"{dump}.1")
+                total = next(int(line.split()[1]) for line in part.read_text().splitlines()
+                             if line.startswith("summary:"))
+                figures[name].append(total / requests)
+                print(f"round {rnd} {name}: {total / requests:,.0f} instructions per request", flush=True)
+                if args.top and rnd == args.rounds - 1:
+                    report = subprocess.run(["callgrind_annotate", "--inclusive=yes", str(part)],
+                                            capture_output=True, text=True, check=True).stdout
+                    rows = [r for r in report.split("file:function", 1)[1].splitlines() if "%)" in r]
+                    print("\n".join(r[:200] for r in rows[:args.top]))
+        for name, values in figures.items():
+            print(f"{name}: instructions per request {[round(v) for v in values]}, median {median(values):,.0f}")
+    finally:
+        bench.stop()
+
+
+if __name__ == "__main__":
+    main()
