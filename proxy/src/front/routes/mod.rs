@@ -10,8 +10,7 @@
 //! it and dispatches it; `object` answers cached reads, `pass_through` everything else, and
 //! `timed` records each response's duration when its body ends.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
@@ -246,15 +245,15 @@ impl AppState {
     }
 }
 
-/// A request's id, as S3 gives one: 16 upper-case hex digits. Consecutive in a process from a
-/// random start, so unique in it (for 2^64 requests) and unlike another process's, without a
-/// random draw and a formatted string per request (together about 1 % of a small hit's CPU).
+/// A request's id, as S3 gives one: 16 upper-case hex digits of a random number, written without
+/// `format!` (its allocation and formatting were most of the id's cost, about 1 % of a small
+/// hit's CPU). Random, not counted: consecutive ids would tell any client how many requests
+/// the others made between two of its own.
 struct RequestId([u8; 16]);
 
 impl RequestId {
     fn next() -> Self {
-        static NEXT: LazyLock<AtomicU64> = LazyLock::new(|| AtomicU64::new(rand::random()));
-        Self::of(NEXT.fetch_add(1, Ordering::Relaxed))
+        Self::of(rand::random())
     }
 
     fn of(n: u64) -> Self {
