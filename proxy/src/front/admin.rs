@@ -471,7 +471,8 @@ impl Status {
 mod tests {
     use super::*;
     use crate::model::UpstreamOutcome;
-    use crate::telemetry::labels::Source;
+    use crate::s3::operation::Operation;
+    use crate::telemetry::labels::{Source, XCache};
     use std::time::Duration;
 
     #[test]
@@ -513,31 +514,49 @@ mod tests {
         m.observe_memory(cache_core::MemoryTier::<u32>::new(1 << 20));
         for _ in 0..3 {
             m.request(
-                "GetObject",
+                Operation::GetObject,
                 None,
                 200,
-                "hit-memory",
+                XCache::HitMemory,
                 Duration::from_millis(1),
             );
             m.served(Source::Memory, None, 100);
         }
-        m.request("GetObject", None, 200, "miss", Duration::from_millis(30));
-        m.served(Source::Upstream, None, 100);
         m.request(
-            "ListObjectsV2",
+            Operation::GetObject,
             None,
             200,
-            "pass",
+            XCache::Miss,
             Duration::from_millis(30),
         );
-        m.upstream("GetObject", UpstreamOutcome::Http(206), Duration::ZERO);
-        m.upstream("GetObject", UpstreamOutcome::Http(503), Duration::ZERO);
+        m.served(Source::Upstream, None, 100);
+        m.request(
+            Operation::ListObjectsV2,
+            None,
+            200,
+            XCache::Pass,
+            Duration::from_millis(30),
+        );
         m.upstream(
-            "HeadObject",
+            Operation::GetObject,
+            UpstreamOutcome::Http(206),
+            Duration::ZERO,
+        );
+        m.upstream(
+            Operation::GetObject,
+            UpstreamOutcome::Http(503),
+            Duration::ZERO,
+        );
+        m.upstream(
+            Operation::HeadObject,
             UpstreamOutcome::Failed("timeout"),
             Duration::ZERO,
         );
-        m.upstream("HeadObject", UpstreamOutcome::Http(404), Duration::ZERO);
+        m.upstream(
+            Operation::HeadObject,
+            UpstreamOutcome::Http(404),
+            Duration::ZERO,
+        );
         let s = Status::from_snapshot(&m.snapshot(), &m, false, Vec::new());
         assert_eq!(s.requests, 5);
         assert_eq!(s.cacheable_requests, 4);

@@ -21,8 +21,50 @@ macro_rules! label {
                     $($name::$variant => $text,)+
                 }
             }
+
+            /// The value's place in [`Self::ALL`], to find its bound series without hashing.
+            pub const fn index(self) -> usize {
+                self as usize
+            }
         }
     };
+}
+
+label! {
+    /// Where a response's bytes (or, without a body, its metadata) were found: the `X-Cache`
+    /// header and the `cache` label of `larder_requests_total`.
+    XCache {
+        /// Every block was in memory (or, without a body, the metadata was cached).
+        HitMemory => "hit-memory",
+        /// Every block was in memory or on disk, at least one on disk.
+        HitDisk => "hit-disk",
+        /// Some blocks were here, others fetched.
+        Partial => "partial",
+        /// The first missing block was already being fetched by another request.
+        Coalesced => "coalesced",
+        /// Fetched from the upstream (or, without a body, the metadata was).
+        Miss => "miss",
+        /// The first missing block is owned by another replica, which was asked.
+        Peer => "peer",
+        /// As `hit-memory`, with the object's metadata served stale (the upstream failing).
+        StaleHitMemory => "stale-hit-memory",
+        /// As `hit-disk`, with stale metadata.
+        StaleHitDisk => "stale-hit-disk",
+        /// As `partial`, with stale metadata.
+        StalePartial => "stale-partial",
+        /// As `coalesced`, with stale metadata.
+        StaleCoalesced => "stale-coalesced",
+        /// As `miss`, with stale metadata.
+        StaleMiss => "stale-miss",
+        /// As `peer`, with stale metadata.
+        StalePeer => "stale-peer",
+        /// An answer without a body from metadata served stale.
+        Stale => "stale",
+        /// Not cacheable: sent to the upstream as it came.
+        Pass => "pass",
+        /// Answered with an error.
+        Error => "error",
+    }
 }
 
 label! {
@@ -125,6 +167,7 @@ mod tests {
 
     #[test]
     fn each_label_names_its_values_apart() {
+        assert!(distinct(XCache::ALL.iter().map(|v| v.as_str())));
         assert!(distinct(Source::ALL.iter().map(|v| v.as_str())));
         assert!(distinct(Lookup::ALL.iter().map(|v| v.as_str())));
         assert!(distinct(PrefetchBlock::ALL.iter().map(|v| v.as_str())));

@@ -12,6 +12,7 @@ use tracing::Instrument;
 
 use super::Upstream;
 use crate::model::{BodyStream, ByteRange, ObjectId, ObjectMeta, UpstreamError, UpstreamOutcome};
+use crate::s3::operation::Operation;
 use crate::telemetry::metrics::Metrics;
 
 /// An upstream whose requests are traced and counted.
@@ -30,7 +31,7 @@ impl Instrumented {
     /// it from an answer), and its failure, unless "not found", kept as the last error.
     async fn counted<T: Send>(
         &self,
-        operation: &'static str,
+        operation: Operation,
         ok: impl FnOnce(&T) -> u16 + Send,
         request: impl Future<Output = Result<T, UpstreamError>> + Send,
     ) -> Result<T, UpstreamError> {
@@ -50,14 +51,18 @@ impl Instrumented {
     }
 }
 
-fn span(operation: &'static str) -> tracing::Span {
-    tracing::info_span!("upstream", otel.name = operation, otel.kind = "client")
+fn span(operation: Operation) -> tracing::Span {
+    tracing::info_span!(
+        "upstream",
+        otel.name = operation.as_str(),
+        otel.kind = "client"
+    )
 }
 
 #[async_trait::async_trait]
 impl Upstream for Instrumented {
     async fn head(&self, object: &ObjectId) -> Result<ObjectMeta, UpstreamError> {
-        self.counted("HeadObject", |_| 200, self.inner.head(object))
+        self.counted(Operation::HeadObject, |_| 200, self.inner.head(object))
             .await
     }
 
@@ -69,7 +74,7 @@ impl Upstream for Instrumented {
     ) -> Result<BodyStream, UpstreamError> {
         let status = if range.is_some() { 206 } else { 200 };
         self.counted(
-            "GetObject",
+            Operation::GetObject,
             |_| status,
             self.inner.get(object, if_match, range),
         )
@@ -83,8 +88,12 @@ impl Upstream for Instrumented {
     ) -> Result<Option<(ObjectMeta, BodyStream)>, UpstreamError> {
         // 416: the answer could not stand for a HEAD (see `Upstream::get_with_meta`).
         let status = |answer: &Option<_>| if answer.is_some() { 206 } else { 416 };
-        self.counted("GetObject", status, self.inner.get_with_meta(object, range))
-            .await
+        self.counted(
+            Operation::GetObject,
+            status,
+            self.inner.get_with_meta(object, range),
+        )
+        .await
     }
 
     async fn list(
@@ -94,7 +103,7 @@ impl Upstream for Instrumented {
         token: Option<String>,
     ) -> Result<(Vec<(String, u64)>, Option<String>), UpstreamError> {
         self.counted(
-            "ListObjectsV2",
+            Operation::ListObjectsV2,
             |_| 200,
             self.inner.list(bucket, prefix, token),
         )

@@ -15,7 +15,9 @@ use http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 
 use crate::auth::Principal;
 use crate::read::listing::{ListQuery, ListingCache, Ticket, MAX_PAGE};
+use crate::s3::operation::Operation;
 use crate::s3::request::Target;
+use crate::telemetry::labels::XCache;
 
 use super::{AppState, Handled};
 
@@ -48,7 +50,7 @@ impl AppState {
         body: Body,
         target: Target,
         principal: Principal,
-        operation: &'static str,
+        operation: Operation,
         query: ListQuery,
     ) -> Handled {
         let Some(listings) = self.listings.clone() else {
@@ -62,14 +64,14 @@ impl AppState {
             response
                 .headers_mut()
                 .insert(header::CONTENT_LENGTH, HeaderValue::from(page.body.len()));
-            return Ok((response, "hit-memory"));
+            return Ok((response, XCache::HitMemory));
         }
         let ticket = listings.ticket(query);
         let (response, _) = self
             .pass_through(req, body, target, principal, None, operation)
             .await?;
         if response.status() != StatusCode::OK {
-            return Ok((response, "pass"));
+            return Ok((response, XCache::Pass));
         }
         let mut kept = HeaderMap::new();
         for name in KEPT_HEADERS {
@@ -90,7 +92,7 @@ impl AppState {
                 keep: Some((listings, ticket, kept)),
             })
         });
-        Ok((response, "miss"))
+        Ok((response, XCache::Miss))
     }
 }
 

@@ -27,10 +27,11 @@ use crate::read::listing::ListingCache;
 use crate::read::metadata::MetadataCache;
 use crate::s3::copy_source::CopySource;
 use crate::s3::headers::names;
-use crate::s3::operation;
+use crate::s3::operation::{self, Operation};
 use crate::s3::query::Query;
 use crate::s3::request::{self, ObjectQuery, Target};
 use crate::s3::S3Error;
+use crate::telemetry::labels::XCache;
 use crate::telemetry::metrics::Metrics;
 use crate::upstream::forward::Forwarder;
 use crate::upstream::Upstream;
@@ -44,7 +45,7 @@ use object::{cacheable, declares_kms};
 use timed::{ResponseDone, TimedBody};
 
 /// A request's answer and its `X-Cache` value, or its S3 error.
-type Handled = Result<(Response, &'static str), S3Error>;
+type Handled = Result<(Response, XCache), S3Error>;
 
 /// What the S3 front needs.
 pub struct AppState {
@@ -87,7 +88,7 @@ pub async fn handle(State(app): State<Arc<AppState>>, req: Request) -> Response 
     let parsed = app.parse(&req, &query);
     let span = tracing::info_span!(
         "request",
-        otel.name = parsed.2,
+        otel.name = parsed.2.as_str(),
         otel.kind = "server",
         http.request.method = %method,
         s3.bucket = tracing::field::Empty,
@@ -109,7 +110,7 @@ pub async fn handle(State(app): State<Arc<AppState>>, req: Request) -> Response 
             }
             (
                 e.into_response(&method, resource, request_id.as_str()),
-                "error",
+                XCache::Error,
             )
         }
     };
@@ -119,10 +120,10 @@ pub async fn handle(State(app): State<Arc<AppState>>, req: Request) -> Response 
             headers.insert(names::X_AMZ_REQUEST_ID, v);
         }
     }
-    headers.insert(names::X_CACHE, HeaderValue::from_static(cache));
+    headers.insert(names::X_CACHE, HeaderValue::from_static(cache.as_str()));
     let status = response.status().as_u16();
     span.record("http.response.status_code", i64::from(status));
-    span.record("larder.cache", cache);
+    span.record("larder.cache", cache.as_str());
     if let Some(b) = &bucket {
         span.record("s3.bucket", b.as_str());
     }
@@ -148,13 +149,13 @@ impl AppState {
         &self,
         req: &Parts,
         query: &Query<'_>,
-    ) -> (Result<Target, S3Error>, ObjectQuery, &'static str) {
+    ) -> (Result<Target, S3Error>, ObjectQuery, Operation) {
         let target = request::host(req)
             .and_then(|host| request::target(host, req.uri.path(), self.base_domain.as_deref()));
         let query = ObjectQuery::of(query);
         let operation = match &target {
             Ok(t) => operation::name(&req.method, t, &query, &req.headers),
-            Err(_) => "Unknown",
+            Err(_) => Operation::Unknown,
         };
         (target, query, operation)
     }
@@ -165,8 +166,8 @@ impl AppState {
         req: Parts,
         body: Body,
         params: &Query<'_>,
-        (target, query, operation): (Result<Target, S3Error>, ObjectQuery, &'static str),
-    ) -> (&'static str, Option<String>, Handled) {
+        (target, query, operation): (Result<Target, S3Error>, ObjectQuery, Operation),
+    ) -> (Operation, Option<String>, Handled) {
         // A browser-form upload carries its signature in the form: verified there.
         if let Ok(t @ Target::Bucket(bucket)) = &target {
             if crate::front::form_upload::is_form_upload(&req, t) {
@@ -178,7 +179,11 @@ impl AppState {
                 };
                 let upload = crate::front::form_upload::upload(uploader, req, body, bucket.clone());
                 let result = Box::pin(upload).await;
-                return ("PostObject", Some(bucket), result.map(|r| (r, "pass")));
+                return (
+                    Operation::PostObject,
+                    Some(bucket),
+                    result.map(|r| (r, XCache::Pass)),
+                );
             }
         }
         // Authenticate before looking at anything else, so an unknown client learns nothing.
@@ -187,7 +192,7 @@ impl AppState {
             .authenticate(&req, params, self.base_domain.as_deref())
         {
             Ok(p) => p,
-            Err(e) => return ("Unauthenticated", None, Err(e)),
+            Err(e) => return (Operation::Unauthenticated, None, Err(e)),
         };
         let target = match target {
             Ok(t) => t,

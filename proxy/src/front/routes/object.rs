@@ -22,6 +22,7 @@ use crate::s3::conditional::{self, Outcome};
 use crate::s3::headers::{names, object_headers};
 use crate::s3::request::ObjectQuery;
 use crate::s3::S3Error;
+use crate::telemetry::labels::XCache;
 
 use super::{AppState, Handled};
 
@@ -122,9 +123,9 @@ impl AppState {
         };
         // For answers without a body, X-Cache says where the metadata came from.
         let meta_cache = match source {
-            Source::Cached => "hit-memory",
-            Source::Fetched => "miss",
-            Source::Stale => "stale",
+            Source::Cached => XCache::HitMemory,
+            Source::Fetched => XCache::Miss,
+            Source::Stale => XCache::Stale,
         };
         let mut out = object_headers(&meta, &query.overrides);
         match conditional::evaluate(headers, &meta) {
@@ -155,7 +156,7 @@ impl AppState {
         };
         out.insert(header::CONTENT_LENGTH, HeaderValue::from(end - start));
         // Called once, on whichever path answers: the headers move into the response.
-        let respond = move |body: Body, cache: &'static str| {
+        let respond = move |body: Body, cache: XCache| {
             let mut response = Response::new(body);
             *response.status_mut() = status;
             *response.headers_mut() = out;
@@ -169,15 +170,11 @@ impl AppState {
         // blocks under them are fetched behind it for the next reader.
         if let Some(body) = tail.lock().take() {
             self.blocks.fetch_behind(id, &etag, start..end, meta.size);
-            return respond(Body::from_stream(body), CacheResult::Miss.as_str());
+            return respond(Body::from_stream(body), XCache::Miss);
         }
         let found = self.blocks.classify(id, &etag, start..end, meta.size);
         let cache = label(found, opened.load(Ordering::Relaxed));
-        let cache = if source == Source::Stale {
-            cache.as_stale_str()
-        } else {
-            cache.as_str()
-        };
+        let cache = cache.label(source == Source::Stale);
         self.blocks.read_ahead(id, &etag, start..end, meta.size);
         // Bytes that one block here holds need no stream of blocks opened ahead, and no wait
         // for a first chunk that cannot fail: one buffer (docs/architecture.md).

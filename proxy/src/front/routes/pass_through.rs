@@ -18,8 +18,10 @@ use crate::freshness::Learnt;
 use crate::model::{ObjectId, UpstreamOutcome};
 use crate::s3::copy_source::CopySource;
 use crate::s3::headers::names;
+use crate::s3::operation::Operation;
 use crate::s3::request::Target;
 use crate::s3::S3Error;
+use crate::telemetry::labels::XCache;
 use crate::upstream::forward::{Forward, ForwardError, Reshaped, SignedBody};
 
 use super::{AppState, Handled};
@@ -33,7 +35,7 @@ impl AppState {
         target: Target,
         principal: Principal,
         copy_source: Option<CopySource>,
-        operation: &'static str,
+        operation: Operation,
     ) -> Handled {
         let write = !matches!(req.method, Method::GET | Method::HEAD);
         let stale = if write {
@@ -101,7 +103,7 @@ impl AppState {
             .send(forward)
             .instrument(tracing::info_span!(
                 "upstream",
-                otel.name = operation,
+                otel.name = operation.as_str(),
                 otel.kind = "client"
             ))
             .await;
@@ -120,7 +122,7 @@ impl AppState {
                 if write && response.status().is_success() {
                     self.forget(&stale, &target, &req).await;
                 }
-                Ok((response, "pass"))
+                Ok((response, XCache::Pass))
             }
             Err(e) => {
                 if let Some(chunk_error) = failure.lock().take() {

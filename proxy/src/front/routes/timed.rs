@@ -6,12 +6,13 @@ use std::time::Instant;
 
 use axum::body::Body;
 
+use crate::s3::operation::Operation;
 use crate::telemetry::metrics::Metrics;
 
 /// Records a response's whole duration when its body ends or the client goes away.
 pub(super) struct ResponseDone {
     pub(super) metrics: Arc<Metrics>,
-    pub(super) operation: &'static str,
+    pub(super) operation: Operation,
     pub(super) started: Instant,
 }
 

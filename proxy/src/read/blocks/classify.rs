@@ -7,6 +7,7 @@ use std::sync::Arc;
 use cache_core::Tier;
 
 use crate::model::ObjectId;
+use crate::telemetry::labels::XCache;
 
 use super::slots::Turn;
 use super::{BlockStore, Purpose};
@@ -29,27 +30,22 @@ pub enum CacheResult {
 }
 
 impl CacheResult {
-    /// The `X-Cache` header value, also used as a metric label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CacheResult::HitMemory => "hit-memory",
-            CacheResult::HitDisk => "hit-disk",
-            CacheResult::Partial => "partial",
-            CacheResult::Coalesced => "coalesced",
-            CacheResult::Miss => "miss",
-            CacheResult::Peer => "peer",
-        }
-    }
-
-    /// The `X-Cache` value when the object's metadata was served stale (the upstream failing).
-    pub fn as_stale_str(self) -> &'static str {
-        match self {
-            CacheResult::HitMemory => "stale-hit-memory",
-            CacheResult::HitDisk => "stale-hit-disk",
-            CacheResult::Partial => "stale-partial",
-            CacheResult::Coalesced => "stale-coalesced",
-            CacheResult::Miss => "stale-miss",
-            CacheResult::Peer => "stale-peer",
+    /// The `X-Cache` header value (and metric label); `stale`: the object's metadata was
+    /// served stale (the upstream failing).
+    pub fn label(self, stale: bool) -> XCache {
+        match (self, stale) {
+            (CacheResult::HitMemory, false) => XCache::HitMemory,
+            (CacheResult::HitDisk, false) => XCache::HitDisk,
+            (CacheResult::Partial, false) => XCache::Partial,
+            (CacheResult::Coalesced, false) => XCache::Coalesced,
+            (CacheResult::Miss, false) => XCache::Miss,
+            (CacheResult::Peer, false) => XCache::Peer,
+            (CacheResult::HitMemory, true) => XCache::StaleHitMemory,
+            (CacheResult::HitDisk, true) => XCache::StaleHitDisk,
+            (CacheResult::Partial, true) => XCache::StalePartial,
+            (CacheResult::Coalesced, true) => XCache::StaleCoalesced,
+            (CacheResult::Miss, true) => XCache::StaleMiss,
+            (CacheResult::Peer, true) => XCache::StalePeer,
         }
     }
 }

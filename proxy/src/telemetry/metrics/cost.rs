@@ -1,5 +1,7 @@
 //! What requests and bytes cost: S3's billing classes and the prices the cost counters use.
 
+use crate::s3::operation::Operation;
+
 /// The S3 billing classes a request falls in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RequestClass {
@@ -12,28 +14,36 @@ pub enum RequestClass {
 }
 
 impl RequestClass {
-    /// The class of an operation, as the S3 front names it (`GetObject`, `ListObjectsV2`...).
-    pub fn of(operation: &str) -> Self {
-        const PUT: [&str; 7] = [
-            "List",
-            "Put",
-            "Post",
-            "Copy",
-            "Create",
-            "Complete",
-            "UploadPart",
-        ];
-        if PUT.iter().any(|p| operation.starts_with(p)) {
-            RequestClass::Put
-        } else if operation.starts_with("Delete")
-            || matches!(
-                operation,
-                "AbortMultipartUpload" | "Unauthenticated" | "Unknown"
-            )
-        {
-            RequestClass::Free
-        } else {
-            RequestClass::Get
+    /// The class `operation` is billed in.
+    pub fn of(operation: Operation) -> Self {
+        use Operation as O;
+        match operation {
+            O::GetObject
+            | O::HeadObject
+            | O::HeadBucket
+            | O::GetObjectAttributes
+            | O::BucketOther
+            | O::ObjectOther => RequestClass::Get,
+            O::ListBuckets
+            | O::ListObjectsV2
+            | O::ListMultipartUploads
+            | O::ListObjectVersions
+            | O::ListObjects
+            | O::ListParts
+            | O::CreateBucket
+            | O::PutObject
+            | O::PostObject
+            | O::CopyObject
+            | O::UploadPart
+            | O::UploadPartCopy
+            | O::CreateMultipartUpload
+            | O::CompleteMultipartUpload => RequestClass::Put,
+            O::DeleteBucket
+            | O::DeleteObjects
+            | O::DeleteObject
+            | O::AbortMultipartUpload
+            | O::Unauthenticated
+            | O::Unknown => RequestClass::Free,
         }
     }
 }

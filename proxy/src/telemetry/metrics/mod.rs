@@ -8,7 +8,8 @@
 //! sum(larder_cost_upstream_dollars_total)`.
 
 //!
-//! This file sets up the instruments and records events; [`cost`] prices requests, `observe`
+//! This file sets up the instruments and records events; `bound` keeps the request path's
+//! instruments bound to their label sets, [`cost`] prices requests, `observe`
 //! exports the gauges read at each collection (memory, disk, fleet, buffers), and [`snapshot`]
 //! reads gathered metrics back (for the status page and tests).
 
@@ -16,10 +17,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::model::UpstreamOutcome;
+use crate::s3::operation::Operation;
 use crate::telemetry::labels::{
     EventOutcome, Lookup, NoticeOutcome, PrefetchBlock, PrefetchBytes, Rejected, Source,
-    ThrottleEvent, WriteDropped,
+    ThrottleEvent, WriteDropped, XCache,
 };
+use bound::{Bound, Key};
 use opentelemetry::metrics::{Counter, Histogram, Meter, MeterProvider as _};
 use opentelemetry::KeyValue;
 use opentelemetry_otlp::WithExportConfig;
@@ -28,6 +31,7 @@ use opentelemetry_sdk::Resource;
 use parking_lot::Mutex;
 use prometheus::proto::MetricFamily;
 
+mod bound;
 pub mod cost;
 mod observe;
 pub mod snapshot;
@@ -70,26 +74,26 @@ pub struct Metrics {
     bucket_labels: Vec<(String, KeyValue)>,
     started: Instant,
     health: Mutex<UpstreamHealth>,
-    requests: Counter<u64>,
-    time_to_first_byte: Histogram<f64>,
-    response_duration: Histogram<f64>,
-    upstream_requests: Counter<u64>,
-    upstream_duration: Histogram<f64>,
+    requests: Bound<Counter<u64>>,
+    time_to_first_byte: Bound<Histogram<f64>>,
+    response_duration: Bound<Histogram<f64>>,
+    upstream_requests: Bound<Counter<u64>>,
+    upstream_duration: Bound<Histogram<f64>>,
     upstream_bytes: Counter<u64>,
-    served_bytes: Counter<u64>,
-    lookups: Counter<u64>,
+    served_bytes: Bound<Counter<u64>>,
+    lookups: Bound<Counter<u64>>,
     coalesced: Counter<u64>,
     cache_writes_dropped: Counter<u64>,
     blocks_rejected: Counter<u64>,
     response_buffer_waits: Counter<u64>,
-    cost_direct: Counter<f64>,
-    cost_upstream: Counter<f64>,
+    cost_direct: Bound<Counter<f64>>,
+    cost_upstream: Bound<Counter<f64>>,
     resumes: Counter<u64>,
     hedges: Counter<u64>,
     run_blocks: Counter<u64>,
     throttle: Counter<u64>,
     prefetch_blocks: Counter<u64>,
-    prefetch_bytes: Counter<u64>,
+    prefetch_bytes: Bound<Counter<u64>>,
     warm_jobs: Counter<u64>,
     warm_bytes: Counter<u64>,
     events: Counter<u64>,
@@ -124,31 +128,35 @@ fn status_value(status: u16) -> opentelemetry::Value {
     }
 }
 
-/// `labels`, then the `bucket` label when buckets are labelled, as one slice on the stack: it
-/// is made on every request, so not in a `Vec`.
-fn with_bucket<const N: usize>(labels: [KeyValue; N], bucket: &Option<KeyValue>) -> LabelSet {
-    let mut set = LabelSet {
-        slots: std::array::from_fn(|_| kv("", "")),
-        len: 0,
-    };
-    for label in labels.into_iter().chain(bucket.clone()) {
-        set.slots[set.len] = label;
-        set.len += 1;
-    }
-    set
+/// Bits of a [`Key`] for each label: room for every value each can take.
+const OPERATION_BITS: u32 = 6;
+const CACHE_BITS: u32 = 4;
+const STATUS_BITS: u32 = 16;
+const BUCKET_BITS: u32 = 16;
+const TIER_BITS: u32 = 2;
+
+/// The `kind` label of the cost counters.
+#[derive(Clone, Copy)]
+enum CostKind {
+    Requests,
+    Transfer,
 }
 
-/// At most four labels, the most any per-request instrument takes.
-struct LabelSet {
-    slots: [KeyValue; 4],
-    len: usize,
+impl CostKind {
+    fn label(self) -> KeyValue {
+        kv(
+            "kind",
+            match self {
+                CostKind::Requests => "requests",
+                CostKind::Transfer => "transfer",
+            },
+        )
+    }
 }
 
-impl std::ops::Deref for LabelSet {
-    type Target = [KeyValue];
-    fn deref(&self) -> &[KeyValue] {
-        &self.slots[..self.len]
-    }
+/// The key of a series labelled by operation alone.
+fn by_operation(operation: Operation) -> Key {
+    Key::new().and(operation.index(), OPERATION_BITS)
 }
 
 impl Default for Metrics {
@@ -182,6 +190,13 @@ impl Metrics {
                     .with_interval(*interval)
                     .build(),
             );
+        }
+        if options.buckets.len() >= (1 << BUCKET_BITS) - 2 {
+            return Err(MetricsError(format!(
+                "metrics_buckets lists {} buckets; at most {} can be labelled",
+                options.buckets.len(),
+                (1 << BUCKET_BITS) - 3
+            )));
         }
         let provider = builder.build();
         let meter = provider.meter("larder");
@@ -242,10 +257,10 @@ impl Metrics {
             "larder.prefetch.blocks",
             "Read-ahead blocks by outcome: issued, skipped_busy (no free upstream slot), skipped_budget",
         );
-        let prefetch_bytes = counter(
+        let prefetch_bytes = Bound::new(counter(
             "larder.prefetch.bytes",
             "Read-ahead bytes later read by a client (used) or never read (wasted)",
-        );
+        ));
         let warm_jobs = counter(
             "larder.warm.jobs",
             "Warm-up jobs by how they ended: done, failed, cancelled",
@@ -261,7 +276,9 @@ impl Metrics {
             prefetch_blocks.add(0, &[kv("outcome", outcome.as_str())]);
         }
         for outcome in PrefetchBytes::ALL {
-            prefetch_bytes.add(0, &[kv("outcome", outcome.as_str())]);
+            prefetch_bytes
+                .unbound()
+                .add(0, &[kv("outcome", outcome.as_str())]);
         }
         for outcome in ["done", "failed", "cancelled"] {
             warm_jobs.add(0, &[kv("outcome", outcome)]);
@@ -322,38 +339,38 @@ impl Metrics {
                 "larder.events.lag.seconds",
                 "Time from a change in the bucket (the event's eventTime) to Larder applying it",
             ),
-            requests: counter(
+            requests: Bound::new(counter(
                 "larder.requests",
                 "Client requests by operation, status and cache result",
-            ),
-            time_to_first_byte: latency(
+            )),
+            time_to_first_byte: Bound::new(latency(
                 "larder.request.ttfb.seconds",
                 "Time from request to response headers, by operation",
-            ),
-            response_duration: latency(
+            )),
+            response_duration: Bound::new(latency(
                 "larder.response.duration.seconds",
                 "Time from request to the last body byte sent (or the client leaving), by operation",
-            ),
-            upstream_requests: counter(
+            )),
+            upstream_requests: Bound::new(counter(
                 "larder.upstream.requests",
                 "Requests sent upstream by operation and status",
-            ),
-            upstream_duration: latency(
+            )),
+            upstream_duration: Bound::new(latency(
                 "larder.upstream.duration.seconds",
                 "Upstream response time to headers, by operation",
-            ),
+            )),
             upstream_bytes: counter(
                 "larder.upstream.received.bytes",
                 "Object bytes received from upstream for the cache",
             ),
-            served_bytes: counter(
+            served_bytes: Bound::new(counter(
                 "larder.served.bytes",
                 "Object bytes sent to clients by the tier they came from",
-            ),
-            lookups: counter(
+            )),
+            lookups: Bound::new(counter(
                 "larder.cache.lookups",
                 "Block lookups by tier and result (hit or miss)",
-            ),
+            )),
             coalesced,
             cache_writes_dropped,
             blocks_rejected,
@@ -361,14 +378,14 @@ impl Metrics {
                 "larder.response.buffer.waits",
                 "Blocks a response waited to open because response_buffer was full",
             ),
-            cost_direct: dollars(
+            cost_direct: Bound::new(dollars(
                 "larder.cost.direct.dollars",
                 "What the clients' requests would have cost sent straight to S3, by kind",
-            ),
-            cost_upstream: dollars(
+            )),
+            cost_upstream: Bound::new(dollars(
                 "larder.cost.upstream.dollars",
                 "What Larder's own upstream requests cost, by kind",
-            ),
+            )),
             provider,
             registry,
             meter,
@@ -386,59 +403,106 @@ impl Metrics {
         })
     }
 
-    /// The label value for `bucket`, if buckets are labelled at all.
-    fn bucket_label(&self, bucket: Option<&str>) -> Option<KeyValue> {
+    /// Which `bucket` label `bucket` takes: 0 when buckets are not labelled, `1..=n` for the
+    /// listed ones, `n + 1` for `other`.
+    fn bucket_slot(&self, bucket: Option<&str>) -> usize {
         if self.bucket_labels.is_empty() {
-            return None;
+            return 0;
         }
-        let listed = bucket.and_then(|b| self.bucket_labels.iter().find(|(name, _)| name == b));
-        Some(listed.map_or_else(|| kv("bucket", "other"), |(_, label)| label.clone()))
+        bucket
+            .and_then(|b| self.bucket_labels.iter().position(|(name, _)| name == b))
+            .map_or(self.bucket_labels.len() + 1, |i| i + 1)
+    }
+
+    /// `labels`, then the `bucket` label of `slot` (see [`Self::bucket_slot`]).
+    fn with_bucket<const N: usize>(&self, labels: [KeyValue; N], slot: usize) -> Vec<KeyValue> {
+        let bucket = match slot {
+            0 => None,
+            i => Some(
+                self.bucket_labels
+                    .get(i - 1)
+                    .map_or_else(|| kv("bucket", "other"), |(_, label)| label.clone()),
+            ),
+        };
+        labels.into_iter().chain(bucket).collect()
+    }
+
+    /// Add `dollars` to `counter` under `kind` (and `bucket`'s slot).
+    fn cost(&self, counter: &Bound<Counter<f64>>, kind: CostKind, bucket: usize, dollars: f64) {
+        let key = Key::new().and(kind as usize, 1).and(bucket, BUCKET_BITS);
+        counter.with(
+            key,
+            || self.with_bucket([kind.label()], bucket),
+            |c| c.add(dollars),
+        );
     }
 
     /// A client request answered: its headers are on their way.
     pub fn request(
         &self,
-        operation: &'static str,
+        operation: Operation,
         bucket: Option<&str>,
         status: u16,
-        cache: &'static str,
+        cache: XCache,
         ttfb: Duration,
     ) {
-        let bucket = self.bucket_label(bucket);
-        let labels = [
-            kv("operation", operation),
-            KeyValue::new("status", status_value(status)),
-            kv("cache", cache),
-        ];
-        self.requests.add(1, &with_bucket(labels, &bucket));
-        self.time_to_first_byte
-            .record(ttfb.as_secs_f64(), &[kv("operation", operation)]);
+        let bucket = self.bucket_slot(bucket);
+        let key = by_operation(operation)
+            .and(cache.index(), CACHE_BITS)
+            .and(bucket, BUCKET_BITS)
+            .and(usize::from(status), STATUS_BITS);
+        let labels = || {
+            let labels = [
+                kv("operation", operation.as_str()),
+                KeyValue::new("status", status_value(status)),
+                kv("cache", cache.as_str()),
+            ];
+            self.with_bucket(labels, bucket)
+        };
+        self.requests.with(key, labels, |c| c.add(1));
+        self.time_to_first_byte.with(
+            by_operation(operation),
+            || vec![kv("operation", operation.as_str())],
+            |h| h.record(ttfb.as_secs_f64()),
+        );
         let price = self.prices.request(RequestClass::of(operation));
         if price > 0.0 {
-            let labels = [kv("kind", "requests")];
-            self.cost_direct.add(price, &with_bucket(labels, &bucket));
+            self.cost(&self.cost_direct, CostKind::Requests, bucket, price);
         }
     }
 
     /// A client response's body ended (or the client left) `elapsed` after the request came in.
-    pub fn response_done(&self, operation: &'static str, elapsed: Duration) {
-        self.response_duration
-            .record(elapsed.as_secs_f64(), &[kv("operation", operation)]);
+    pub fn response_done(&self, operation: Operation, elapsed: Duration) {
+        self.response_duration.with(
+            by_operation(operation),
+            || vec![kv("operation", operation.as_str())],
+            |h| h.record(elapsed.as_secs_f64()),
+        );
     }
 
     /// A request upstream answered with `status` (or failed, as `status` says) after `elapsed`.
-    pub fn upstream(&self, operation: &'static str, status: UpstreamOutcome, elapsed: Duration) {
-        let status_label = match status {
-            UpstreamOutcome::Http(code) => KeyValue::new("status", status_value(code)),
-            UpstreamOutcome::Failed(reason) => kv("status", reason),
-        };
-        self.upstream_requests
-            .add(1, &[kv("operation", operation), status_label]);
-        self.upstream_duration
-            .record(elapsed.as_secs_f64(), &[kv("operation", operation)]);
+    pub fn upstream(&self, operation: Operation, status: UpstreamOutcome, elapsed: Duration) {
+        let with_operation = |status: KeyValue| vec![kv("operation", operation.as_str()), status];
+        match status {
+            UpstreamOutcome::Http(code) => {
+                let key = by_operation(operation).and(usize::from(code), STATUS_BITS);
+                let labels = || with_operation(KeyValue::new("status", status_value(code)));
+                self.upstream_requests.with(key, labels, |c| c.add(1));
+            }
+            // Failures are rare and their reasons text: counted without a bound handle.
+            UpstreamOutcome::Failed(reason) => self
+                .upstream_requests
+                .unbound()
+                .add(1, &with_operation(kv("status", reason))),
+        }
+        self.upstream_duration.with(
+            by_operation(operation),
+            || vec![kv("operation", operation.as_str())],
+            |h| h.record(elapsed.as_secs_f64()),
+        );
         let price = self.prices.request(RequestClass::of(operation));
         if price > 0.0 {
-            self.cost_upstream.add(price, &[kv("kind", "requests")]);
+            self.cost(&self.cost_upstream, CostKind::Requests, 0, price);
         }
     }
 
@@ -454,24 +518,22 @@ impl Metrics {
     pub fn upstream_received(&self, bytes: u64) {
         self.upstream_bytes.add(bytes, &[]);
         if self.prices.transfer_byte > 0.0 {
-            self.cost_upstream.add(
-                bytes as f64 * self.prices.transfer_byte,
-                &[kv("kind", "transfer")],
-            );
+            let dollars = bytes as f64 * self.prices.transfer_byte;
+            self.cost(&self.cost_upstream, CostKind::Transfer, 0, dollars);
         }
     }
 
     /// Object bytes sent to a client, from `tier`.
     pub fn served(&self, tier: Source, bucket: Option<&str>, bytes: u64) {
-        let bucket = self.bucket_label(bucket);
-        let labels = [kv("tier", tier.as_str())];
-        self.served_bytes.add(bytes, &with_bucket(labels, &bucket));
+        let bucket = self.bucket_slot(bucket);
+        let key = Key::new()
+            .and(tier.index(), TIER_BITS)
+            .and(bucket, BUCKET_BITS);
+        let labels = || self.with_bucket([kv("tier", tier.as_str())], bucket);
+        self.served_bytes.with(key, labels, |c| c.add(bytes));
         if self.prices.transfer_byte > 0.0 {
-            let labels = [kv("kind", "transfer")];
-            self.cost_direct.add(
-                bytes as f64 * self.prices.transfer_byte,
-                &with_bucket(labels, &bucket),
-            );
+            let dollars = bytes as f64 * self.prices.transfer_byte;
+            self.cost(&self.cost_direct, CostKind::Transfer, bucket, dollars);
         }
     }
 
@@ -504,8 +566,11 @@ impl Metrics {
 
     /// Read-ahead bytes used or wasted.
     pub fn prefetch_bytes(&self, outcome: PrefetchBytes, bytes: u64) {
-        self.prefetch_bytes
-            .add(bytes, &[kv("outcome", outcome.as_str())]);
+        self.prefetch_bytes.with(
+            Key::new().and(outcome.index(), 1),
+            || vec![kv("outcome", outcome.as_str())],
+            |c| c.add(bytes),
+        );
     }
 
     /// A warm-up job ended.
@@ -573,9 +638,14 @@ impl Metrics {
 
     /// A block looked up in `tier`.
     pub fn lookup(&self, tier: Lookup, hit: bool) {
-        let result = if hit { "hit" } else { "miss" };
-        self.lookups
-            .add(1, &[kv("tier", tier.as_str()), kv("result", result)]);
+        let key = Key::new()
+            .and(tier.index(), TIER_BITS)
+            .and(usize::from(hit), 1);
+        let labels = || {
+            let result = if hit { "hit" } else { "miss" };
+            vec![kv("tier", tier.as_str()), kv("result", result)]
+        };
+        self.lookups.with(key, labels, |c| c.add(1));
     }
 
     /// A block read joined a fetch in flight.
@@ -652,29 +722,142 @@ mod tests {
 
     #[test]
     fn classes_follow_s3_pricing() {
+        use Operation as O;
         for op in [
-            "GetObject",
-            "HeadObject",
-            "HeadBucket",
-            "GetObjectAttributes",
+            O::GetObject,
+            O::HeadObject,
+            O::HeadBucket,
+            O::GetObjectAttributes,
         ] {
-            assert_eq!(RequestClass::of(op), RequestClass::Get, "{op}");
+            assert_eq!(RequestClass::of(op), RequestClass::Get, "{op:?}");
         }
         for op in [
-            "PutObject",
-            "PostObject",
-            "CopyObject",
-            "ListObjectsV2",
-            "ListBuckets",
-            "CreateMultipartUpload",
-            "UploadPart",
-            "CompleteMultipartUpload",
+            O::PutObject,
+            O::PostObject,
+            O::CopyObject,
+            O::ListObjectsV2,
+            O::ListBuckets,
+            O::CreateMultipartUpload,
+            O::UploadPart,
+            O::CompleteMultipartUpload,
         ] {
-            assert_eq!(RequestClass::of(op), RequestClass::Put, "{op}");
+            assert_eq!(RequestClass::of(op), RequestClass::Put, "{op:?}");
         }
-        for op in ["DeleteObject", "DeleteObjects", "AbortMultipartUpload"] {
-            assert_eq!(RequestClass::of(op), RequestClass::Free, "{op}");
+        for op in [O::DeleteObject, O::DeleteObjects, O::AbortMultipartUpload] {
+            assert_eq!(RequestClass::of(op), RequestClass::Free, "{op:?}");
         }
+    }
+
+    #[test]
+    fn bound_and_unbound_measurements_of_a_label_set_are_one_series() {
+        let m = Metrics::default();
+        // The start-up zero is unbound; these are bound.
+        m.prefetch_bytes(PrefetchBytes::Used, 5);
+        m.prefetch_bytes(PrefetchBytes::Used, 7);
+        m.prefetch_bytes(PrefetchBytes::Wasted, 1);
+        m.lookup(Lookup::Memory, true);
+        m.lookup(Lookup::Memory, true);
+        m.lookup(Lookup::Memory, false);
+        m.lookup(Lookup::Disk, true);
+        let text = m.render();
+        let lines = |name: &str| text.lines().filter(|l| l.starts_with(name)).count();
+        assert_eq!(lines("larder_prefetch_bytes_total{"), 2, "{text}");
+        assert_eq!(lines("larder_cache_lookups_total{"), 3, "{text}");
+        let s = m.snapshot();
+        assert_eq!(
+            s.sum("larder_prefetch_bytes_total", &[("outcome", "used")]),
+            12.0
+        );
+        assert_eq!(
+            s.sum(
+                "larder_cache_lookups_total",
+                &[("tier", "memory"), ("result", "hit")]
+            ),
+            2.0
+        );
+        assert_eq!(
+            s.sum(
+                "larder_cache_lookups_total",
+                &[("tier", "disk"), ("result", "miss")]
+            ),
+            0.0
+        );
+    }
+
+    #[test]
+    fn requests_of_each_label_set_count_apart() {
+        let m = Metrics::new(MetricsOptions {
+            buckets: vec!["lake".into(), "logs".into()],
+            ..Default::default()
+        })
+        .unwrap();
+        let cases = [
+            (
+                Operation::GetObject,
+                Some("lake"),
+                200,
+                XCache::HitMemory,
+                1,
+            ),
+            (
+                Operation::GetObject,
+                Some("lake"),
+                206,
+                XCache::HitMemory,
+                2,
+            ),
+            (
+                Operation::GetObject,
+                Some("logs"),
+                200,
+                XCache::HitMemory,
+                3,
+            ),
+            (
+                Operation::GetObject,
+                Some("other"),
+                200,
+                XCache::HitMemory,
+                4,
+            ),
+            (Operation::GetObject, Some("lake"), 200, XCache::Miss, 5),
+            (
+                Operation::HeadObject,
+                Some("lake"),
+                200,
+                XCache::HitMemory,
+                6,
+            ),
+            (Operation::HeadObject, None, 200, XCache::HitMemory, 7),
+        ];
+        for (op, bucket, status, cache, n) in cases {
+            for _ in 0..n {
+                m.request(op, bucket, status, cache, Duration::ZERO);
+            }
+        }
+        let s = m.snapshot();
+        let status_text = |code: u16| code.to_string();
+        for (op, bucket, status, cache, n) in cases {
+            // Unlisted buckets and requests without one share the `other` series.
+            let (bucket, want) = match bucket {
+                Some(b @ ("lake" | "logs")) => (b, n),
+                _ if op == Operation::GetObject => ("other", 4),
+                _ => ("other", 7),
+            };
+            let status = status_text(status);
+            let labels = [
+                ("operation", op.as_str()),
+                ("bucket", bucket),
+                ("status", status.as_str()),
+                ("cache", cache.as_str()),
+            ];
+            assert_eq!(
+                s.sum("larder_requests_total", &labels),
+                f64::from(want),
+                "{labels:?}"
+            );
+        }
+        assert_eq!(s.sum("larder_requests_total", &[]), 28.0);
     }
 
     #[test]
@@ -690,10 +873,20 @@ mod tests {
         .unwrap();
         // Ten GETs of 4 bytes served from memory; one upstream GET of 8 bytes filled the cache.
         for _ in 0..10 {
-            m.request("GetObject", None, 200, "hit-memory", Duration::ZERO);
+            m.request(
+                Operation::GetObject,
+                None,
+                200,
+                XCache::HitMemory,
+                Duration::ZERO,
+            );
             m.served(Source::Memory, None, 4);
         }
-        m.upstream("GetObject", UpstreamOutcome::Http(206), Duration::ZERO);
+        m.upstream(
+            Operation::GetObject,
+            UpstreamOutcome::Http(206),
+            Duration::ZERO,
+        );
         m.upstream_received(8);
         let s = m.snapshot();
         let direct = s.sum("larder_cost_direct_dollars_total", &[]);
@@ -747,7 +940,13 @@ mod tests {
         m.observe_memory(cache_core::MemoryTier::<u32>::new(1 << 20));
         m.observe_buffer_pool();
         for ms in [1u64, 2, 3, 4, 100] {
-            m.request("GetObject", None, 200, "miss", Duration::from_millis(ms));
+            m.request(
+                Operation::GetObject,
+                None,
+                200,
+                XCache::Miss,
+                Duration::from_millis(ms),
+            );
         }
         let text = m.render();
         for name in [
