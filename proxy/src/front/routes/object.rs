@@ -9,7 +9,7 @@ use axum::response::Response;
 use bytes::Bytes;
 use futures::StreamExt;
 use http::request::Parts;
-use http::{header, HeaderMap, HeaderValue, StatusCode};
+use http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use parking_lot::Mutex;
 
 use crate::model::{
@@ -258,18 +258,29 @@ pub(super) fn cacheable(key: &str, query: &ObjectQuery, headers: &HeaderMap) -> 
     !key.trim().is_empty()
         && query.other.is_empty()
         && query.part_number.is_none()
-        && ![
-            names::X_AMZ_SSE_CUSTOMER_ALGORITHM,
-            names::X_AMZ_EXPECTED_BUCKET_OWNER,
-            names::X_AMZ_REQUEST_PAYER,
-        ]
-        .iter()
-        .any(|h| headers.contains_key(h))
+        && !has_any(headers, &NOT_CACHED)
 }
+
+/// Headers that make a read go to S3: see [`cacheable`].
+static NOT_CACHED: [HeaderName; 3] = [
+    names::X_AMZ_SSE_CUSTOMER_ALGORITHM,
+    names::X_AMZ_EXPECTED_BUCKET_OWNER,
+    names::X_AMZ_REQUEST_PAYER,
+];
+
+/// Headers that declare SSE-KMS.
+static KMS: [HeaderName; 2] = [names::X_AMZ_SSE, names::X_AMZ_SSE_KMS_KEY_ID];
 
 /// A read that declares SSE-KMS: S3 refuses it (400), as the encryption is chosen on write.
 pub(super) fn declares_kms(headers: &HeaderMap) -> bool {
-    headers.contains_key(names::X_AMZ_SSE) || headers.contains_key(names::X_AMZ_SSE_KMS_KEY_ID)
+    has_any(headers, &KMS)
+}
+
+/// Whether `headers` has any of `names`. One pass over the request's names, compared as they
+/// are: a request carries a handful, and looking each of `names` up would hash every one of
+/// these long names (`x-amz-server-side-encryption-customer-algorithm`) on every hit.
+fn has_any(headers: &HeaderMap, names: &[HeaderName]) -> bool {
+    headers.keys().any(|name| names.contains(name))
 }
 
 /// How a GET of an object nothing is known of fetches its metadata.
@@ -333,6 +344,33 @@ fn label(found: CacheResult, opened: bool) -> CacheResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_that_s3_must_see_are_told_apart_by_their_headers() {
+        let query = ObjectQuery::default();
+        let mut headers = HeaderMap::new();
+        headers.insert(header::RANGE, HeaderValue::from_static("bytes=0-9"));
+        headers.insert("x-amz-date", HeaderValue::from_static("20261129T000000Z"));
+        assert!(cacheable("k", &query, &headers));
+        assert!(!declares_kms(&headers));
+        for name in &NOT_CACHED {
+            let mut with = headers.clone();
+            with.insert(name.clone(), HeaderValue::from_static("x"));
+            assert!(!cacheable("k", &query, &with), "{name}");
+        }
+        for name in [
+            "X-Amz-Server-Side-Encryption",
+            "x-amz-server-side-encryption-aws-kms-key-id",
+        ] {
+            let mut with = headers.clone();
+            with.insert(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_static("aws:kms"),
+            );
+            assert!(declares_kms(&with), "{name}");
+        }
+        assert!(!cacheable(" ", &query, &headers));
+    }
 
     #[test]
     fn a_read_that_brought_its_own_first_blocks_is_a_miss_however_far_they_had_landed() {

@@ -3,15 +3,76 @@
 //! never delays a demand fetch.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use cache_core::{Miss, Tier};
 
 use crate::model::{ObjectId, UpstreamError};
-use crate::telemetry::labels::{PrefetchBlock, WriteDropped};
+use crate::telemetry::labels::{PrefetchBlock, PrefetchBytes, WriteDropped};
+use crate::telemetry::metrics::Metrics;
 
 use super::slots::Turn;
-use super::{BlockStore, Purpose};
+use super::{BlockId, BlockStore, Purpose};
+
+/// Blocks read ahead and not yet read by anyone, with their size: read → used, evicted or
+/// expired → wasted.
+pub(super) struct Prefetched {
+    blocks: moka::sync::Cache<BlockId, u64>,
+    /// Never fewer than the blocks in `blocks`: raised before each insert, lowered after each
+    /// removal (the eviction listener sees every cause). While it is zero a read need not
+    /// look: every hit would otherwise pay a hash and a lookup here even when nothing is read
+    /// ahead (docs/benchmarks.md). Should a removal go unreported, it only stays above zero.
+    held: Arc<AtomicUsize>,
+}
+
+impl Prefetched {
+    /// Tracks at most `capacity` blocks, each for `unused_after`.
+    pub(super) fn new(capacity: u64, unused_after: Duration, metrics: Arc<Metrics>) -> Self {
+        let held = Arc::new(AtomicUsize::new(0));
+        let blocks = {
+            let held = held.clone();
+            moka::sync::Cache::builder()
+                .max_capacity(capacity)
+                .time_to_live(unused_after)
+                .eviction_listener(move |_, bytes, cause| {
+                    held.fetch_sub(1, Ordering::AcqRel);
+                    if cause != moka::notification::RemovalCause::Explicit
+                        && cause != moka::notification::RemovalCause::Replaced
+                    {
+                        metrics.prefetch_bytes(PrefetchBytes::Wasted, bytes);
+                    }
+                })
+                .build()
+        };
+        Self { blocks, held }
+    }
+
+    /// Block `id` (`bytes` long) is being read ahead.
+    fn insert(&self, id: BlockId, bytes: u64) {
+        self.held.fetch_add(1, Ordering::AcqRel);
+        self.blocks.insert(id, bytes);
+    }
+
+    /// Block `id`'s read-ahead failed: neither used nor wasted.
+    pub(super) fn forget(&self, id: &BlockId) {
+        self.blocks.invalidate(id);
+    }
+
+    /// Block `id` was read: its size, if it was read ahead (and not counted before).
+    pub(super) fn take(&self, id: &BlockId) -> Option<u64> {
+        if self.held.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        self.blocks.remove(id)
+    }
+
+    #[cfg(test)]
+    pub(super) fn run_pending_tasks(&self) {
+        self.blocks.run_pending_tasks();
+    }
+}
 
 /// What warming one block did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,5 +222,45 @@ impl BlockStore {
                 Ok(Warmed::Fetched(bytes))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache_key::KeySchema;
+    use cache_core::BlockLayout;
+
+    fn block(index: u64) -> BlockId {
+        let object = ObjectId {
+            bucket: "b".into(),
+            key: "k".into(),
+            version_id: None,
+        };
+        KeySchema::new(BlockLayout::new(4096), Default::default()).block(
+            &object,
+            &"\"e\"".into(),
+            index,
+        )
+    }
+
+    #[test]
+    fn a_block_read_ahead_is_used_once_and_nothing_is_looked_up_once_none_is_held() {
+        let tracked = Prefetched::new(16, Duration::from_secs(60), Arc::new(Metrics::default()));
+        assert_eq!(tracked.take(&block(0)), None);
+        tracked.insert(block(0), 10);
+        tracked.insert(block(1), 20);
+        tracked.insert(block(1), 20);
+        assert_eq!(
+            tracked.held.load(Ordering::Acquire),
+            2,
+            "a replaced entry is one"
+        );
+        assert_eq!(tracked.take(&block(0)), Some(10));
+        assert_eq!(tracked.take(&block(0)), None, "used once");
+        tracked.forget(&block(1));
+        tracked.run_pending_tasks();
+        assert_eq!(tracked.held.load(Ordering::Acquire), 0);
+        assert_eq!(tracked.take(&block(1)), None);
     }
 }

@@ -291,7 +291,7 @@ impl BlockStore {
                 }
                 self.metrics.cache_write_dropped(WriteDropped::FetchFailed);
                 if purpose == Purpose::Prefetch {
-                    self.prefetched.invalidate(fill.key());
+                    self.prefetched.forget(fill.key());
                 }
                 fill.fail(e);
             }

@@ -52,6 +52,7 @@ mod split;
 #[cfg(test)]
 mod tests;
 
+use ahead::Prefetched;
 pub use ahead::Warmed;
 pub use classify::CacheResult;
 
@@ -111,9 +112,8 @@ pub struct BlockStore {
     prefetch: PrefetchConfig,
     sequences: Detector,
     prefetch_slots: Semaphore,
-    /// Blocks read ahead and not yet read by anyone, with their size: read → used, evicted or
-    /// expired → wasted.
-    prefetched: moka::sync::Cache<BlockId, u64>,
+    /// Blocks read ahead and not yet read by anyone.
+    prefetched: Prefetched,
     /// Whether a cold range much smaller than its block is fetched exactly (`part`).
     exact_ranges: bool,
     /// Distinct parts of a block fetched before the block is fetched whole (0: never).
@@ -249,20 +249,11 @@ impl BlockStore {
             prefetch: config.prefetch,
             sequences: Detector::new(config.prefetch, block_size),
             prefetch_slots: Semaphore::new(config.prefetch.max_inflight.max(1)),
-            prefetched: {
-                let metrics = metrics.clone();
-                moka::sync::Cache::builder()
-                    .max_capacity(PREFETCH_TRACKED)
-                    .time_to_live(config.prefetch.unused_after)
-                    .eviction_listener(move |_, bytes, cause| {
-                        if cause != moka::notification::RemovalCause::Explicit
-                            && cause != moka::notification::RemovalCause::Replaced
-                        {
-                            metrics.prefetch_bytes(PrefetchBytes::Wasted, bytes);
-                        }
-                    })
-                    .build()
-            },
+            prefetched: Prefetched::new(
+                PREFETCH_TRACKED,
+                config.prefetch.unused_after,
+                metrics.clone(),
+            ),
             exact_ranges: config.exact_ranges,
             complete_block_after: config.complete_block_after,
             parts_fetched: moka::sync::Cache::builder()
@@ -630,7 +621,7 @@ impl BlockStore {
     /// Count block `id` as read, if read-ahead fetched it.
     fn prefetch_used(&self, id: &BlockId) {
         if self.prefetch.enabled() {
-            if let Some(bytes) = self.prefetched.remove(id) {
+            if let Some(bytes) = self.prefetched.take(id) {
                 self.metrics.prefetch_bytes(PrefetchBytes::Used, bytes);
             }
         }
