@@ -124,6 +124,7 @@ fn strip_port(host: &str) -> &str {
 fn decode(raw: &str) -> Result<String, S3Error> {
     // A '%' must start a valid escape; percent_decode_str would pass a stray one through.
     let bytes = raw.as_bytes();
+    let mut escaped = false;
     for (i, &b) in bytes.iter().enumerate() {
         if b == b'%' {
             let ok = bytes
@@ -132,7 +133,12 @@ fn decode(raw: &str) -> Result<String, S3Error> {
             if !ok {
                 return Err(S3Error::InvalidUri);
             }
+            escaped = true;
         }
+    }
+    // Most keys carry no escape: then the text is the name, already UTF-8 (it is a `str`).
+    if !escaped {
+        return Ok(raw.to_owned());
     }
     percent_decode_str(raw)
         .decode_utf8()
