@@ -626,6 +626,32 @@ impl MetadataCache {
         .await
     }
 
+    /// `id`'s metadata when it is cached and may still be served: what [`MetadataCache::get`]
+    /// would answer without asking anyone, with the same side effects (a refresh-ahead when
+    /// due, an entry past what may be trusted dropped). `None` asks nothing upstream either;
+    /// the caller goes on to [`MetadataCache::get`] or [`MetadataCache::get_or_open`]. A hit
+    /// then costs one lookup, before the questions only a miss needs ([`Self::is_unknown`]).
+    pub async fn cached(self: &Arc<Self>, id: &ObjectId) -> Option<Arc<ObjectMeta>> {
+        self.hit(id).await.map(|entry| entry.meta)
+    }
+
+    /// The cache's entry for `id`, if it may be served now.
+    async fn hit(self: &Arc<Self>, id: &ObjectId) -> Option<Entry> {
+        let cache = self.cache.as_ref()?;
+        let entry = cache.get(id).await?;
+        // Past what may be trusted now (the event stream went quiet): revalidated.
+        if self.policy.expects_events()
+            && entry.fetched.elapsed() > self.policy.max_age(entry.trust)
+        {
+            Box::pin(cache.invalidate(id)).await;
+            return None;
+        }
+        if self.refresh_ahead {
+            self.refresh_if_due(id, &entry);
+        }
+        Some(entry)
+    }
+
     /// One look for [`MetadataCache::lookup`]: [`Lookup::BeganBeforeAChange`] when the fetch
     /// joined is one `join` does not allow.
     async fn lookup_once(
@@ -634,23 +660,8 @@ impl MetadataCache {
         fetch: impl std::future::Future<Output = Result<Fetched, (UpstreamError, bool)>>,
         join: Join,
     ) -> Result<(Entry, Source), Lookup> {
-        if let Some(cache) = &self.cache {
-            match cache.get(id).await {
-                // Past what may be trusted now (the event stream went quiet): revalidated.
-                Some(entry)
-                    if self.policy.expects_events()
-                        && entry.fetched.elapsed() > self.policy.max_age(entry.trust) =>
-                {
-                    Box::pin(cache.invalidate(id)).await;
-                }
-                Some(entry) => {
-                    if self.refresh_ahead {
-                        self.refresh_if_due(id, &entry);
-                    }
-                    return Ok((entry, Source::Cached));
-                }
-                None => {}
-            }
+        if let Some(entry) = self.hit(id).await {
+            return Ok((entry, Source::Cached));
         }
         // Boxed: the futures of a miss (the cache's insert, the flight, the stale copy's) are
         // many kilobytes, and a future holds room for every path it may take. Inline, every
@@ -985,6 +996,28 @@ mod tests {
         assert!(!cached(cache.get(&id(Some("v1"))).await));
         cache.invalidate_bucket("b");
         assert!(!cached(cache.get(&id(None)).await));
+    }
+
+    #[tokio::test]
+    async fn cached_answers_what_get_would_without_asking_and_nothing_stale_or_expired() {
+        let (origin, cache, id) =
+            one_object(b"data", "\"e\"", Duration::from_millis(100), Duration::ZERO);
+        assert!(cache.cached(&id).await.is_none(), "nothing fetched yet");
+        assert_eq!(origin.heads.load(Ordering::SeqCst), 0, "and nothing asked");
+        cache.get(&id).await.unwrap();
+        let heads = origin.heads.load(Ordering::SeqCst);
+        let meta = cache.cached(&id).await.expect("cached after a get");
+        assert_eq!(meta.etag, "\"e\"");
+        assert_eq!(origin.heads.load(Ordering::SeqCst), heads);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert!(cache.cached(&id).await.is_none(), "past the TTL");
+        let (origin, cache, id) = expired_in_an_outage(Duration::from_secs(60)).await;
+        assert!(
+            cache.cached(&id).await.is_none(),
+            "a stale copy is not a hit"
+        );
+        assert_eq!(cache.get(&id).await.unwrap().1, Source::Stale);
+        drop(origin);
     }
 
     #[tokio::test]

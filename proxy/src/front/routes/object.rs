@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 
 use crate::model::{
     range::{self, ByteRange, Resolved},
-    ObjectId, UpstreamError,
+    BodyStream, ObjectId, ObjectMeta, UpstreamError,
 };
 use crate::read::blocks::{CacheResult, InMemory};
 use crate::read::metadata::Source;
@@ -72,48 +72,15 @@ impl AppState {
             .get(header::RANGE)
             .and_then(|v| v.to_str().ok())
             .and_then(ByteRange::parse);
-        // A GET of an object nothing is known of fetches its metadata together with the first
-        // block it needs (or the bytes asked of it, or for a suffix range those last bytes): one
-        // upstream round trip before the first byte instead of two.
-        let cold = match (head, range) {
-            (true, _) => None,
-            (false, None) => Some(Cold::Range(ByteRange::FromTo {
-                first: 0,
-                last: None,
-            })),
-            (false, Some(r @ ByteRange::FromTo { .. })) => Some(Cold::Range(r)),
-            (false, Some(r @ ByteRange::Suffix(n))) if n > 0 => {
-                Some(if self.blocks.opens_suffixes_as_parts() {
-                    Cold::Range(r)
-                } else {
-                    Cold::Tail(n)
-                })
-            }
-            (false, Some(ByteRange::Suffix(_))) => None,
-        }
-        .filter(|_| self.metadata.is_unknown(id) && !self.blocks.known_on_disk(id));
         let opened = AtomicBool::new(false);
         let tail = Mutex::new(None);
-        let fetched = match cold {
-            Some(Cold::Range(asked)) => {
-                let open = async {
-                    opened.store(true, Ordering::Relaxed);
-                    let changed = self.metadata.since_change(id);
-                    self.blocks.open_cold(id.clone(), asked, changed).await
-                };
-                Box::pin(self.metadata.get_or_open(id, open)).await
-            }
-            Some(Cold::Tail(len)) => {
-                let open = async {
-                    opened.store(true, Ordering::Relaxed);
-                    Ok(self.blocks.open_tail(id, len).await?.map(|(meta, body)| {
-                        *tail.lock() = Some(body);
-                        (meta, std::time::Duration::ZERO)
-                    }))
-                };
-                Box::pin(self.metadata.get_or_open(id, open)).await
-            }
-            None => self.metadata.get(id).await.map_err(|e| (e, true)),
+        // A hit asks the metadata cache once; what a miss needs is only asked on a miss (which
+        // then looks in the cache again, inside the lookup that fetches). Boxed: a hit's
+        // request future need not hold room for the miss path (docs/benchmarks.md, "Request
+        // futures").
+        let fetched = match self.metadata.cached(id).await {
+            Some(meta) => Ok((meta, Source::Cached)),
+            None => Box::pin(self.fetch_meta(id, head, range, &opened, &tail)).await,
         };
         let (meta, source) = match fetched {
             Ok(m) => m,
@@ -240,6 +207,60 @@ impl AppState {
             tracing::error!(object = %id, error = %message, "cannot read from the upstream");
         }
         answer
+    }
+
+    /// The metadata of `id`, which the cache did not hold: fetched with the first block the read
+    /// needs when nothing is known of the object (`opened` then set, and a suffix read's body
+    /// put in `tail`), or with a HEAD.
+    async fn fetch_meta(
+        &self,
+        id: &ObjectId,
+        head: bool,
+        range: Option<ByteRange>,
+        opened: &AtomicBool,
+        tail: &Mutex<Option<BodyStream>>,
+    ) -> Result<(Arc<ObjectMeta>, Source), (UpstreamError, bool)> {
+        // A GET of an object nothing is known of fetches its metadata together with the first
+        // block it needs (or the bytes asked of it, or for a suffix range those last bytes): one
+        // upstream round trip before the first byte instead of two.
+        let cold = match (head, range) {
+            (true, _) => None,
+            (false, None) => Some(Cold::Range(ByteRange::FromTo {
+                first: 0,
+                last: None,
+            })),
+            (false, Some(r @ ByteRange::FromTo { .. })) => Some(Cold::Range(r)),
+            (false, Some(r @ ByteRange::Suffix(n))) if n > 0 => {
+                Some(if self.blocks.opens_suffixes_as_parts() {
+                    Cold::Range(r)
+                } else {
+                    Cold::Tail(n)
+                })
+            }
+            (false, Some(ByteRange::Suffix(_))) => None,
+        }
+        .filter(|_| self.metadata.is_unknown(id) && !self.blocks.known_on_disk(id));
+        match cold {
+            Some(Cold::Range(asked)) => {
+                let open = async {
+                    opened.store(true, Ordering::Relaxed);
+                    let changed = self.metadata.since_change(id);
+                    self.blocks.open_cold(id.clone(), asked, changed).await
+                };
+                self.metadata.get_or_open(id, open).await
+            }
+            Some(Cold::Tail(len)) => {
+                let open = async {
+                    opened.store(true, Ordering::Relaxed);
+                    Ok(self.blocks.open_tail(id, len).await?.map(|(meta, body)| {
+                        *tail.lock() = Some(body);
+                        (meta, std::time::Duration::ZERO)
+                    }))
+                };
+                self.metadata.get_or_open(id, open).await
+            }
+            None => self.metadata.get(id).await.map_err(|e| (e, true)),
+        }
     }
 }
 
