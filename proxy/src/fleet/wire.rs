@@ -112,6 +112,7 @@ pub fn decode_meta(buf: &mut BytesMut) -> Result<(ObjectMeta, Duration), FrameEr
         last_modified,
         version_id: wire.version_id,
         headers,
+        response_headers: Default::default(),
     };
     Ok((meta, Duration::from_millis(wire.age_ms)))
 }
@@ -223,6 +224,7 @@ mod tests {
                     HeaderValue::from_bytes(b"\xe9t\xe9").unwrap(),
                 ),
             ],
+            response_headers: Default::default(),
         };
         let mut buf = BytesMut::from(&encode_meta(&meta, Duration::from_millis(1500))[..]);
         buf.extend_from_slice(b"block bytes");
@@ -257,6 +259,7 @@ mod tests {
             last_modified: Some(at(1_700_000_000)),
             version_id: None,
             headers: vec![],
+            response_headers: Default::default(),
         };
         let json = String::from_utf8(encode_meta(&meta, Duration::ZERO)[4..].to_vec()).unwrap();
         let json = json.replace("1700000000", &u64::MAX.to_string());

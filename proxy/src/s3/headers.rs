@@ -30,7 +30,24 @@ pub mod names {
 
 /// Headers describing the object itself (not the range): ETag, Last-Modified, Accept-Ranges,
 /// version, and everything S3 stored with the object; then the client's `response-*` overrides.
+/// The first four and S3's are made once per metadata entry and copied for each response.
 pub fn object_headers(meta: &ObjectMeta, overrides: &[(&'static str, String)]) -> HeaderMap {
+    let mut h = meta
+        .response_headers
+        .get_or_make(|| stored_headers(meta))
+        .clone();
+    for (name, value) in overrides {
+        if let Ok(v) = HeaderValue::from_str(value) {
+            h.insert(HeaderName::from_static(name), v);
+        }
+    }
+    h
+}
+
+/// The headers a response answered from `meta` starts with, whatever the request asked.
+fn stored_headers(meta: &ObjectMeta) -> HeaderMap {
+    // Room for what each response adds (length, range, request id, X-Cache, overrides): a
+    // copy keeps the table's size, so they go in without growing it.
     let mut h = HeaderMap::with_capacity(meta.headers.len() + 8);
     h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     if let Ok(v) = HeaderValue::from_str(&meta.etag) {
@@ -49,12 +66,14 @@ pub fn object_headers(meta: &ObjectMeta, overrides: &[(&'static str, String)]) -
     for (name, value) in &meta.headers {
         h.append(name.clone(), value.clone());
     }
-    for (name, value) in overrides {
-        if let Ok(v) = HeaderValue::from_str(value) {
-            h.insert(HeaderName::from_static(name), v);
-        }
-    }
     h
+}
+
+/// Whether `headers` has any of `names`. One pass over the request's names, compared as they
+/// are: a request carries a handful, and looking each of `names` up would hash every one of
+/// them (some as long as `x-amz-server-side-encryption-customer-algorithm`) on every hit.
+pub fn has_any(headers: &HeaderMap, names: &[HeaderName]) -> bool {
+    headers.keys().any(|name| names.contains(name))
 }
 
 /// `at` as an HTTP date (IMF-fixdate: `Sun, 06 Nov 1994 08:49:37 GMT`), written straight into
@@ -131,6 +150,7 @@ mod tests {
                     HeaderValue::from_static("blue"),
                 ),
             ],
+            response_headers: Default::default(),
         };
         let h = object_headers(
             &meta,
@@ -146,6 +166,20 @@ mod tests {
         assert_eq!(h[header::CONTENT_TYPE], "x/y");
         assert_eq!(h[header::CONTENT_DISPOSITION], "attachment");
         assert_eq!(h[header::ACCEPT_RANGES], "bytes");
+
+        // The headers made once are the object's own: one response's overrides do not stay
+        // for the next.
+        let again = object_headers(&meta, &[]);
+        assert_eq!(again[header::CONTENT_TYPE], "text/plain");
+        assert!(!again.contains_key(header::CONTENT_DISPOSITION));
+        assert_eq!(again, object_headers(&meta, &[]));
+        // A copy with other fields answers with its own, not with what its original made.
+        let changed = ObjectMeta {
+            etag: "\"def\"".into(),
+            ..meta.clone()
+        };
+        assert_eq!(object_headers(&changed, &[])[header::ETAG], "\"def\"");
+        assert_eq!(object_headers(&meta, &[])[header::ETAG], "\"abc\"");
     }
 
     #[test]

@@ -100,6 +100,7 @@ impl Upstream for MemoryUpstream {
             last_modified: None,
             version_id: None,
             headers: vec![],
+            response_headers: Default::default(),
         })
     }
 
@@ -122,6 +123,7 @@ impl Upstream for MemoryUpstream {
             last_modified: None,
             version_id: None,
             headers: vec![],
+            response_headers: Default::default(),
         };
         Ok(Some((meta, body)))
     }

@@ -599,6 +599,7 @@ fn object_meta(headers: &HeaderMap, size: u64, op: &str) -> Result<ObjectMeta, U
         last_modified: text("last-modified").and_then(|t| httpdate::parse_http_date(t).ok()),
         version_id: text("x-amz-version-id").map(str::to_owned),
         headers: kept,
+        response_headers: Default::default(),
     })
 }
 

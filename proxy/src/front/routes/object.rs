@@ -19,7 +19,7 @@ use crate::model::{
 use crate::read::blocks::{CacheResult, InMemory};
 use crate::read::metadata::Source;
 use crate::s3::conditional::{self, Outcome};
-use crate::s3::headers::{names, object_headers};
+use crate::s3::headers::{has_any, names, object_headers};
 use crate::s3::request::ObjectQuery;
 use crate::s3::S3Error;
 use crate::telemetry::labels::XCache;
@@ -295,13 +295,6 @@ static KMS: [HeaderName; 2] = [names::X_AMZ_SSE, names::X_AMZ_SSE_KMS_KEY_ID];
 /// A read that declares SSE-KMS: S3 refuses it (400), as the encryption is chosen on write.
 pub(super) fn declares_kms(headers: &HeaderMap) -> bool {
     has_any(headers, &KMS)
-}
-
-/// Whether `headers` has any of `names`. One pass over the request's names, compared as they
-/// are: a request carries a handful, and looking each of `names` up would hash every one of
-/// these long names (`x-amz-server-side-encryption-customer-algorithm`) on every hit.
-fn has_any(headers: &HeaderMap, names: &[HeaderName]) -> bool {
-    headers.keys().any(|name| names.contains(name))
 }
 
 /// How a GET of an object nothing is known of fetches its metadata.

@@ -22,7 +22,7 @@ use crate::telemetry::labels::{
     EventOutcome, Lookup, NoticeOutcome, PrefetchBlock, PrefetchBytes, Rejected, Source,
     ThrottleEvent, WriteDropped, XCache,
 };
-use bound::{Bound, Key};
+use bound::{Bind, Bound, Key};
 use opentelemetry::metrics::{Counter, Histogram, Meter, MeterProvider as _};
 use opentelemetry::KeyValue;
 use opentelemetry_otlp::WithExportConfig;
@@ -157,6 +157,19 @@ impl CostKind {
 /// The key of a series labelled by operation alone.
 fn by_operation(operation: Operation) -> Key {
     Key::new().and(operation.index(), OPERATION_BITS)
+}
+
+/// Measure the series of `instrument` labelled by `operation` alone.
+fn per_operation<I: Bind>(
+    instrument: &Bound<I>,
+    operation: Operation,
+    measure: impl FnOnce(&I::Handle),
+) {
+    instrument.with(
+        by_operation(operation),
+        || vec![kv("operation", operation.as_str())],
+        measure,
+    );
 }
 
 impl Default for Metrics {
@@ -460,11 +473,9 @@ impl Metrics {
             self.with_bucket(labels, bucket)
         };
         self.requests.with(key, labels, |c| c.add(1));
-        self.time_to_first_byte.with(
-            by_operation(operation),
-            || vec![kv("operation", operation.as_str())],
-            |h| h.record(ttfb.as_secs_f64()),
-        );
+        per_operation(&self.time_to_first_byte, operation, |h| {
+            h.record(ttfb.as_secs_f64())
+        });
         let price = self.prices.request(RequestClass::of(operation));
         if price > 0.0 {
             self.cost(&self.cost_direct, CostKind::Requests, bucket, price);
@@ -473,11 +484,9 @@ impl Metrics {
 
     /// A client response's body ended (or the client left) `elapsed` after the request came in.
     pub fn response_done(&self, operation: Operation, elapsed: Duration) {
-        self.response_duration.with(
-            by_operation(operation),
-            || vec![kv("operation", operation.as_str())],
-            |h| h.record(elapsed.as_secs_f64()),
-        );
+        per_operation(&self.response_duration, operation, |h| {
+            h.record(elapsed.as_secs_f64())
+        });
     }
 
     /// A request upstream answered with `status` (or failed, as `status` says) after `elapsed`.
@@ -495,11 +504,9 @@ impl Metrics {
                 .unbound()
                 .add(1, &with_operation(kv("status", reason))),
         }
-        self.upstream_duration.with(
-            by_operation(operation),
-            || vec![kv("operation", operation.as_str())],
-            |h| h.record(elapsed.as_secs_f64()),
-        );
+        per_operation(&self.upstream_duration, operation, |h| {
+            h.record(elapsed.as_secs_f64())
+        });
         let price = self.prices.request(RequestClass::of(operation));
         if price > 0.0 {
             self.cost(&self.cost_upstream, CostKind::Requests, 0, price);
