@@ -47,7 +47,7 @@ pub fn object_headers(meta: &ObjectMeta, overrides: &[(&'static str, String)]) -
 /// The headers a response answered from `meta` starts with, whatever the request asked.
 fn stored_headers(meta: &ObjectMeta) -> HeaderMap {
     // Room for what each response adds (length, range, request id, X-Cache, overrides): a
-    // copy keeps the table's size, so they go in without growing it.
+    // copy keeps the hash table's size, so adding them does not rebuild it.
     let mut h = HeaderMap::with_capacity(meta.headers.len() + 8);
     h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     if let Ok(v) = HeaderValue::from_str(&meta.etag) {
