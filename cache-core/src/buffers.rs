@@ -54,6 +54,135 @@ pub fn concat(chunks: &[Bytes]) -> Bytes {
     }
 }
 
+/// A large value assembled in one pooled buffer as its chunks arrive, each chunk copied in once
+/// and handed on as a view of the buffer ([`Assembly::append`]), and the whole value a view of
+/// it too once every byte came ([`Assembly::finish`]): no join at the end.
+///
+/// Joining a value's chunks into one buffer after the last one came ([`concat`]) was the one
+/// pass over a cold block that only Larder makes (a copy of all 8 MiB, out of memory the
+/// caches no longer hold), and the chunks it joined were the upstream client's read buffers,
+/// held until then, so the client read every block into fresh memory. Copied as they come,
+/// the bytes are still in the CPU's caches, and each read buffer is free for the next read
+/// as soon as its bytes are copied.
+pub struct Assembly {
+    buf: std::sync::Arc<assembly::Assembled>,
+    /// Bytes written, from the first: never written again, and the only ones views show.
+    written: usize,
+}
+
+impl Assembly {
+    /// An empty assembly of a `len`-byte value, in a reused buffer (see the module
+    /// documentation); `None` for values too small to pool, which [`concat`] joins as cheaply.
+    pub fn new(len: usize) -> Option<Self> {
+        (len >= RECYCLE_MIN).then(|| Self {
+            buf: std::sync::Arc::new(assembly::Assembled::new(AlignedBuf::reused(len))),
+            written: 0,
+        })
+    }
+
+    /// Copy `chunk` in after the bytes before it, and return them as a view of the buffer;
+    /// `None`, and nothing written, when the value has no room left for them.
+    pub fn append(&mut self, chunk: &[u8]) -> Option<Bytes> {
+        let from = self.written;
+        let to = from.checked_add(chunk.len())?;
+        self.buf.write(from, to, chunk)?;
+        self.written = to;
+        Some(self.buf.view(from, to))
+    }
+
+    /// The whole value, once every byte of it was appended; otherwise `None` (its views stay
+    /// valid either way).
+    pub fn finish(self) -> Option<Bytes> {
+        (self.written == self.buf.len()).then(|| self.buf.view(0, self.written))
+    }
+}
+
+/// The buffer under an [`Assembly`]: its bytes are written once each, by the one `Assembly`,
+/// in order, and only those already written are ever read.
+#[allow(unsafe_code)]
+mod assembly {
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+
+    use super::{AlignedBuf, Recycle};
+
+    pub(super) struct Assembled {
+        /// The pooled `Vec`, which goes back to the pool (its loan settled) when the last view
+        /// and the assembly are dropped. Never borrowed while they live: bytes are reached
+        /// through `at` only.
+        _vec: Recycle,
+        /// The value's first byte, page-aligned, inside the `Vec`.
+        at: *mut u8,
+        len: usize,
+    }
+
+    // SAFETY: `Assembled` is a heap buffer whose bytes are written only through
+    // `Assembly::append` (which takes `&mut Assembly`, and there is one `Assembly` per buffer)
+    // and only where nothing was written before, and read only where written before: no byte
+    // is ever read and written at once, from any thread.
+    unsafe impl Send for Assembled {}
+    unsafe impl Sync for Assembled {}
+
+    impl Assembled {
+        pub(super) fn new(buf: AlignedBuf) -> Self {
+            let (mut vec, start, len) = buf.take_parts();
+            // `as_mut_ptr` makes no reference to the slice: the pointer stays valid while the
+            // `Vec` is moved (its heap buffer does not move) and is never grown.
+            let at = vec.as_mut_ptr().wrapping_add(start);
+            Self {
+                _vec: Recycle::new(vec),
+                at,
+                len,
+            }
+        }
+
+        pub(super) fn len(&self) -> usize {
+            self.len
+        }
+
+        /// Write `bytes` at `from..to`; `None` if that is not inside the value. The caller
+        /// (`Assembly::append`, the only one) writes each byte once, in order: `from` is the
+        /// end of what was written before.
+        pub(super) fn write(&self, from: usize, to: usize, bytes: &[u8]) -> Option<()> {
+            if to > self.len || to - from != bytes.len() {
+                return None;
+            }
+            // SAFETY: `from..to` lies inside the `len` bytes at `at`, which the `Vec` holds for
+            // as long as `self` lives. No view covers it (views cover only bytes written before
+            // `from`), and `bytes` is not inside it (it is borrowed, this range is not yet).
+            unsafe {
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.at.add(from), bytes.len())
+            };
+            Some(())
+        }
+
+        /// Bytes `from..to`, already written, as [`Bytes`] that keep the buffer alive.
+        pub(super) fn view(self: &Arc<Self>, from: usize, to: usize) -> Bytes {
+            Bytes::from_owner(View {
+                buf: self.clone(),
+                from,
+                to,
+            })
+        }
+    }
+
+    struct View {
+        buf: Arc<Assembled>,
+        from: usize,
+        to: usize,
+    }
+
+    impl AsRef<[u8]> for View {
+        fn as_ref(&self) -> &[u8] {
+            // SAFETY: a view is made only of bytes already written (`Assembly` makes them of
+            // what it has written), which are never written again, inside a buffer the `Arc`
+            // keeps alive.
+            unsafe { std::slice::from_raw_parts(self.buf.at.add(self.from), self.to - self.from) }
+        }
+    }
+}
+
 /// A page-aligned buffer, as O_DIRECT requires, built without `unsafe`: an over-allocated
 /// `Vec` and the aligned window inside it. Large ones go back to a small pool when dropped (or
 /// when the [`Bytes`] made of them are), so the next buffer of that length reuses memory
@@ -116,7 +245,11 @@ impl AlignedBuf {
     }
 
     #[cfg(target_os = "linux")]
-    pub(crate) fn into_parts(mut self) -> (Vec<u8>, usize, usize) {
+    pub(crate) fn into_parts(self) -> (Vec<u8>, usize, usize) {
+        self.take_parts()
+    }
+
+    fn take_parts(mut self) -> (Vec<u8>, usize, usize) {
         (std::mem::take(&mut self.vec), self.start, self.len)
     }
 
@@ -588,6 +721,66 @@ mod tests {
         assert!(whole >= 3 * RECYCLE_MIN && whole <= len, "{whole}");
         assert_eq!(lendable(&bytes[ALIGN..]), whole - ALIGN);
         assert_eq!(lendable(&bytes[..ALIGN]), ALIGN, "no further than asked");
+    }
+
+    #[test]
+    fn an_assembly_hands_out_what_it_wrote_and_then_the_whole_value_without_a_copy() {
+        // A length no other test uses, so the pool hands this test's buffer back to it.
+        let len = 4 * RECYCLE_MIN + 9 * ALIGN + 5;
+        let whole: Vec<u8> = (0..len).map(|i| (i % 253) as u8).collect();
+        // A recycled buffer of this length full of other bytes: the assembly must write all.
+        let mut old = AlignedBuf::reused(len);
+        old.as_mut_slice().fill(0xEE);
+        drop(old);
+        let mut assembly = Assembly::new(len).expect("large enough to pool");
+        let mut views = Vec::new();
+        for chunk in whole.chunks(65_537) {
+            let view = assembly.append(chunk).expect("room for it");
+            assert_eq!(&view[..], chunk, "a view is the chunk's bytes");
+            views.push(view);
+        }
+        assert!(assembly.append(b"x").is_none(), "no room past the value");
+        let at = views[0].as_ptr();
+        for pair in views.windows(2) {
+            assert_eq!(
+                pair[0].as_ptr().wrapping_add(pair[0].len()),
+                pair[1].as_ptr()
+            );
+        }
+        let value = assembly.finish().expect("every byte came");
+        assert_eq!(&value[..], &whole[..]);
+        assert_eq!(
+            value.as_ptr(),
+            at,
+            "the value is the buffer its chunks were copied into"
+        );
+        assert_eq!(
+            at as usize % ALIGN,
+            0,
+            "page-aligned, as the disk tier's writes need"
+        );
+        // Pooled again once the value and every view are gone.
+        drop(views);
+        drop(value);
+        let again = AlignedBuf::reused(len);
+        assert!(
+            again.as_slice().as_ptr() == at || RECYCLED.take(len + ALIGN).is_some(),
+            "the buffer went back to the pool"
+        );
+    }
+
+    #[test]
+    fn an_assembly_short_of_its_length_is_no_value_and_small_ones_are_not_made() {
+        let len = 2 * RECYCLE_MIN + 3;
+        let mut assembly = Assembly::new(len).expect("large enough to pool");
+        let view = assembly.append(&vec![7u8; len - 1]).expect("room");
+        assert!(
+            assembly.append(&[1, 2]).is_none(),
+            "a chunk longer than the room left"
+        );
+        assert!(assembly.finish().is_none(), "one byte never came");
+        assert!(view.iter().all(|&b| b == 7), "its views stay valid");
+        assert!(Assembly::new(RECYCLE_MIN - 1).is_none());
     }
 
     #[test]

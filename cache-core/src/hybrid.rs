@@ -151,6 +151,13 @@ impl<K: CacheKey, E: Clone + From<Abandoned>> Fill<K, E> {
         self.writer.push(chunk);
     }
 
+    /// The value will be `len` bytes: assemble it in one buffer as its chunks are pushed, so
+    /// that storing it copies nothing more ([`crate::buffers::Assembly`]). Call it before the
+    /// first chunk (it does nothing after one).
+    pub fn assemble(&self, len: usize) {
+        self.writer.assemble(len);
+    }
+
     /// The value is complete: the waiters get its end, and it is stored as
     /// [`HybridCache::insert`] stores. Until this returns, callers joining the key find the
     /// finished value instead of starting a second fetch.

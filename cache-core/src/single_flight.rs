@@ -23,6 +23,8 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
+use crate::buffers::Assembly;
+
 /// The error readers see when the writer was dropped without finishing (its task was cancelled
 /// or panicked).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -113,6 +115,7 @@ where
                 key,
                 flight: flight.clone(),
                 flights: self.flights.clone(),
+                assembly: Mutex::new(None),
             },
             reader: FlightReader { flight, next: 0 },
         }
@@ -135,16 +138,45 @@ pub struct FlightWriter<K: Hash + Eq, E> {
     key: K,
     flight: Arc<Flight<E>>,
     flights: Arc<Mutex<HashMap<K, Arc<Flight<E>>>>>,
+    /// The value being assembled as it arrives ([`FlightWriter::assemble`]): touched only by the
+    /// writer, so its lock is never contended, and the copy into it is made outside the
+    /// flight's lock, which readers take.
+    assembly: Mutex<Option<Assembly>>,
 }
 
 impl<K: Hash + Eq, E: Clone> FlightWriter<K, E> {
-    /// Hand `chunk` to every reader.
+    /// Hand `chunk` to every reader. While the value is being assembled
+    /// ([`FlightWriter::assemble`]), they get a copy of it in the assembly, and `chunk` itself
+    /// is let go at once; a chunk past the length announced ends the assembly, and the value is
+    /// joined at the end as if there had been none.
     pub fn push(&self, chunk: Bytes) {
         if chunk.is_empty() {
             return;
         }
+        let chunk = {
+            let mut assembly = self.assembly.lock();
+            match assembly.as_mut().map(|a| a.append(&chunk)) {
+                Some(Some(copy)) => copy,
+                Some(None) => {
+                    *assembly = None;
+                    chunk
+                }
+                None => chunk,
+            }
+        };
         self.flight.state.lock().chunks.push(chunk);
         self.flight.progress.notify_waiters();
+    }
+
+    /// Assemble the value, announced as `len` bytes, in one buffer as its chunks are pushed, so
+    /// that [`FlightWriter::finish`] need not join them ([`Assembly`]). Only from the first
+    /// chunk, and only once: nothing happens once a chunk was pushed or an assembly begun. Only
+    /// for values large enough to pool.
+    pub fn assemble(&self, len: usize) {
+        let mut assembly = self.assembly.lock();
+        if assembly.is_none() && self.flight.state.lock().chunks.is_empty() {
+            *assembly = Assembly::new(len);
+        }
     }
 
     /// Another reader of this flight, seeing every chunk from the first.
@@ -168,16 +200,20 @@ impl<K: Hash + Eq, E: Clone> FlightWriter<K, E> {
     /// leader can insert the bytes into the cache first and drop the writer after: a caller
     /// arriving in between finds the finished flight instead of starting a second fetch.
     pub fn finish(&mut self) -> Bytes {
+        let assembled = self.assembly.lock().take().and_then(Assembly::finish);
         // The chunks are joined outside the lock and after the readers are woken: joining a
         // large value is a copy of all of it (milliseconds for 8 MiB), and a reader taking
         // its last chunks meanwhile would otherwise wait on the lock, its worker thread with it.
         let chunks = {
             let mut state = self.flight.state.lock();
             state.outcome = Some(Ok(()));
-            state.chunks.clone()
+            match assembled {
+                Some(_) => Vec::new(),
+                None => state.chunks.clone(),
+            }
         };
         self.flight.progress.notify_waiters();
-        crate::buffers::concat(&chunks)
+        assembled.unwrap_or_else(|| crate::buffers::concat(&chunks))
     }
 
     /// Fail the flight: every reader gets `error`, and the next caller starts a new flight.
@@ -441,5 +477,83 @@ mod tests {
         assert_eq!(read_all(reader).await.unwrap(), b"abcd");
         assert_eq!(read_all(second).await.unwrap(), b"abcd");
         assert_eq!(table.in_flight(), 0);
+    }
+
+    fn chunked(len: usize, step: usize) -> (Vec<u8>, Vec<Bytes>) {
+        let whole: Vec<u8> = (0..len).map(|i| (i % 241) as u8).collect();
+        let chunks = whole.chunks(step).map(Bytes::copy_from_slice).collect();
+        (whole, chunks)
+    }
+
+    #[tokio::test]
+    async fn an_assembled_flight_finishes_with_the_buffer_its_readers_read() {
+        let flights: SingleFlight<u32, TestError> = SingleFlight::new();
+        let Joined::Leader {
+            mut writer,
+            mut reader,
+        } = flights.join(1)
+        else {
+            panic!("first caller leads");
+        };
+        let len = 300_007;
+        let (whole, chunks) = chunked(len, 40_000);
+        writer.assemble(len);
+        for c in &chunks {
+            writer.push(c.clone());
+        }
+        let mut read = Vec::new();
+        let first = reader
+            .next_chunk()
+            .await
+            .expect("a chunk")
+            .expect("no error");
+        read.extend_from_slice(&first);
+        assert_ne!(first.as_ptr(), chunks[0].as_ptr(), "readers get the copy");
+        let value = writer.finish();
+        while let Some(c) = reader.next_chunk().await {
+            read.extend_from_slice(&c.expect("no error"));
+        }
+        assert_eq!(read, whole);
+        assert_eq!(&value[..], &whole[..]);
+        assert_eq!(
+            value.as_ptr(),
+            first.as_ptr(),
+            "not joined: the value is the buffer the chunks were copied into"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_flight_whose_bytes_do_not_match_its_assembly_is_joined_as_before() {
+        let len = 200_003;
+        let (whole, chunks) = chunked(len, 30_000);
+        // Announced shorter than what came: the assembly ends, the value is joined.
+        let flights: SingleFlight<u32, TestError> = SingleFlight::new();
+        let Joined::Leader { mut writer, .. } = flights.join(1) else {
+            panic!("first caller leads");
+        };
+        writer.assemble(len - 1);
+        for c in &chunks {
+            writer.push(c.clone());
+        }
+        assert_eq!(&writer.finish()[..], &whole[..]);
+        // Asked after the first chunk: nothing is assembled, the value is joined.
+        let Joined::Leader { mut writer, .. } = flights.join(2) else {
+            panic!("first caller leads");
+        };
+        writer.push(chunks[0].clone());
+        writer.assemble(len);
+        for c in &chunks[1..] {
+            writer.push(c.clone());
+        }
+        assert_eq!(&writer.finish()[..], &whole[..]);
+        // Fewer bytes than announced: joined from what came.
+        let Joined::Leader { mut writer, .. } = flights.join(3) else {
+            panic!("first caller leads");
+        };
+        writer.assemble(len + 10);
+        for c in &chunks {
+            writer.push(c.clone());
+        }
+        assert_eq!(&writer.finish()[..], &whole[..]);
     }
 }

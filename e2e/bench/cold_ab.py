@@ -15,9 +15,14 @@ latency proxy with `--delay` ms (default 30, as compare.py's cold steps) before 
 `--objects` new objects of `--size` MiB through every variant in turn, and as many straight
 from the upstream, one at a time, each on a new connection opened beforehand, every body
 checked. Prints each read's first byte and quarter marks (ms), and per variant the p50 of the
-first byte, the whole read, and the last quarter (from the 3/4 mark to the end), and the
-upstream GETs per read (counted at the latency proxy as each read ends). Not part of
-the test suite.
+first byte, the whole read, and the last quarter (from the 3/4 mark to the end), the
+upstream GETs per read (counted at the latency proxy as each read ends), the machine's busy
+CPU per read from request to last byte (every process: upstream, proxy, Larder, this client)
+with the share of the machine's CPU time that was busy, and each Larder's own CPU per read
+(from one read's start to the next's, so the caching after the last byte counts). Each Larder
+has a 4 GiB memory tier, which the reads never fill, unless its ARGS set
+`--memory-capacity` (e.g. `--memory-capacity;192MiB`: full after a few reads, as a running
+cache is, so fills reuse evicted blocks' buffers). Not part of the test suite.
 """
 
 import argparse
@@ -45,6 +50,7 @@ def read(t: Target, key: str, size: int, span: tuple[int, int] | None = None) ->
         expected = expected[span[0]:span[0] + span[1]]
     # Presigned before the clock starts: boto3 takes a millisecond or two to sign.
     path = t.path(key)
+    cpu0 = machine_busy()
     t0 = time.perf_counter()
     conn.putrequest("GET", path, skip_accept_encoding=True)
     if span:
@@ -60,6 +66,8 @@ def read(t: Target, key: str, size: int, span: tuple[int, int] | None = None) ->
         got += len(chunk)
         while len(marks) < 4 and got >= quarter * (len(marks) + 1):
             marks.append((time.perf_counter() - t0) * 1000)
+    cpu1 = machine_busy()
+    LAST_BUSY[:] = [cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]]
     conn.close()
     if resp.status not in (200, 206) or b"".join(parts) != expected:
         raise RuntimeError(f"{t.name} {key}: status {resp.status}, {got} bytes, expected {size}")
@@ -79,6 +87,7 @@ def read_in_pieces(t: Target, key: str, size: int, span: tuple[int, int]) -> tup
         c.connect()
     path = t.path(key)
     firsts = [0.0] * len(pieces)
+    cpu0 = machine_busy()
     t0 = time.perf_counter()
 
     def get(i: int):
@@ -98,24 +107,45 @@ def read_in_pieces(t: Target, key: str, size: int, span: tuple[int, int]) -> tup
     for th in threads:
         th.join()
     done = (time.perf_counter() - t0) * 1000
+    cpu1 = machine_busy()
+    LAST_BUSY[:] = [cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]]
     for c in conns:
         c.close()
     return firsts[0], [done] * 4
 
 
+# The machine's busy and all CPU seconds over the last read, from its request to its last byte
+# (checking the bytes is not counted; work a Larder does after the last byte, such as caching
+# the block, is not either).
+LAST_BUSY = [0.0, 0.0]
+
+
+def machine_busy() -> tuple[float, float]:
+    """CPU seconds this machine's CPUs spent busy and in all since boot (`/proc/stat`)."""
+    with open("/proc/stat") as f:
+        ticks = [int(v) for v in f.readline().split()[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    idle = ticks[3] + ticks[4]
+    return (sum(ticks) - idle) / hz, sum(ticks) / hz
+
+
 def start_variant(bench: Bench, variant, memory: str = "4GiB") -> tuple[Larder, Target]:
     """A Larder for `variant` (NAME, PROFILE, ENV, ARGS) in front of `bench`'s upstream, with a
-    memory tier of `memory`, stopped with the bench; and its target, for SigV4-signing clients."""
+    memory tier of `memory` (unless the variant's own arguments set one), stopped with the bench;
+    and its target, for SigV4-signing clients."""
     name, profile, env, extra = variant
     os.environ["LARDER_E2E_PROFILE"] = profile
-    larder = Larder(bench.work, bench.proxy.endpoint, "--memory-capacity", memory, *extra, name=name, env=env)
+    tier = [] if "--memory-capacity" in extra else ["--memory-capacity", memory]
+    larder = Larder(bench.work, bench.proxy.endpoint, *tier, *extra, name=name, env=env)
     bench.stoppers.append(larder.stop)
     presigner = s3_client(larder.endpoint, CLIENT_KEY, CLIENT_SECRET, signature_version="s3v4")
     return larder, Target("Larder", larder.endpoint, presigner, pid=larder.proc.pid)
 
 
 def start_variants(bench: Bench, variants) -> dict[str, Target]:
-    """A Larder per variant, with a 4 GiB memory tier: their targets by name."""
+    """A Larder per variant, with a 4 GiB memory tier unless it sets its own: their targets by
+    name. A tier small enough for the reads to fill is full after a few of them, as a running
+    cache's is: each fill then reuses the buffer of a block it evicts instead of fresh memory."""
     return {v[0]: start_variant(bench, v)[1] for v in variants}
 
 
@@ -139,6 +169,13 @@ def main():
     names = ["direct"] + (["direct-pieces"] if args.range else []) + [v[0] for v in args.variants]
     results = {name: [] for name in names}
     gets = {name: 0 for name in names}
+    # Machine-wide: busy CPU seconds and all CPU seconds over each variant's reads. Whether the
+    # reads were short of CPU (every core busy), and what one costs the whole machine: upstream,
+    # latency proxy, Larder and this client together. /proc/stat counts in ticks (10 ms): a
+    # read's own figure is coarse, their sum over many reads is not.
+    busy = {name: [0.0, 0.0] for name in names}
+    # Each Larder's CPU seconds over its reads: from each read's start to the next's.
+    larder_cpu, pending = {name: 0.0 for name in names}, {}
     try:
         bench.start()
         keys = {name: [f"cold-ab/{name}/{r}/{i}" for r in range(args.rounds) for i in range(args.objects)]
@@ -159,11 +196,23 @@ def main():
                     if args.known:
                         read(targets[name], key, size, (size - 64 * 1024, 64 * 1024))
                     bench.proxy.control("reset")
+                    own = targets[name].cpu_seconds()
+                    if name in pending and own is not None:
+                        larder_cpu[name] += own - pending.pop(name)
                     first, marks = how(targets[name], key, size, spans[key])
+                    if own is not None:
+                        # Larder's own, to the start of the next read: what it does after the
+                        # last byte (caching the block) is its cost of this read too.
+                        pending[name] = own
+                    busy[name][0] += LAST_BUSY[0]
+                    busy[name][1] += LAST_BUSY[1]
                     results[name].append((first, marks))
                     # Counted once the read is done: a block completed behind it may still come.
                     gets[name] += bench.upstream()["gets"]
                     print(f"round {r} {name}: first {first:.1f}, quarters {[round(m, 1) for m in marks]}", flush=True)
+        time.sleep(1)
+        for name, started in pending.items():
+            larder_cpu[name] += targets[name].cpu_seconds() - started
         for name, reads in results.items():
             firsts = [f for f, _ in reads]
             wholes = [m[3] for _, m in reads]
@@ -171,7 +220,9 @@ def main():
             read_size = length or size
             print(f"{name}: first byte p50 {percentile(firsts, 50):.2f} ms, whole p50 {percentile(wholes, 50):.1f} ms "
                   f"({read_size / percentile(wholes, 50) / 1e3:.0f} MB/s), last quarter p50 {percentile(lasts, 50):.1f} ms, "
-                  f"upstream GETs per read {gets[name] / len(reads):.1f}")
+                  f"upstream GETs per read {gets[name] / len(reads):.1f}, machine CPU per read "
+                  f"{busy[name][0] / len(reads) * 1e3:.0f} ms ({busy[name][0] / max(busy[name][1], 1e-9):.0%} busy)"
+                  + (f", Larder's CPU per read {larder_cpu[name] / len(reads) * 1e3:.1f} ms" if larder_cpu[name] else ""))
     finally:
         bench.stop()
 

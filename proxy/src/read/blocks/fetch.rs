@@ -35,16 +35,16 @@ pub(super) enum Supplier {
 /// faster and cost a third more CPU (the copy into one buffer for memory).
 pub(super) const STREAMED_FROM: u64 = 1 << 20;
 
-/// Blocks from this size on are joined into one buffer only after their readers had the chunk
-/// that completed them ([`readers_first`]).
+/// Blocks from this size on are cached (and joined, if not assembled) only after their readers
+/// had the chunk that completed them ([`readers_first`]).
 const READERS_FIRST_FROM: u64 = 1 << 20;
 
-/// Let the readers the last chunk of a `len`-byte block woke take it before the block is joined
-/// into one buffer and cached, a copy of all of it (milliseconds for 8 MiB, which held the last
-/// bytes of every cold read back: docs/benchmarks.md). Woken from the fetch's task, they wait in
-/// this worker's slot for the next task, which no other worker may take, until this task
-/// yields. Smaller blocks are joined at once: their copy is shorter than a reschedule is worth,
-/// and the block is then cached before its first reader can ask for it again.
+/// Let the readers the last chunk of a `len`-byte block woke take it before the block is cached
+/// (and, where it was not assembled as it came, joined into one buffer: a copy of all of it,
+/// milliseconds for 8 MiB, which held the last bytes of every cold read back before blocks were
+/// assembled: docs/benchmarks.md). Woken from the fetch's task, they wait in this worker's slot
+/// for the next task, which no other worker may take, until this task yields. Smaller blocks
+/// are cached at once: the block is then cached before its first reader can ask for it again.
 async fn readers_first(len: u64) {
     if len >= READERS_FIRST_FROM {
         tokio::task::yield_now().await;
@@ -226,6 +226,9 @@ impl BlockStore {
                 self.slots(remote).acquire(purpose.turn()).await
             }
         };
+        // Assembled as its bytes come, so caching it copies nothing more (a disk read that
+        // stopped part-way began it already).
+        fill.assemble(slice.block_len as usize);
         let result = self
             .fetch_into(&fill, &object, &etag, slice, slot, first)
             .await;
@@ -265,9 +268,10 @@ impl BlockStore {
                 // fetches (`BlockStore::fetches`) finds the note offered to disk with the block.
                 self.remember(object);
                 match purpose {
-                    // A large block is joined and cached in a task of its own: joining is a
-                    // copy of all of it, which the next block of the same GET's body (`pace`)
-                    // need not wait for. Still counted as a running fetch until it is cached.
+                    // A large block is cached in a task of its own: where it was not assembled
+                    // as it came, joining it is a copy of all of it, which the next block of the
+                    // same GET's body (`pace`) need not wait for. Still counted as a running
+                    // fetch until it is cached.
                     Purpose::Demand(_) | Purpose::Prefetch | Purpose::Peer
                         if slice.block_len >= READERS_FIRST_FROM =>
                     {
@@ -303,7 +307,7 @@ impl BlockStore {
     /// - in pieces, each pushed as soon as it is read and verified, when the block is a whole
     ///   object larger than [`STREAMED_FROM`] and no other disk read is running: the reader's
     ///   first byte then waits for 256 KiB instead of the block, and the device reads while the
-    ///   reader sends. Promoting it to memory copies the pieces into one buffer.
+    ///   reader sends. Each piece is copied into one buffer as it comes, which memory keeps.
     /// - otherwise whole, in one read. A read of many blocks already overlaps its disk reads
     ///   with sending (the read window), a busy device gains nothing from pieces, and for all of
     ///   those the copy costs more CPU than the pieces save (measured: docs/benchmarks.md,
@@ -350,6 +354,8 @@ impl BlockStore {
         if !self.fits(disk.len(), slice) {
             return Err(0);
         }
+        // Promoted to memory once read: assembled as its pieces come instead of joined then.
+        fill.assemble(slice.block_len as usize);
         let mut got = 0;
         while let Some(piece) = disk.next().await {
             match piece {

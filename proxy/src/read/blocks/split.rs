@@ -203,6 +203,9 @@ impl BlockStore {
             }
         };
         let fetch_block = async {
+            // The whole block is assembled from the head's bytes and the tail's; the tail,
+            // never cached alone, is not.
+            block.assemble(slice.block_len as usize);
             let slot = self.upstream_slots.acquire(Turn::First).await;
             let mut result = self
                 .fetch_into(
