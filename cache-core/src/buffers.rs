@@ -54,60 +54,72 @@ pub fn concat(chunks: &[Bytes]) -> Bytes {
     }
 }
 
-/// A large value assembled in one pooled buffer as its chunks arrive, each chunk copied in once
-/// and handed on as a view of the buffer ([`Assembly::append`]), and the whole value a view of
-/// it too once every byte came ([`Assembly::finish`]): no join at the end.
-///
-/// Joining a value's chunks into one buffer after the last one came ([`concat`]) was the one
-/// pass over a cold block that only Larder makes (a copy of all 8 MiB, out of memory the
-/// caches no longer hold), and the chunks it joined were the upstream client's read buffers,
-/// held until then, so the client read every block into fresh memory. Copied as they come,
-/// the bytes are still in the CPU's caches, and each read buffer is free for the next read
-/// as soon as its bytes are copied.
-pub struct Assembly {
-    buf: std::sync::Arc<assembly::Assembled>,
-    /// Bytes written, from the first: never written again, and the only ones views show.
-    written: usize,
-}
+pub use assembly::Assembly;
 
-impl Assembly {
-    /// An empty assembly of a `len`-byte value, in a reused buffer (see the module
-    /// documentation); `None` for values too small to pool, which [`concat`] joins as cheaply.
-    pub fn new(len: usize) -> Option<Self> {
-        (len >= RECYCLE_MIN).then(|| Self {
-            buf: std::sync::Arc::new(assembly::Assembled::new(AlignedBuf::reused(len))),
-            written: 0,
-        })
-    }
-
-    /// Copy `chunk` in after the bytes before it, and return them as a view of the buffer;
-    /// `None`, and nothing written, when the value has no room left for them.
-    pub fn append(&mut self, chunk: &[u8]) -> Option<Bytes> {
-        let from = self.written;
-        let to = from.checked_add(chunk.len())?;
-        self.buf.write(from, to, chunk)?;
-        self.written = to;
-        Some(self.buf.view(from, to))
-    }
-
-    /// The whole value, once every byte of it was appended; otherwise `None` (its views stay
-    /// valid either way).
-    pub fn finish(self) -> Option<Bytes> {
-        (self.written == self.buf.len()).then(|| self.buf.view(0, self.written))
-    }
-}
-
-/// The buffer under an [`Assembly`]: its bytes are written once each, by the one `Assembly`,
-/// in order, and only those already written are ever read.
+/// A value assembled in one buffer as it arrives ([`Assembly`]). The buffer's bytes are written
+/// once each, in order, by the one `Assembly`, and only those already written are ever read:
+/// this module alone reaches them, so that rule holds whatever the rest of the crate does.
 #[allow(unsafe_code)]
 mod assembly {
     use std::sync::Arc;
 
     use bytes::Bytes;
 
-    use super::{AlignedBuf, Recycle};
+    use super::{AlignedBuf, Recycle, RECYCLE_MIN};
 
-    pub(super) struct Assembled {
+    /// A large value assembled in one pooled buffer as its chunks arrive, each chunk copied in
+    /// once and handed on as a view of the buffer ([`Assembly::append`]), and the whole value a
+    /// view of it too once every byte came ([`Assembly::finish`]): no join at the end.
+    ///
+    /// Joining a value's chunks into one buffer after the last one came
+    /// ([`super::concat`]) was the one pass over a cold block that only Larder makes (a copy
+    /// of all 8 MiB, out of memory the caches no longer hold), and the chunks it joined were
+    /// the upstream client's read buffers, held until then, so the client read every block into
+    /// fresh memory. Copied as they come, the bytes are still in the CPU's caches, and each read
+    /// buffer is free for the next read as soon as its bytes are copied.
+    pub struct Assembly {
+        buf: Arc<Assembled>,
+        /// Bytes written, from the first: never written again, and the only ones views show.
+        written: usize,
+    }
+
+    impl Assembly {
+        /// An empty assembly of a `len`-byte value, in a reused buffer (see the module
+        /// documentation); `None` for values too small to pool, which [`super::concat`] joins
+        /// as cheaply.
+        pub fn new(len: usize) -> Option<Self> {
+            (len >= RECYCLE_MIN).then(|| Self {
+                buf: Arc::new(Assembled::new(AlignedBuf::reused(len))),
+                written: 0,
+            })
+        }
+
+        /// Copy `chunk` in after the bytes before it, and return them as a view of the buffer;
+        /// `None`, and nothing written, when the value has no room left for them.
+        pub fn append(&mut self, chunk: &[u8]) -> Option<Bytes> {
+            let from = self.written;
+            let to = from
+                .checked_add(chunk.len())
+                .filter(|&to| to <= self.buf.len)?;
+            // SAFETY: `from..to` lies inside the `len` bytes at `at`, which the `Vec` holds for
+            // as long as the buffer lives. Nothing was written there yet, so no view covers it
+            // (views cover only bytes written before `from`), and `chunk`, borrowed, is not
+            // inside it.
+            unsafe {
+                std::ptr::copy_nonoverlapping(chunk.as_ptr(), self.buf.at.add(from), chunk.len())
+            };
+            self.written = to;
+            Some(self.buf.view(from, to))
+        }
+
+        /// The whole value, once every byte of it was appended; otherwise `None` (its views
+        /// stay valid either way).
+        pub fn finish(self) -> Option<Bytes> {
+            (self.written == self.buf.len).then(|| self.buf.view(0, self.written))
+        }
+    }
+
+    struct Assembled {
         /// The pooled `Vec`, which goes back to the pool (its loan settled) when the last view
         /// and the assembly are dropped. Never borrowed while they live: bytes are reached
         /// through `at` only.
@@ -117,15 +129,15 @@ mod assembly {
         len: usize,
     }
 
-    // SAFETY: `Assembled` is a heap buffer whose bytes are written only through
-    // `Assembly::append` (which takes `&mut Assembly`, and there is one `Assembly` per buffer)
-    // and only where nothing was written before, and read only where written before: no byte
-    // is ever read and written at once, from any thread.
+    // SAFETY: the buffer's bytes are written only by `Assembly::append` (which takes
+    // `&mut Assembly`, and there is one `Assembly` per buffer), only where nothing was written
+    // before, and read only where written before: no byte is ever read and written at once,
+    // from any thread.
     unsafe impl Send for Assembled {}
     unsafe impl Sync for Assembled {}
 
     impl Assembled {
-        pub(super) fn new(buf: AlignedBuf) -> Self {
+        fn new(buf: AlignedBuf) -> Self {
             let (mut vec, start, len) = buf.take_parts();
             // `as_mut_ptr` makes no reference to the slice: the pointer stays valid while the
             // `Vec` is moved (its heap buffer does not move) and is never grown.
@@ -137,28 +149,8 @@ mod assembly {
             }
         }
 
-        pub(super) fn len(&self) -> usize {
-            self.len
-        }
-
-        /// Write `bytes` at `from..to`; `None` if that is not inside the value. The caller
-        /// (`Assembly::append`, the only one) writes each byte once, in order: `from` is the
-        /// end of what was written before.
-        pub(super) fn write(&self, from: usize, to: usize, bytes: &[u8]) -> Option<()> {
-            if to > self.len || to - from != bytes.len() {
-                return None;
-            }
-            // SAFETY: `from..to` lies inside the `len` bytes at `at`, which the `Vec` holds for
-            // as long as `self` lives. No view covers it (views cover only bytes written before
-            // `from`), and `bytes` is not inside it (it is borrowed, this range is not yet).
-            unsafe {
-                std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.at.add(from), bytes.len())
-            };
-            Some(())
-        }
-
         /// Bytes `from..to`, already written, as [`Bytes`] that keep the buffer alive.
-        pub(super) fn view(self: &Arc<Self>, from: usize, to: usize) -> Bytes {
+        fn view(self: &Arc<Self>, from: usize, to: usize) -> Bytes {
             Bytes::from_owner(View {
                 buf: self.clone(),
                 from,
