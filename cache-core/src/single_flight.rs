@@ -141,31 +141,55 @@ pub struct FlightWriter<K: Hash + Eq, E> {
     /// The value being assembled as it arrives ([`FlightWriter::assemble`]): touched only by the
     /// writer, so its lock is never contended, and the copy into it is made outside the
     /// flight's lock, which readers take.
-    assembly: Mutex<Option<Assembly>>,
+    assembly: Mutex<Option<Assembling>>,
+}
+
+/// A value being assembled, and the chunk last pushed, which its readers were handed as it came
+/// and which is copied in when the next one comes (or at the finish): a reader woken by a push
+/// need not wait for that chunk's copy (docs/benchmarks.md, "A cold block's chunks handed on
+/// before their copy").
+struct Assembling {
+    assembly: Assembly,
+    /// That chunk, and its place among the flight's chunks.
+    behind: Option<(usize, Bytes)>,
 }
 
 impl<K: Hash + Eq, E: Clone> FlightWriter<K, E> {
     /// Hand `chunk` to every reader. While the value is being assembled
-    /// ([`FlightWriter::assemble`]), they get a copy of it in the assembly, and `chunk` itself
-    /// is let go at once; a chunk past the length announced ends the assembly, and the value is
-    /// joined at the end as if there had been none.
+    /// ([`FlightWriter::assemble`]), the chunk is copied into the assembly once the next one is
+    /// pushed (or at the finish), after its readers were handed it as it came, and its place
+    /// among the flight's chunks then holds the copy, so `chunk` itself is let go as soon as
+    /// its readers are done with it. A chunk past the length announced ends the assembly, and
+    /// the value is joined at the end as if there had been none.
     pub fn push(&self, chunk: Bytes) {
         if chunk.is_empty() {
             return;
         }
-        let chunk = {
-            let mut assembly = self.assembly.lock();
-            match assembly.as_mut().map(|a| a.append(&chunk)) {
-                Some(Some(copy)) => copy,
-                Some(None) => {
-                    *assembly = None;
-                    chunk
-                }
-                None => chunk,
-            }
+        let mut assembling = self.assembly.lock();
+        let at = {
+            let mut state = self.flight.state.lock();
+            state.chunks.push(chunk.clone());
+            state.chunks.len() - 1
         };
-        self.flight.state.lock().chunks.push(chunk);
         self.flight.progress.notify_waiters();
+        let before = assembling
+            .as_mut()
+            .and_then(|a| a.behind.replace((at, chunk)));
+        if let Some(before) = before {
+            self.copy_in(&mut assembling, before);
+        }
+    }
+
+    /// Copy `chunk`, which is the flight's chunk `at`, into the assembly, and put the copy in
+    /// its place; or end the assembly if it does not fit.
+    fn copy_in(&self, assembling: &mut Option<Assembling>, (at, chunk): (usize, Bytes)) {
+        let Some(a) = assembling.as_mut() else {
+            return;
+        };
+        match a.assembly.append(&chunk) {
+            Some(copy) => self.flight.state.lock().chunks[at] = copy,
+            None => *assembling = None,
+        }
     }
 
     /// Assemble the value, announced as `len` bytes, in one buffer as its chunks are pushed, so
@@ -173,9 +197,12 @@ impl<K: Hash + Eq, E: Clone> FlightWriter<K, E> {
     /// chunk, and only once: nothing happens once a chunk was pushed or an assembly begun. Only
     /// for values large enough to pool.
     pub fn assemble(&self, len: usize) {
-        let mut assembly = self.assembly.lock();
-        if assembly.is_none() && self.flight.state.lock().chunks.is_empty() {
-            *assembly = Assembly::new(len);
+        let mut assembling = self.assembly.lock();
+        if assembling.is_none() && self.flight.state.lock().chunks.is_empty() {
+            *assembling = Assembly::new(len).map(|assembly| Assembling {
+                assembly,
+                behind: None,
+            });
         }
     }
 
@@ -200,7 +227,13 @@ impl<K: Hash + Eq, E: Clone> FlightWriter<K, E> {
     /// leader can insert the bytes into the cache first and drop the writer after: a caller
     /// arriving in between finds the finished flight instead of starting a second fetch.
     pub fn finish(&mut self) -> Bytes {
-        let assembled = self.assembly.lock().take().and_then(Assembly::finish);
+        let assembled = {
+            let mut assembling = self.assembly.lock();
+            if let Some(last) = assembling.as_mut().and_then(|a| a.behind.take()) {
+                self.copy_in(&mut assembling, last);
+            }
+            assembling.take().and_then(|a| a.assembly.finish())
+        };
         // The chunks are joined outside the lock and after the readers are woken: joining a
         // large value is a copy of all of it (milliseconds for 8 MiB), and a reader taking
         // its last chunks meanwhile would otherwise wait on the lock, its worker thread with it.
@@ -520,6 +553,57 @@ mod tests {
             first.as_ptr(),
             "not joined: the value is the buffer the chunks were copied into"
         );
+    }
+
+    #[tokio::test]
+    async fn a_reader_gets_a_chunk_as_it_came_and_a_later_reader_its_copy() {
+        let flights: SingleFlight<u32, TestError> = SingleFlight::new();
+        let Joined::Leader {
+            mut writer,
+            mut reader,
+        } = flights.join(1)
+        else {
+            panic!("first caller leads");
+        };
+        let len = 100_000;
+        let (whole, chunks) = chunked(len, 40_000);
+        writer.assemble(len);
+        writer.push(chunks[0].clone());
+        let first = reader
+            .next_chunk()
+            .await
+            .expect("a chunk")
+            .expect("no error");
+        assert_eq!(
+            first.as_ptr(),
+            chunks[0].as_ptr(),
+            "handed on before its copy"
+        );
+        writer.push(chunks[1].clone());
+        let mut late = writer.reader();
+        let copied = late.next_chunk().await.expect("a chunk").expect("no error");
+        assert_eq!(copied, chunks[0]);
+        assert_ne!(
+            copied.as_ptr(),
+            chunks[0].as_ptr(),
+            "copied in once the next chunk came"
+        );
+        writer.push(chunks[2].clone());
+        let value = writer.finish();
+        assert_eq!(
+            &value[..],
+            &whole[..],
+            "the last chunk copied in at the finish"
+        );
+        assert_eq!(value.as_ptr(), copied.as_ptr(), "not joined");
+        for mut r in [reader, late] {
+            let mut read = Vec::new();
+            while let Some(c) = r.next_chunk().await {
+                read.extend_from_slice(&c.expect("no error"));
+            }
+            let skipped = if read.len() < len { first.len() } else { 0 };
+            assert_eq!(&read[..], &whole[skipped..]);
+        }
     }
 
     #[tokio::test]
