@@ -141,7 +141,8 @@ pub struct FlightWriter<K: Hash + Eq, E> {
     /// The value being assembled as it arrives ([`FlightWriter::assemble`]): touched only by the
     /// writer, so its lock is never contended, and the copy into it is made outside the
     /// flight's lock, which readers take.
-    assembly: Mutex<Option<Assembling>>,
+    /// (Boxed: only block fetches assemble, and a flight's handle is moved about.)
+    assembly: Mutex<Option<Box<Assembling>>>,
 }
 
 /// A value being assembled, and the chunk last pushed, which its readers were handed as it came
@@ -182,7 +183,7 @@ impl<K: Hash + Eq, E: Clone> FlightWriter<K, E> {
 
     /// Copy `chunk`, which is the flight's chunk `at`, into the assembly, and put the copy in
     /// its place; or end the assembly if it does not fit.
-    fn copy_in(&self, assembling: &mut Option<Assembling>, (at, chunk): (usize, Bytes)) {
+    fn copy_in(&self, assembling: &mut Option<Box<Assembling>>, (at, chunk): (usize, Bytes)) {
         let Some(a) = assembling.as_mut() else {
             return;
         };
@@ -199,9 +200,11 @@ impl<K: Hash + Eq, E: Clone> FlightWriter<K, E> {
     pub fn assemble(&self, len: usize) {
         let mut assembling = self.assembly.lock();
         if assembling.is_none() && self.flight.state.lock().chunks.is_empty() {
-            *assembling = Assembly::new(len).map(|assembly| Assembling {
-                assembly,
-                behind: None,
+            *assembling = Assembly::new(len).map(|assembly| {
+                Box::new(Assembling {
+                    assembly,
+                    behind: None,
+                })
             });
         }
     }
