@@ -568,7 +568,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_reader_gets_the_first_chunk_as_it_came_and_a_later_reader_its_copy() {
+    async fn an_assembly_hands_on_its_first_chunk_as_it_came_and_later_readers_its_copy() {
         let flights: SingleFlight<u32, TestError> = SingleFlight::new();
         let Joined::Leader {
             mut writer,
