@@ -530,19 +530,30 @@ mod tests {
         (whole, chunks)
     }
 
-    #[tokio::test]
-    async fn an_assembled_flight_finishes_with_the_buffer_its_readers_read() {
+    /// The leader of a new flight assembling `len` bytes, its reader, and those bytes, whole and
+    /// in chunks of `step`.
+    fn assembling(
+        len: usize,
+        step: usize,
+    ) -> (
+        FlightWriter<u32, TestError>,
+        FlightReader<TestError>,
+        Vec<u8>,
+        Vec<Bytes>,
+    ) {
         let flights: SingleFlight<u32, TestError> = SingleFlight::new();
-        let Joined::Leader {
-            mut writer,
-            mut reader,
-        } = flights.join(1)
-        else {
+        let Joined::Leader { writer, reader } = flights.join(1) else {
             panic!("first caller leads");
         };
-        let len = 300_007;
-        let (whole, chunks) = chunked(len, 40_000);
         writer.assemble(len);
+        let (whole, chunks) = chunked(len, step);
+        (writer, reader, whole, chunks)
+    }
+
+    #[tokio::test]
+    async fn an_assembled_flight_finishes_with_the_buffer_its_readers_read() {
+        let len = 300_007;
+        let (mut writer, mut reader, whole, chunks) = assembling(len, 40_000);
         for c in &chunks {
             writer.push(c.clone());
         }
@@ -569,17 +580,8 @@ mod tests {
 
     #[tokio::test]
     async fn an_assembly_hands_on_its_first_chunk_as_it_came_and_later_readers_its_copy() {
-        let flights: SingleFlight<u32, TestError> = SingleFlight::new();
-        let Joined::Leader {
-            mut writer,
-            mut reader,
-        } = flights.join(1)
-        else {
-            panic!("first caller leads");
-        };
         let len = 100_000;
-        let (whole, chunks) = chunked(len, 40_000);
-        writer.assemble(len);
+        let (mut writer, mut reader, whole, chunks) = assembling(len, 40_000);
         writer.push(chunks[0].clone());
         let first = reader
             .next_chunk()
