@@ -417,7 +417,11 @@ class FleetOf:
         return f"127.0.0.{i + 1}:{self.peer_port}"
 
     def start(self, n):
-        self.members.write_text("\n".join(self.peer(i) for i in range(n)) + "\n")
+        # Replaced whole, as a mounted ConfigMap is: written in place, a replica's refresh could
+        # read it between its truncation and its writing, and see no members for a moment.
+        staged = self.members.with_suffix(".new")
+        staged.write_text("\n".join(self.peer(i) for i in range(n)) + "\n")
+        os.replace(staged, self.members)
         for i in range(len(self.nodes), n):
             self.nodes.append(self.make_larder(
                 "--block-size", "64KiB", "--memory-capacity", "256MiB",

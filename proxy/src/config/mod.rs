@@ -401,7 +401,9 @@ options! {
     /// is owned by one replica, and the others ask it instead of S3. Default: none (alone).
     fleet_peers: Vec<String> = Vec::new() => List;
     /// A file of fleet members (`host:port`, whitespace or comma separated, `#` comments),
-    /// re-read every `fleet_refresh`. Default: none.
+    /// re-read every `fleet_refresh`. Replace it whole (write another file, then rename it over
+    /// this one): a refresh that reads it half-written sees only the members written so far.
+    /// Default: none.
     fleet_peers_file: Option<PathBuf> = None;
     /// A DNS name and port whose addresses are the fleet members, re-resolved every
     /// `fleet_refresh`: on Kubernetes, the headless Service of the StatefulSet
