@@ -184,6 +184,37 @@ def test_a_fourth_replica_moves_about_a_quarter_of_the_blocks(make_larder, workd
           f"{len(gets)} upstream GETs after the join; sampled keys moved {ratios}")
 
 
+def test_a_member_list_naming_no_one_leaves_the_fleet_as_it_was(make_larder, workdir, upstream, direct, bucket):
+    # A member file written in place is empty between its truncation and its writing, and a
+    # headless Service can answer with no ready replica for a moment. Neither is a fleet (every
+    # list names each replica itself): taken as one, every replica would cache alone for a
+    # refresh and then move every block back.
+    fleet = FleetOf(make_larder, workdir, "empty", "--fleet-refresh", "200ms", "--fleet-copy-capacity", "0")
+    fleet.start(3)
+    objects = put_objects(direct, bucket, [2 * 64 * 1024] * 12, seed=5)
+    for key, data in objects.items():
+        assert fleet.nodes[0].client().get_object(Bucket=bucket, Key=key)["Body"].read() == data
+    changes = [metric(node, "larder_fleet_membership_changes_total") for node in fleet.nodes]
+
+    for listing in ("", "# rewritten by the operator\n\n"):
+        fleet.members.write_text(listing)
+        time.sleep(1.5)  # seven refreshes
+        for node in fleet.nodes:
+            assert len(fleet_state(node)["members"]) == 3, (repr(listing), fleet_state(node))
+    assert [metric(node, "larder_fleet_membership_changes_total") for node in fleet.nodes] == changes
+
+    # The blocks stayed with their owners: reading everything through another replica costs
+    # no upstream GET.
+    upstream.reset()
+    for key, data in objects.items():
+        assert fleet.nodes[1].client().get_object(Bucket=bucket, Key=key)["Body"].read() == data
+    assert gets_of(upstream, bucket) == []
+
+    # A list naming someone is taken as it is: the fleet shrinks to the two it names.
+    fleet.members.write_text(f"{fleet.peer(0)}\n{fleet.peer(1)}\n")
+    fleet.wait_members(fleet.nodes[:2], 2)
+
+
 @pytest.mark.parametrize("scope,fetches_per_block", [("zone", 2), ("fleet", 1)])
 def test_zones_fetch_each_block_once_per_zone_unless_the_scope_is_the_fleet(
         make_larder, workdir, upstream, direct, bucket, scope, fetches_per_block):

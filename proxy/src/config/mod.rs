@@ -402,8 +402,8 @@ options! {
     fleet_peers: Vec<String> = Vec::new() => List;
     /// A file of fleet members (`host:port`, whitespace or comma separated, `#` comments),
     /// re-read every `fleet_refresh`. Replace it whole (write another file, then rename it over
-    /// this one): a refresh that reads it half-written sees only the members written so far.
-    /// Default: none.
+    /// this one): a refresh that reads it half-written sees only the members written so far
+    /// (an empty file, or one of comments only, keeps the current view). Default: none.
     fleet_peers_file: Option<PathBuf> = None;
     /// A DNS name and port whose addresses are the fleet members, re-resolved every
     /// `fleet_refresh`: on Kubernetes, the headless Service of the StatefulSet

@@ -6,6 +6,12 @@
 //! cuts blocks the same way, and finds which listed name is this replica (its own id comes
 //! back). A member that fails [`DOWN_AFTER`] probes in a row owns nothing until it answers
 //! again; one that has never answered owns nothing yet.
+//!
+//! A listing that fails, or that names no one at all, leaves the view as it was. Every member
+//! list names each replica itself, so an empty one is never a fleet: it is a file caught between
+//! its truncation and its writing, or a DNS answer with no ready replica for a moment. Taking it
+//! as one would leave every replica caching alone for a refresh, then move every block back.
+//! A replica leaves a fleet when the list names it alone (or names others but not it).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -79,6 +85,8 @@ pub struct Membership {
     probes: HashMap<String, Probe>,
     /// The listed name that answered with this replica's id.
     self_name: Option<String>,
+    /// Whether the last listing named no one (so a run of them is logged once).
+    listed_none: bool,
 }
 
 impl Membership {
@@ -101,6 +109,7 @@ impl Membership {
             refresh,
             probes: HashMap::new(),
             self_name: None,
+            listed_none: false,
         }
     }
 
@@ -125,6 +134,14 @@ impl Membership {
                 return;
             }
         };
+        if names.is_empty() {
+            if !self.listed_none {
+                tracing::warn!(source = ?self.source, "fleet member list names no one; keeping the current view");
+            }
+            self.listed_none = true;
+            return;
+        }
+        self.listed_none = false;
         let client = self.fleet.client();
         let answers = join_all(names.iter().map(|name| client.info(name))).await;
         self.probes.retain(|name, _| names.contains(name));
