@@ -11,7 +11,7 @@
 //! list names each replica itself, so an empty one is never a fleet: it is a file caught between
 //! its truncation and its writing, or a DNS answer with no ready replica for a moment. Taking it
 //! as one would leave every replica caching alone for a refresh, then move every block back.
-//! A replica leaves a fleet when the list names it alone (or names others but not it).
+//! To shrink a fleet, the list names the replicas that stay: the others stop asking the rest.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
