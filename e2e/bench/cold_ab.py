@@ -23,6 +23,12 @@ with the share of the machine's CPU time that was busy, and each Larder's own CP
 has a 4 GiB memory tier, which the reads never fill, unless its ARGS set
 `--memory-capacity` (e.g. `--memory-capacity;192MiB`: full after a few reads, as a running
 cache is, so fills reuse evicted blocks' buffers). Not part of the test suite.
+
+With `--split`, the upstream (MinIO and the latency proxy) runs on the second half of the cores
+and everything else (the Larders, this client) on the first, as when S3 is on other machines:
+its work for one read (several GETs at once for a Larder) then no longer takes the cores Larder
+and the client run on. Direct reads run the same way, client and upstream apart. Needs two
+cores; on two, each side has one (docs/benchmarks.md has what that showed).
 """
 
 import argparse
@@ -158,6 +164,8 @@ def main():
     ap.add_argument("--capped", action="store_true", help=f"cap each upstream connection at {S3_CONNECTION_MBPS} MB/s")
     ap.add_argument("--range", type=float, default=0,
                     help="read a range of this many MiB at a random offset of each object, not all of it")
+    ap.add_argument("--split", action="store_true",
+                    help="the upstream on the second half of the cores, the Larders and this client on the first")
     ap.add_argument("--known", action="store_true",
                     help="read each object's last 64 KiB first, untimed, so its size and version are known "
                          "when the range is read (as a Parquet reader's footer read does)")
@@ -176,8 +184,17 @@ def main():
     busy = {name: [0.0, 0.0] for name in names}
     # Each Larder's CPU seconds over its reads: from each read's start to the next's.
     larder_cpu, pending = {name: 0.0 for name in names}, {}
+    cores = sorted(os.sched_getaffinity(0))
+    if args.split:
+        if len(cores) < 2:
+            raise SystemExit("--split needs two cores")
+        # Inherited by MinIO and the latency proxy (and their threads), started next.
+        os.sched_setaffinity(0, cores[len(cores) // 2:])
     try:
         bench.start()
+        if args.split:
+            # The Larders, started from here on, and this client's reads.
+            os.sched_setaffinity(0, cores[:len(cores) // 2])
         keys = {name: [f"cold-ab/{name}/{r}/{i}" for r in range(args.rounds) for i in range(args.objects)]
                 for name in names}
         bench.upload([(k, size) for ks in keys.values() for k in ks])
