@@ -41,7 +41,8 @@ pub enum MemberSource {
 }
 
 impl MemberSource {
-    /// The member names right now.
+    /// The member names right now; an error when the source cannot be read, or names no one
+    /// (never a fleet: see the module documentation).
     pub async fn names(&self) -> std::io::Result<Vec<String>> {
         let mut names = match self {
             MemberSource::Static(list) => list.clone(),
@@ -51,6 +52,12 @@ impl MemberSource {
                 .map(|a| a.to_string())
                 .collect(),
         };
+        if names.is_empty() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "the member list names no one",
+            ));
+        }
         names.sort();
         names.dedup();
         Ok(names)
@@ -85,8 +92,6 @@ pub struct Membership {
     probes: HashMap<String, Probe>,
     /// The listed name that answered with this replica's id.
     self_name: Option<String>,
-    /// Whether the last listing named no one (so a run of them is logged once).
-    listed_none: bool,
 }
 
 impl Membership {
@@ -109,7 +114,6 @@ impl Membership {
             refresh,
             probes: HashMap::new(),
             self_name: None,
-            listed_none: false,
         }
     }
 
@@ -129,19 +133,12 @@ impl Membership {
         let names = match self.source.names().await {
             Ok(names) => names,
             Err(e) => {
-                // Keep the view we have: a flaky source must not empty the fleet.
+                // Keep the view we have: a flaky source, or a list caught empty, must not
+                // empty the fleet.
                 tracing::warn!(source = ?self.source, error = %e, "fleet members could not be listed");
                 return;
             }
         };
-        if names.is_empty() {
-            if !self.listed_none {
-                tracing::warn!(source = ?self.source, "fleet member list names no one; keeping the current view");
-            }
-            self.listed_none = true;
-            return;
-        }
-        self.listed_none = false;
         let client = self.fleet.client();
         let answers = join_all(names.iter().map(|name| client.info(name))).await;
         self.probes.retain(|name, _| names.contains(name));
@@ -233,5 +230,9 @@ mod tests {
             .names()
             .await
             .is_err());
+        for listing in ["", "# rewritten\n\n , "] {
+            std::fs::write(&path, listing).unwrap();
+            assert!(file.names().await.is_err(), "{listing:?} names no one");
+        }
     }
 }
