@@ -171,7 +171,7 @@ async fn ranges_are_exact_and_blocks_fetched_once() {
         "three blocks, one GET each"
     );
     assert_eq!(
-        store.classify(&id, &etag, 0..10_000, size),
+        store.classify(&id, &etag, 0..10_000, size).result,
         CacheResult::HitMemory
     );
 }
@@ -204,7 +204,7 @@ async fn a_changed_object_fails_instead_of_mixing_versions() {
         .unwrap_err();
     assert_eq!(err, UpstreamError::Changed);
     assert_eq!(
-        store.classify(&id, &stale, 0..10_000, 10_000),
+        store.classify(&id, &stale, 0..10_000, 10_000).result,
         CacheResult::Miss
     );
 }
@@ -218,13 +218,13 @@ async fn a_reader_that_leaves_early_still_fills_the_cache() {
         s.next().await.unwrap().unwrap();
     }
     for _ in 0..200 {
-        if store.classify(&id, &etag, 0..4096, 4096) == CacheResult::HitMemory {
+        if store.classify(&id, &etag, 0..4096, 4096).result == CacheResult::HitMemory {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(
-        store.classify(&id, &etag, 0..4096, 4096),
+        store.classify(&id, &etag, 0..4096, 4096).result,
         CacheResult::HitMemory
     );
     assert_eq!(origin.gets.load(Ordering::SeqCst), 1);
@@ -312,12 +312,12 @@ async fn a_cold_range_much_smaller_than_its_block_fetches_only_its_bytes_once() 
     assert_eq!(origin.gets.load(Ordering::SeqCst), 1);
     assert_eq!(upstream_bytes(&metrics, 200.0).await, 200.0);
     assert_eq!(
-        store.classify(&id, &etag, 100..300, size),
+        store.classify(&id, &etag, 100..300, size).result,
         CacheResult::HitMemory
     );
     // Another range of that block is not the part: a miss, fetched exactly as well.
     assert_eq!(
-        store.classify(&id, &etag, 100..301, size),
+        store.classify(&id, &etag, 100..301, size).result,
         CacheResult::Miss
     );
     // A range spanning two blocks takes a part of each; one that covers two thirds of its
@@ -383,13 +383,13 @@ async fn a_second_range_of_a_block_fetches_the_block_behind_the_reader() {
     let got = collect(store.read(id.clone(), etag.clone(), 1000..1100, size)).await;
     assert_eq!(got.unwrap(), want[1000..1100]);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while store.classify(&id, &etag, 0..4096, size) != CacheResult::HitMemory
+    while store.classify(&id, &etag, 0..4096, size).result != CacheResult::HitMemory
         && tokio::time::Instant::now() < deadline
     {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     assert_eq!(
-        store.classify(&id, &etag, 0..4096, size),
+        store.classify(&id, &etag, 0..4096, size).result,
         CacheResult::HitMemory
     );
     assert_eq!(origin.gets.load(Ordering::SeqCst), 3);
@@ -408,7 +408,7 @@ async fn a_second_range_of_a_block_fetches_the_block_behind_the_reader() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(origin.gets.load(Ordering::SeqCst), 4);
     assert_eq!(
-        store.classify(&id, &etag, 4096..8192, size),
+        store.classify(&id, &etag, 4096..8192, size).result,
         CacheResult::Miss
     );
 }
@@ -577,7 +577,7 @@ async fn until_in_memory(
     range: std::ops::Range<u64>,
 ) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while store.classify(id, etag, range.clone(), 4 * 4096) != CacheResult::HitMemory
+    while store.classify(id, etag, range.clone(), 4 * 4096).result != CacheResult::HitMemory
         && tokio::time::Instant::now() < deadline
     {
         tokio::time::sleep(Duration::from_millis(2)).await;
@@ -602,7 +602,7 @@ async fn a_range_from_inside_its_block_is_read_before_the_bytes_before_it_arrive
     origin.held.add_permits(1);
     until_in_memory(&store, &id, &etag, 0..4096).await;
     assert_eq!(
-        store.classify(&id, &etag, 0..4096, 4 * 4096),
+        store.classify(&id, &etag, 0..4096, 4 * 4096).result,
         CacheResult::HitMemory
     );
     assert_eq!(origin.gets(), vec![(false, 0..1000), (false, 1000..4096)]);
@@ -683,7 +683,7 @@ async fn a_head_that_fails_costs_the_reader_nothing_and_caches_nothing() {
     tokio::time::sleep(Duration::from_millis(20)).await;
     // The block failed (counted as a dropped write), so nothing claims to hold it.
     assert_eq!(
-        store.classify(&id, &etag, 0..4096, 4 * 4096),
+        store.classify(&id, &etag, 0..4096, 4 * 4096).result,
         CacheResult::Miss
     );
     let s = metrics.snapshot();
@@ -826,7 +826,7 @@ mod disk_tests {
         let gets = origin.gets.load(Ordering::SeqCst);
         let (store, disk) = store_over(&path, origin.clone()).await;
         assert_eq!(
-            store.classify(&id, &etag, 0..size, size),
+            store.classify(&id, &etag, 0..size, size).result,
             CacheResult::HitDisk
         );
         let got = collect(store.read(id.clone(), etag.clone(), 0..size, size)).await;
@@ -875,18 +875,19 @@ mod disk_tests {
                 .sum("larder_served_bytes_total", &[("tier", "disk")])
         };
         let across = 60_000..70_000;
-        assert_eq!(
-            store.classify(&id, &etag, across.clone(), size),
-            CacheResult::HitDisk
-        );
-        let held = store
-            .read_in_one(&id, &etag, across, size, CacheResult::HitDisk)
-            .await;
+        let found = store.classify(&id, &etag, across.clone(), size);
+        assert_eq!(found.result, CacheResult::HitDisk);
+        let held = store.read_in_one(&id, across, size, found).await;
         assert!(held.is_none(), "two blocks: `read`'s");
         assert_eq!(served(), 0.0, "nothing counted for it");
 
         let held = store
-            .read_in_one(&id, &etag, 66_000..130_000, size, CacheResult::HitDisk)
+            .read_in_one(
+                &id,
+                66_000..130_000,
+                size,
+                store.classify(&id, &etag, 66_000..130_000, size),
+            )
             .await
             .expect("one block on disk");
         assert_eq!(held.bytes, body[66_000..130_000]);
@@ -900,19 +901,24 @@ mod disk_tests {
         assert_eq!(store.response_buffer().0, 0, "and given back");
         // The tier had room: the block read whole from disk is in memory now.
         assert_eq!(
-            store.classify(&id, &etag, 66_000..130_000, size),
+            store.classify(&id, &etag, 66_000..130_000, size).result,
             CacheResult::HitMemory
         );
         // A small slice reads only its chunk, and leaves the block on disk alone.
         let held = store
-            .read_in_one(&id, &etag, 140_000..141_000, size, CacheResult::HitDisk)
+            .read_in_one(
+                &id,
+                140_000..141_000,
+                size,
+                store.classify(&id, &etag, 140_000..141_000, size),
+            )
             .await
             .expect("a small slice on disk");
         assert_eq!(held.bytes, body[140_000..141_000]);
         assert_eq!(served(), 65_000.0);
         drop(held);
         assert_eq!(
-            store.classify(&id, &etag, 140_000..141_000, size),
+            store.classify(&id, &etag, 140_000..141_000, size).result,
             CacheResult::HitDisk
         );
         assert_eq!(origin.gets.load(Ordering::SeqCst), gets, "no upstream GET");
@@ -942,7 +948,7 @@ mod disk_tests {
 
         let (store, _disk) = store_over(&path, origin.clone()).await;
         assert_eq!(
-            store.classify(&id, &etag, 1000..250_000, 300_000),
+            store.classify(&id, &etag, 1000..250_000, 300_000).result,
             CacheResult::HitDisk
         );
         let got: Vec<Bytes> = store
@@ -959,7 +965,7 @@ mod disk_tests {
         assert!(store.settled(Duration::from_secs(5)).await);
         // Promoted: now every touched block is in memory.
         assert_eq!(
-            store.classify(&id, &etag, 1000..250_000, 300_000),
+            store.classify(&id, &etag, 1000..250_000, 300_000).result,
             CacheResult::HitMemory
         );
 
@@ -975,7 +981,7 @@ mod disk_tests {
         assert_eq!(after.hits - before.hits, 1);
         assert_eq!(after.hit_bytes - before.hit_bytes, 100);
         assert_eq!(
-            store.classify(&id, &etag, 270_000..270_100, 300_000),
+            store.classify(&id, &etag, 270_000..270_100, 300_000).result,
             CacheResult::HitDisk,
             "a small range is not promoted"
         );

@@ -140,15 +140,15 @@ impl AppState {
             return respond(Body::from_stream(body), XCache::Miss);
         }
         let found = self.blocks.classify(id, &etag, start..end, meta.size);
-        let cache = label(found, opened.load(Ordering::Relaxed));
+        let cache = label(found.result, opened.load(Ordering::Relaxed));
         let cache = cache.label(source == Source::Stale);
         self.blocks.read_ahead(id, &etag, start..end, meta.size);
         // Bytes that one block here holds need no stream of blocks opened ahead, and no wait
         // for a first chunk that cannot fail: one buffer (docs/architecture.md).
-        if matches!(found, CacheResult::HitMemory | CacheResult::HitDisk) {
+        if matches!(found.result, CacheResult::HitMemory | CacheResult::HitDisk) {
             let held = self
                 .blocks
-                .read_in_one(id, &etag, start..end, meta.size, found)
+                .read_in_one(id, start..end, meta.size, found)
                 .await;
             if let Some(held) = held {
                 return respond(Body::new(InMemoryBody(held)), cache);

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use cache_core::Tier;
 
+use crate::cache_key::BlockId;
 use crate::model::ObjectId;
 use crate::telemetry::labels::XCache;
 
@@ -27,6 +28,17 @@ pub enum CacheResult {
     Miss,
     /// No block was here; the first missing one is owned by another replica, which was asked.
     Peer,
+}
+
+/// Where a range's bytes would come from right now ([`BlockStore::classify`]).
+#[derive(Debug, Clone)]
+pub struct Found {
+    /// What the `X-Cache` header says.
+    pub result: CacheResult,
+    /// The key of the one block the range lies in, when it lies in one and that whole block is
+    /// here: [`BlockStore::read_in_one`] reads it by this key rather than make it again (each
+    /// key made is the bucket, key and ETag hashed, about 3 % of a small hit).
+    pub(super) block: Option<BlockId>,
 }
 
 impl CacheResult {
@@ -58,12 +70,17 @@ impl BlockStore {
         etag: &Arc<str>,
         range: Range<u64>,
         size: u64,
-    ) -> CacheResult {
+    ) -> Found {
         let (mut in_memory, mut on_disk, mut missing) = (0usize, 0usize, 0usize);
         let mut first_missing = None;
+        let (mut slices, mut block) = (0usize, None);
         for slice in self.keys.layout().slices(range.start, range.end, size) {
+            slices += 1;
             let mut id = self.id(object, etag, slice.index);
             let mut tier = self.cache.locate(&id);
+            if slices == 1 && tier.is_some() {
+                block = Some(id.clone());
+            }
             // Read as a part of its own when its block is nowhere here (`part`): looked up only
             // then, so a hit costs one lookup.
             if tier.is_none() {
@@ -90,13 +107,17 @@ impl BlockStore {
                 }
             }
         }
-        match (in_memory + on_disk, on_disk, missing, first_missing) {
+        let result = match (in_memory + on_disk, on_disk, missing, first_missing) {
             (_, 0, 0, _) => CacheResult::HitMemory,
             (_, _, 0, _) => CacheResult::HitDisk,
             (0, _, _, Some((true, _))) => CacheResult::Coalesced,
             (0, _, _, Some((_, true))) => CacheResult::Peer,
             (0, _, _, _) => CacheResult::Miss,
             _ => CacheResult::Partial,
+        };
+        Found {
+            result,
+            block: block.filter(|_| slices == 1),
         }
     }
 }

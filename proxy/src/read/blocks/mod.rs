@@ -54,7 +54,7 @@ mod tests;
 
 use ahead::Prefetched;
 pub use ahead::Warmed;
-pub use classify::CacheResult;
+pub use classify::{CacheResult, Found};
 
 /// A read's bytes in one buffer ([`BlockStore::read_in_one`]), holding their room in the
 /// responses' buffer until dropped.
@@ -348,7 +348,7 @@ impl BlockStore {
     /// block that memory holds, or that the disk holds and a read of it takes in one read
     /// ([`BlockStore::read_on_disk`]): nearly every hit of an object up to a block long, and
     /// every range inside one block. `found` is what `classify` said (`HitMemory` or
-    /// `HitDisk`; anything else is `None`). The bytes hold the room their block takes in the
+    /// `HitDisk`, with the block's key; anything else is `None`). The bytes hold the room their block takes in the
     /// responses' buffer until they are sent, and are counted as [`BlockStore::read`] counts
     /// them. `None`, with nothing counted, otherwise: then [`BlockStore::read`]. That stream
     /// of blocks opened ahead, and the wrappers around it, were 8 of a 4 KiB hit's 53
@@ -356,22 +356,21 @@ impl BlockStore {
     pub async fn read_in_one(
         &self,
         object: &ObjectId,
-        etag: &Arc<str>,
         range: Range<u64>,
         size: u64,
-        found: CacheResult,
+        found: Found,
     ) -> Option<InMemory> {
         let mut slices = self.keys.layout().slices(range.start, range.end, size);
-        let (slice, None) = (slices.next()?, slices.next()) else {
+        let (slice, None, Some(id)) = (slices.next()?, slices.next(), found.block) else {
             return None;
         };
+        let found = found.result;
         match found {
             CacheResult::HitMemory => {}
             // A block the disk gives only through its flight is `read`'s, looked up once.
             CacheResult::HitDisk if in_one_disk_read(&slice) => {}
             _ => return None,
         }
-        let id = self.id(object, etag, slice.index);
         // Looked up in memory either way, as `read` does: the lookup counts in the memory
         // tier's admission of the block (TinyLFU), which promoting it from disk relies on.
         let (bytes, room, source) = match self.cache.memory().get(&id).await {

@@ -47,12 +47,12 @@ async fn in_order_ranged_reads_are_read_ahead_and_waste_is_counted() {
         // (it would never land, and the block below would be a miss).
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         while i >= 2
-            && store.classify(&id, &etag, range.clone(), size) != CacheResult::HitMemory
+            && store.classify(&id, &etag, range.clone(), size).result != CacheResult::HitMemory
             && tokio::time::Instant::now() < deadline
         {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
-        if store.classify(&id, &etag, range.clone(), size) == CacheResult::HitMemory {
+        if store.classify(&id, &etag, range.clone(), size).result == CacheResult::HitMemory {
             hits += 1;
         }
         store.read_ahead(&id, &etag, range.clone(), size);
@@ -154,18 +154,25 @@ async fn a_readers_last_bytes_go_out_before_its_block_is_joined_and_cached() {
     assert_eq!(got, data[BLOCK as usize..]);
     // This runtime has one thread: the fetch's task has not run since it woke this reader.
     assert_ne!(
-        store.classify(&id, &etag, BLOCK..2 * BLOCK, 2 * BLOCK),
+        store
+            .classify(&id, &etag, BLOCK..2 * BLOCK, 2 * BLOCK)
+            .result,
         CacheResult::HitMemory,
         "the block was cached before its reader was given its last bytes"
     );
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while store.classify(&id, &etag, BLOCK..2 * BLOCK, 2 * BLOCK) != CacheResult::HitMemory
+    while store
+        .classify(&id, &etag, BLOCK..2 * BLOCK, 2 * BLOCK)
+        .result
+        != CacheResult::HitMemory
         && tokio::time::Instant::now() < deadline
     {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     assert_eq!(
-        store.classify(&id, &etag, BLOCK..2 * BLOCK, 2 * BLOCK),
+        store
+            .classify(&id, &etag, BLOCK..2 * BLOCK, 2 * BLOCK)
+            .result,
         CacheResult::HitMemory
     );
 }
@@ -274,7 +281,7 @@ async fn a_cold_read_to_the_end_runs_its_first_get_on_as_far_as_a_round_trip_bri
     let (id, etag) = (crate::upstream::memory::fixtures::object(), "\"e1\"".into());
     for i in 0..6 {
         let block = i * 4096..((i + 1) * 4096).min(data.len() as u64);
-        let found = store.classify(&id, &etag, block, data.len() as u64);
+        let found = store.classify(&id, &etag, block, data.len() as u64).result;
         assert_eq!(found, CacheResult::HitMemory, "block {i}");
     }
 }
@@ -306,7 +313,7 @@ async fn a_cold_range_spanning_blocks_is_one_get_where_a_round_trip_brings_them(
         assert_eq!(origin.gets.load(Ordering::SeqCst), gets, "paced: {paced}");
         for i in 0..3 {
             let block = i * 4096..(i + 1) * 4096;
-            let found = store.classify(&id, &"\"e1\"".into(), block, size);
+            let found = store.classify(&id, &"\"e1\"".into(), block, size).result;
             assert_eq!(found, CacheResult::HitMemory, "block {i}, paced: {paced}");
         }
     }
@@ -566,15 +573,18 @@ async fn a_read_within_one_block_in_memory_is_its_bytes_holding_their_room() {
         let snapshot = store.metrics.snapshot();
         snapshot.sum("larder_served_bytes_total", &[("tier", "memory")])
     };
+    // Told that block `index` is in memory, whether it is or not.
+    let told = |index| Found {
+        result: CacheResult::HitMemory,
+        block: Some(store.id(&id, &etag, index)),
+    };
     assert!(store
-        .read_in_one(&id, &etag, 100..200, size, CacheResult::HitMemory)
+        .read_in_one(&id, 100..200, size, told(0))
         .await
         .is_none());
     assert_eq!(read_whole(&store, "k", "\"e1\"", 4096).await, data[..4096]);
     let before = served(&store);
-    let held = store
-        .read_in_one(&id, &etag, 100..4000, size, CacheResult::HitMemory)
-        .await;
+    let held = store.read_in_one(&id, 100..4000, size, told(0)).await;
     let held = held.expect("in memory");
     assert_eq!(held.bytes, data[100..4000]);
     assert_eq!(store.response_buffer().0, 4096, "the block's room is held");
@@ -583,12 +593,19 @@ async fn a_read_within_one_block_in_memory_is_its_bytes_holding_their_room() {
     assert_eq!(store.response_buffer().0, 0, "and given back");
     // The first block is in memory; the second is not, and the third not at all read.
     assert!(store
-        .read_in_one(&id, &etag, 4000..4200, size, CacheResult::HitMemory)
+        .read_in_one(&id, 4000..4200, size, told(0))
         .await
         .is_none());
     assert!(store
-        .read_in_one(&id, &etag, 8192..8300, size, CacheResult::HitMemory)
+        .read_in_one(&id, 8192..8300, size, told(2))
         .await
         .is_none());
     assert_eq!(served(&store) - before, 3900.0, "nothing counted for those");
+    // What `classify` finds names the block only for a read inside one block that is here.
+    let found = store.classify(&id, &etag, 100..4000, size);
+    assert_eq!(found.block, Some(store.id(&id, &etag, 0)));
+    let held = store.read_in_one(&id, 100..4000, size, found).await;
+    assert_eq!(held.expect("in memory").bytes, data[100..4000]);
+    assert_eq!(store.classify(&id, &etag, 4000..4200, size).block, None);
+    assert_eq!(store.classify(&id, &etag, 8192..8300, size).block, None);
 }
