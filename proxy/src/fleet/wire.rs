@@ -35,7 +35,7 @@ pub fn encode_meta(meta: &ObjectMeta, age: Duration) -> Bytes {
     let b64 = base64::engine::general_purpose::STANDARD;
     let wire = WireMeta {
         size: meta.size,
-        etag: meta.etag.clone(),
+        etag: meta.etag.to_string(),
         last_modified: meta.last_modified.and_then(|t| {
             let d = t.duration_since(UNIX_EPOCH).ok()?;
             Some((d.as_secs(), d.subsec_nanos()))
@@ -108,7 +108,7 @@ pub fn decode_meta(buf: &mut BytesMut) -> Result<(ObjectMeta, Duration), FrameEr
     };
     let meta = ObjectMeta {
         size: wire.size,
-        etag: wire.etag,
+        etag: wire.etag.into(),
         last_modified,
         version_id: wire.version_id,
         headers,

@@ -293,7 +293,7 @@ async fn open(peer: &PeerState, params: &Params) -> Response {
         return response;
     };
     let range = slice.block_start..slice.block_start + slice.block_len;
-    let etag: Arc<str> = meta.etag.as_str().into();
+    let etag = meta.etag.clone();
     let body = peer.blocks.read_for_peer(id, etag, range, meta.size);
     let head = wire::encode_meta(&meta, age);
     let response = stream_after_first(peer, head, body.boxed()).await;

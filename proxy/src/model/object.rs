@@ -43,8 +43,9 @@ impl fmt::Display for ObjectId {
 pub struct ObjectMeta {
     /// Size in bytes.
     pub size: u64,
-    /// The entity tag, quoted as S3 sends it.
-    pub etag: String,
+    /// The entity tag, quoted as S3 sends it. Shared: every block key of the object holds it,
+    /// and a hit would otherwise copy it into a key of its own.
+    pub etag: Arc<str>,
     /// Last-Modified.
     pub last_modified: Option<SystemTime>,
     /// The version this metadata describes, for versioned buckets.

@@ -503,7 +503,7 @@ impl MetadataCache {
     /// The ETag cached for `id`, if any, without asking the upstream.
     pub async fn cached_etag(&self, id: &ObjectId) -> Option<String> {
         let cache = self.cache.as_ref()?;
-        cache.get(id).await.map(|e| e.meta.etag.clone())
+        cache.get(id).await.map(|e| e.meta.etag.to_string())
     }
 
     /// The object's metadata, and where it came from.
@@ -760,7 +760,7 @@ impl MetadataCache {
             }
         }
         let etag = match &answer {
-            Ok((entry, Source::Fetched)) => Some(entry.meta.etag.as_str()),
+            Ok((entry, Source::Fetched)) => Some(&*entry.meta.etag),
             _ => None,
         };
         if !self.may_keep(id, &watch, etag) {
@@ -839,7 +839,7 @@ impl MetadataCache {
                 return Refresh::Failed;
             }
         };
-        let outcome = if meta.etag == etag {
+        let outcome = if &*meta.etag == etag {
             Refresh::Unchanged
         } else {
             Refresh::Changed
@@ -1007,7 +1007,7 @@ mod tests {
         cache.get(&id).await.unwrap();
         let heads = origin.heads.load(Ordering::SeqCst);
         let meta = cache.cached(&id).await.expect("cached after a get");
-        assert_eq!(meta.etag, "\"e\"");
+        assert_eq!(&*meta.etag, "\"e\"");
         assert_eq!(origin.heads.load(Ordering::SeqCst), heads);
         tokio::time::sleep(Duration::from_millis(150)).await;
         assert!(cache.cached(&id).await.is_none(), "past the TTL");
@@ -1044,7 +1044,7 @@ mod tests {
     async fn stale_metadata_is_served_only_in_an_outage_and_only_for_so_long() {
         let (origin, cache, id) = expired_in_an_outage(Duration::from_millis(300)).await;
         let (meta, source) = cache.get(&id).await.unwrap();
-        assert_eq!((source, meta.etag.as_str()), (Source::Stale, "\"e\""));
+        assert_eq!((source, &*meta.etag), (Source::Stale, "\"e\""));
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(
             cache.get(&id).await.is_err(),
@@ -1144,7 +1144,7 @@ mod tests {
                 Ok(Some((meta, Duration::ZERO)))
             };
             let (got, source) = cache.get_or_open(&id, open).await.unwrap();
-            assert_eq!((got.etag.as_str(), source), ("\"e1\"", Source::Fetched));
+            assert_eq!((&*got.etag, source), ("\"e1\"", Source::Fetched));
             assert_eq!(
                 cache.cached_etag(&id).await,
                 None,
@@ -1210,7 +1210,7 @@ mod tests {
                 .await
                 .unwrap()
                 .unwrap_or_else(|e| panic!("told by the asker: {told_by_the_asker}: {e:?}"));
-            assert_eq!(meta.etag, "\"e1\"");
+            assert_eq!(&*meta.etag, "\"e1\"");
             // One HEAD: the second reader's, asked again after the GET it had joined.
             assert_eq!(origin.heads.load(Ordering::SeqCst), 1);
         }
@@ -1234,7 +1234,7 @@ mod tests {
             .get_or_open(&id, open(Duration::from_secs(30)))
             .await
             .unwrap();
-        assert_eq!(got.etag, "\"e0\"", "no change known: taken");
+        assert_eq!(&*got.etag, "\"e0\"", "no change known: taken");
 
         cache.changed(&id).await;
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -1242,7 +1242,7 @@ mod tests {
             .get_or_open(&id, open(Duration::from_millis(200)))
             .await
             .unwrap();
-        assert_eq!((got.etag.as_str(), source), ("\"e1\"", Source::Fetched));
+        assert_eq!((&*got.etag, source), ("\"e1\"", Source::Fetched));
         assert_eq!(cache.cached_etag(&id).await.as_deref(), Some("\"e1\""));
 
         cache.invalidate(&id).await;
@@ -1251,7 +1251,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(
-            got.etag, "\"e0\"",
+            &*got.etag, "\"e0\"",
             "cached after the change was learnt: taken"
         );
 
@@ -1262,7 +1262,7 @@ mod tests {
             .get_or_open(&id, open(Duration::from_millis(200)))
             .await
             .unwrap();
-        assert_eq!(got.etag, "\"e1\"");
+        assert_eq!(&*got.etag, "\"e1\"");
     }
 
     #[tokio::test]
@@ -1438,12 +1438,12 @@ mod tests {
         // Within its TTL the old version is still what may be served...
         for _ in 0..REFRESH_AFTER_READS {
             let (meta, source) = cache.get(&id).await.unwrap();
-            assert_eq!((meta.etag.as_str(), source), ("\"e1\"", Source::Cached));
+            assert_eq!((&*meta.etag, source), ("\"e1\"", Source::Cached));
         }
         refresh_ends(&cache, Refresh::Changed).await;
         // ...and the refresh brings the new one.
         let (meta, source) = cache.get(&id).await.unwrap();
-        assert_eq!((meta.etag.as_str(), source), ("\"e2\"", Source::Cached));
+        assert_eq!((&*meta.etag, source), ("\"e2\"", Source::Cached));
         // Deleted: the refresh forgets it, and the next read asks.
         origin.delete("k");
         tokio::time::sleep(ttl * 3 / 4 + Duration::from_millis(20)).await;

@@ -96,7 +96,7 @@ impl Upstream for MemoryUpstream {
         let (data, etag) = self.lookup(object)?;
         Ok(ObjectMeta {
             size: data.len() as u64,
-            etag,
+            etag: etag.into(),
             last_modified: None,
             version_id: None,
             headers: vec![],
@@ -119,7 +119,7 @@ impl Upstream for MemoryUpstream {
         let body = self.get(object, None, Some(within)).await?;
         let meta = ObjectMeta {
             size,
-            etag,
+            etag: etag.into(),
             last_modified: None,
             version_id: None,
             headers: vec![],

@@ -352,7 +352,7 @@ impl Warmer {
                 Resolved::Partial { start, end } => (start, end),
                 Resolved::Unsatisfiable => (0, 0),
             };
-            let etag: Arc<str> = meta.etag.as_str().into();
+            let etag = meta.etag.clone();
             let slices: Vec<_> = self.blocks.layout().slices(start, end, meta.size).collect();
             let object_bytes: u64 = slices.iter().map(|s| s.block_len).sum();
             job.bytes_total.fetch_add(object_bytes, Ordering::Relaxed);

@@ -132,7 +132,7 @@ impl AppState {
         if head || start == end {
             return respond(Body::empty(), meta_cache);
         }
-        let etag: Arc<str> = meta.etag.as_str().into();
+        let etag = meta.etag.clone();
         // This request's own suffix GET: its bytes go to the client as they arrive, and the
         // blocks under them are fetched behind it for the next reader.
         if let Some(body) = tail.lock().take() {

@@ -295,7 +295,7 @@ impl BlockStore {
                 return;
             }
         };
-        let etag: Arc<str> = meta.etag.as_str().into();
+        let etag = meta.etag.clone();
         let (size, version) = (meta.size, meta.etag.clone());
         let first_fills = self.cold_run(&object, &etag, size, first_span, purpose);
         let rest_fills: Vec<_> = rest

@@ -211,7 +211,7 @@ async fn read_cold_range(store: &Arc<BlockStore>, asked: Range<u64>) -> Vec<u8> 
         .unwrap()
         .unwrap();
     store
-        .read(id, meta.etag.as_str().into(), asked, meta.size)
+        .read(id, meta.etag.clone(), asked, meta.size)
         .map_ok(|b| b.to_vec())
         .try_concat()
         .await
@@ -243,7 +243,7 @@ async fn read_cold_to_end(store: &Arc<BlockStore>) -> Result<Vec<u8>, UpstreamEr
         .open_cold(id.clone(), asked, None)
         .await?
         .expect("found");
-    let etag: Arc<str> = meta.etag.as_str().into();
+    let etag: Arc<str> = meta.etag.clone();
     store
         .read(id, etag, 0..meta.size, meta.size)
         .map_ok(|b| b.to_vec())
