@@ -13,12 +13,17 @@ reads of one cached object over `--connections` keep-alive connections, and is d
 instructions of that dump divided by the requests are its figure. `--top N` prints the N
 functions with the most instructions (inclusive) of each variant's last round.
 
+`--h2` sends the counted requests over HTTP/2 with h2load (cleartext, prior knowledge, one stream
+at a time on each of `--connections` connections, opened for the count: their set-up is in it,
+spread over the requests); the warm-up stays HTTP/1.1. h2load checks statuses, not bodies.
+
 Needs valgrind (`apt-get install valgrind`). Not part of the test suite: it measures, it does not
 judge. Requests are signed (SigV4 presigned URLs) unless the variant runs with `--auth none`.
 """
 
 import argparse
 import http.client
+import re
 import subprocess
 import sys
 import threading
@@ -54,6 +59,16 @@ def on_connections(target: Target, key: str, size: int, requests: int, connectio
         t.join()
 
 
+def over_h2(target: Target, key: str, requests: int, connections: int):
+    """`requests` GETs of `key` over `connections` HTTP/2 connections (h2load), every one 2xx."""
+    out = subprocess.run(["h2load", "-n", str(requests), "-c", str(connections), "-m", "1",
+                          target.endpoint + target.path(key)],
+                         capture_output=True, text=True, check=True).stdout
+    ok = re.search(r"status codes: (\d+) 2xx", out)
+    if not ok or int(ok.group(1)) != requests:
+        raise RuntimeError(f"h2load against {target.name}: not every request answered 2xx:\n{out}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", type=int, default=65536, help="object size in bytes")
@@ -61,6 +76,7 @@ def main():
     ap.add_argument("--connections", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--top", type=int, default=0, metavar="N")
+    ap.add_argument("--h2", action="store_true", help="count HTTP/2 requests (h2load)")
     ap.add_argument("--out", type=Path, default=Path("target/bench/instructions"))
     ap.add_argument("variants", nargs="+", type=variant)
     args = ap.parse_args()
@@ -96,7 +112,10 @@ def main():
                     on_connections(target, key, args.size, 50 * args.connections, args.connections)
                     pid = str(larder.proc.pid)
                     subprocess.run(["callgrind_control", "--zero", pid], check=True, capture_output=True)
-                    on_connections(target, key, args.size, requests, args.connections)
+                    if args.h2:
+                        over_h2(target, key, requests, args.connections)
+                    else:
+                        on_connections(target, key, args.size, requests, args.connections)
                     subprocess.run(["callgrind_control", "--dump", pid], check=True, capture_output=True)
                 finally:
                     larder.stop()

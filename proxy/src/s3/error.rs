@@ -192,8 +192,10 @@ impl S3Error {
         let status = self.status();
         let mut builder = Response::builder()
             .status(status)
-            .header(names::X_AMZ_REQUEST_ID, request_id)
             .header(names::X_CACHE, "error");
+        if let Some(v) = super::headers::request_id(request_id) {
+            builder = builder.header(names::X_AMZ_REQUEST_ID, v);
+        }
         if let S3Error::InvalidRange { size } = self {
             builder = builder.header(header::CONTENT_RANGE, format!("bytes */{size}"));
         }

@@ -28,6 +28,17 @@ pub mod names {
     pub const X_CACHE: HeaderName = HeaderName::from_static("x-cache");
 }
 
+/// The `x-amz-request-id` value of a response. Marked sensitive, so that HTTP/2's header
+/// compression (HPACK) sends it as a literal, never indexed. Indexed, each response's new id
+/// went into the connection's header table: the table filled with old ids (about 60 of 4 KiB),
+/// each response compared its id with all of them before adding its own, and the stable
+/// headers (ETag, `x-cache`, ...) were pushed out. HTTP/1.1 ignores the mark.
+pub fn request_id(id: &str) -> Option<HeaderValue> {
+    let mut value = HeaderValue::from_str(id).ok()?;
+    value.set_sensitive(true);
+    Some(value)
+}
+
 /// Headers describing the object itself (not the range): ETag, Last-Modified, Accept-Ranges,
 /// version, and everything S3 stored with the object; then the client's `response-*` overrides.
 /// The first four and S3's are made once per metadata entry and copied for each response.
@@ -133,6 +144,14 @@ fn civil_from_days(days: u64) -> (u64, u64, u64) {
 
 #[cfg(test)]
 mod tests {
+    /// Unmarked, HTTP/2 would add every response's id to its connection's header table.
+    #[test]
+    fn request_ids_are_never_indexed() {
+        let v = request_id("0123456789ABCDEF").expect("hex digits are a header value");
+        assert!(v.is_sensitive());
+        assert_eq!(v, "0123456789ABCDEF");
+    }
+
     use super::*;
     use std::time::{Duration, UNIX_EPOCH};
 

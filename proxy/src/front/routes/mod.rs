@@ -119,7 +119,7 @@ pub async fn handle(State(app): State<Arc<AppState>>, req: Request) -> Response 
     };
     let headers = response.headers_mut();
     if !headers.contains_key(names::X_AMZ_REQUEST_ID) {
-        if let Ok(v) = HeaderValue::from_bytes(&request_id.0) {
+        if let Some(v) = crate::s3::headers::request_id(request_id.as_str()) {
             headers.insert(names::X_AMZ_REQUEST_ID, v);
         }
     }
