@@ -2,6 +2,7 @@
 certificate is served without a restart."""
 
 import random
+import re
 import ssl
 import subprocess
 import time
@@ -71,9 +72,10 @@ def test_http2_streams_at_once_over_tls_get_every_byte(make_larder, direct, buck
     for k, body in bodies.items():
         direct.put_object(Bucket=bucket, Key=k, Body=body)
         urls.append(v4.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": k}, ExpiresIn=300))
+    ids = []
     for phase in ("cold", "warm"):
         args = ["curl", "--http2", "--cacert", str(cert), "--parallel", "-sS", "--fail", "--max-time", "60",
-                "-w", "%{http_version} %{http_code} %{num_connects}\\n"]
+                "-w", "%{http_version} %{http_code} %{num_connects} %header{x-amz-request-id}\\n"]
         outs = [tmp_path / f"{phase}-{i}" for i in range(len(urls))]
         for url, out in zip(urls, outs):
             args += ["-o", str(out), url]
@@ -83,5 +85,10 @@ def test_http2_streams_at_once_over_tls_get_every_byte(make_larder, direct, buck
         assert [a[:2] for a in answers] == [["2", "200"]] * len(urls), phase
         # One connection carried every stream.
         assert sum(int(a[2]) for a in answers) == 1, (phase, answers)
+        # Each response its own request id, read back through HPACK (sent as a literal never
+        # indexed) on the one connection.
+        ids += [a[3] for a in answers]
         for out, body in zip(outs, bodies.values()):
             assert out.read_bytes() == body, phase
+    assert len(set(ids)) == len(ids) == 2 * len(urls), ids
+    assert all(re.fullmatch(r"[0-9A-F]{16}", i) for i in ids), ids

@@ -120,6 +120,9 @@ async fn a_cold_get_brings_metadata_and_its_block_in_one_request() {
         (StatusCode::PARTIAL_CONTENT, &data[5000..5010])
     );
     assert_eq!(headers[header::CONTENT_RANGE], "bytes 5000-5009/12288");
+    // Values new in nearly every response: never indexed by HTTP/2's header compression.
+    assert!(headers[header::CONTENT_RANGE].is_sensitive());
+    assert!(headers["x-amz-request-id"].is_sensitive());
     assert_eq!(headers["x-cache"], "miss");
     assert_eq!(origin.heads.load(Ordering::SeqCst), 0);
     assert_eq!(origin.gets.load(Ordering::SeqCst), 1, "one GET, of block 1");

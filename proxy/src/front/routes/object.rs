@@ -113,8 +113,11 @@ impl AppState {
             Resolved::Whole => (StatusCode::OK, 0, meta.size),
             Resolved::Partial { start, end } => {
                 let v = format!("bytes {}-{}/{}", start, end - 1, meta.size);
-                // Digits, a dash and a slash: always a valid header value.
-                if let Ok(v) = HeaderValue::from_str(&v) {
+                // Digits, a dash and a slash: always a valid header value. Never indexed by
+                // HTTP/2's HPACK: nearly every range is another, and indexed ones would fill the
+                // connection's header table as request ids did (`s3::headers::request_id`).
+                if let Ok(mut v) = HeaderValue::from_str(&v) {
+                    v.set_sensitive(true);
                     out.insert(header::CONTENT_RANGE, v);
                 }
                 (StatusCode::PARTIAL_CONTENT, start, end)
