@@ -52,8 +52,8 @@ impl Heartbeat {
         let forward = Forward {
             method: Method::PUT,
             target: Target::Object {
-                bucket: self.bucket.clone(),
-                key: self.key.clone(),
+                bucket: self.bucket.as_str().into(),
+                key: self.key.as_str().into(),
             },
             query: None,
             headers: HeaderMap::new(),

@@ -113,8 +113,8 @@ pub async fn upload(
     }
     let (principal, range) = app.auth.form_upload(&head, &bucket, &key)?;
     let target = Target::Object {
-        bucket: bucket.clone(),
-        key: key.clone(),
+        bucket: bucket.as_str().into(),
+        key: key.as_str().into(),
     };
     let headers = upstream_headers(&head)?;
     // The same rules as a PutObject carrying these headers.

@@ -1,5 +1,7 @@
 //! What an S3 request addresses: bucket, key, and the query parameters Larder acts on.
 
+use std::sync::Arc;
+
 use percent_encoding::percent_decode_str;
 
 use super::error::S3Error;
@@ -24,13 +26,14 @@ pub enum Target {
     /// `/`: the service (ListBuckets).
     Service,
     /// A bucket (ListObjects and bucket sub-resources).
-    Bucket(String),
-    /// An object.
+    Bucket(Arc<str>),
+    /// An object. Shared text: the object's id, the metrics' bucket label and the span take
+    /// these, not copies.
     Object {
         /// Bucket name.
-        bucket: String,
+        bucket: Arc<str>,
         /// Decoded key.
-        key: String,
+        key: Arc<str>,
     },
 }
 
@@ -45,7 +48,7 @@ pub fn target(
 ) -> Result<Target, S3Error> {
     let path = raw_path.strip_prefix('/').unwrap_or(raw_path);
     let (bucket, raw_key) = match virtual_bucket(host, base_domain) {
-        Some(bucket) => (bucket.to_owned(), Some(path)),
+        Some(bucket) => (Arc::from(bucket), Some(path)),
         None => {
             if path.is_empty() {
                 return Ok(Target::Service);
@@ -121,7 +124,7 @@ fn strip_port(host: &str) -> &str {
     host.rsplit_once(':').map_or(host, |(h, _)| h)
 }
 
-fn decode(raw: &str) -> Result<String, S3Error> {
+fn decode(raw: &str) -> Result<Arc<str>, S3Error> {
     // A '%' must start a valid escape; percent_decode_str would pass a stray one through.
     let bytes = raw.as_bytes();
     let mut escaped = false;
@@ -138,11 +141,11 @@ fn decode(raw: &str) -> Result<String, S3Error> {
     }
     // Most keys carry no escape: then the text is the name, already UTF-8 (it is a `str`).
     if !escaped {
-        return Ok(raw.to_owned());
+        return Ok(raw.into());
     }
     percent_decode_str(raw)
         .decode_utf8()
-        .map(|s| s.into_owned())
+        .map(|s| s.into())
         .map_err(|_| S3Error::InvalidUri)
 }
 

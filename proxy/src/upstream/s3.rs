@@ -338,8 +338,8 @@ impl S3Upstream {
                 .send(Forward {
                     method: method.clone(),
                     target: Target::Object {
-                        bucket: object.bucket.to_string(),
-                        key: object.key.to_string(),
+                        bucket: object.bucket.clone(),
+                        key: object.key.clone(),
                     },
                     query: query.clone(),
                     headers: headers.clone(),

@@ -128,7 +128,7 @@ pub async fn handle(State(app): State<Arc<AppState>>, req: Request) -> Response 
     span.record("http.response.status_code", i64::from(status));
     span.record("larder.cache", cache.as_str());
     if let Some(b) = &bucket {
-        span.record("s3.bucket", b.as_str());
+        span.record("s3.bucket", &**b);
     }
     app.metrics.request(
         operation,
@@ -170,7 +170,7 @@ impl AppState {
         body: Body,
         params: &Query<'_>,
         (target, query, operation): (Result<Target, S3Error>, ObjectQuery, Operation),
-    ) -> (Operation, Option<String>, Handled) {
+    ) -> (Operation, Option<Arc<str>>, Handled) {
         // A browser-form upload carries its signature in the form: verified there.
         if let Ok(t @ Target::Bucket(bucket)) = &target {
             if crate::front::form_upload::is_form_upload(&req, t) {
@@ -180,7 +180,8 @@ impl AppState {
                     freshness: &self.freshness,
                     forwarder: &self.forwarder,
                 };
-                let upload = crate::front::form_upload::upload(uploader, req, body, bucket.clone());
+                let upload =
+                    crate::front::form_upload::upload(uploader, req, body, bucket.to_string());
                 let result = Box::pin(upload).await;
                 return (
                     Operation::PostObject,

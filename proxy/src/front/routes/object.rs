@@ -30,14 +30,14 @@ impl AppState {
     pub(super) async fn object(
         &self,
         req: &Parts,
-        bucket: String,
-        key: String,
+        bucket: Arc<str>,
+        key: Arc<str>,
         query: &ObjectQuery,
         head: bool,
     ) -> Handled {
         let id = ObjectId {
-            bucket: bucket.into(),
-            key: key.into(),
+            bucket,
+            key,
             version_id: query.version_id.as_deref().map(Arc::from),
         };
         // One retry: if the object changed upstream after its metadata was cached, the first block

@@ -173,8 +173,8 @@ fn stale_ids(target: &Target, query: Option<&str>) -> Vec<ObjectId> {
         return Vec::new();
     };
     let id = |version: Option<Arc<str>>| ObjectId {
-        bucket: bucket.as_str().into(),
-        key: key.as_str().into(),
+        bucket: bucket.clone(),
+        key: key.clone(),
         version_id: version,
     };
     let mut ids = vec![id(None)];
