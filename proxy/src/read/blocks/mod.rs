@@ -344,15 +344,16 @@ impl BlockStore {
         self.read_as(object, etag, range, size, Purpose::Demand(Turn::First))
     }
 
-    /// The bytes `[start, end)` of `object` (of `size` bytes) at `etag` when they lie in one
-    /// block that memory holds, or that the disk holds and a read of it takes in one read
+    /// The bytes `[start, end)` of `object` (of `size` bytes) when they lie in one block that
+    /// memory holds, or that the disk holds and a read of it takes in one read
     /// ([`BlockStore::read_on_disk`]): nearly every hit of an object up to a block long, and
     /// every range inside one block. `found` is what `classify` said (`HitMemory` or
-    /// `HitDisk`, with the block's key; anything else is `None`). The bytes hold the room
-    /// their block takes in the responses' buffer until they are sent, and are counted as
-    /// [`BlockStore::read`] counts them. `None`, with nothing counted, otherwise: then [`BlockStore::read`]. That stream
-    /// of blocks opened ahead, and the wrappers around it, were 8 of a 4 KiB hit's 53
-    /// allocations (docs/benchmarks.md, "Small hits in one buffer").
+    /// `HitDisk`, with the block's key, which names the ETag; anything else is `None`). The
+    /// bytes hold the room their block takes in the responses' buffer until they are sent,
+    /// and are counted as [`BlockStore::read`] counts them. `None`, with nothing counted,
+    /// otherwise: then [`BlockStore::read`]. That stream of blocks opened ahead, and the
+    /// wrappers around it, were 8 of a 4 KiB hit's 53 allocations (docs/benchmarks.md, "Small
+    /// hits in one buffer").
     pub async fn read_in_one(
         &self,
         object: &ObjectId,
