@@ -501,9 +501,9 @@ impl MetadataCache {
     }
 
     /// The ETag cached for `id`, if any, without asking the upstream.
-    pub async fn cached_etag(&self, id: &ObjectId) -> Option<String> {
+    pub async fn cached_etag(&self, id: &ObjectId) -> Option<Arc<str>> {
         let cache = self.cache.as_ref()?;
-        cache.get(id).await.map(|e| e.meta.etag.to_string())
+        cache.get(id).await.map(|e| e.meta.etag.clone())
     }
 
     /// The object's metadata, and where it came from.

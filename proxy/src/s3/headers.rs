@@ -28,15 +28,20 @@ pub mod names {
     pub const X_CACHE: HeaderName = HeaderName::from_static("x-cache");
 }
 
-/// The `x-amz-request-id` value of a response. Marked sensitive, so that HTTP/2's header
-/// compression (HPACK) sends it as a literal, never indexed. Indexed, each response's new id
-/// went into the connection's header table: the table filled with old ids (about 60 of 4 KiB),
-/// each response compared its id with all of them before adding its own, and the stable
-/// headers (ETag, `x-cache`, ...) were pushed out. HTTP/1.1 ignores the mark.
-pub fn request_id(id: &str) -> Option<HeaderValue> {
-    let mut value = HeaderValue::from_str(id).ok()?;
+/// `value`, marked never to be indexed by HTTP/2's header compression (HPACK), for values new
+/// in nearly every response: request ids, `Content-Range`. Indexed, each response's new value
+/// went into the connection's header table: the table filled with old ones (about 60 request
+/// ids in its 4 KiB), each response compared its value with all of them before adding its
+/// own, and the stable headers (ETag, `x-cache`, ...) were pushed out. HTTP/1.1 ignores the
+/// mark.
+pub fn never_indexed(mut value: HeaderValue) -> HeaderValue {
     value.set_sensitive(true);
-    Some(value)
+    value
+}
+
+/// The `x-amz-request-id` value of a response ([`never_indexed`]).
+pub fn request_id(id: &str) -> Option<HeaderValue> {
+    HeaderValue::from_str(id).ok().map(never_indexed)
 }
 
 /// Headers describing the object itself (not the range): ETag, Last-Modified, Accept-Ranges,
@@ -144,6 +149,9 @@ fn civil_from_days(days: u64) -> (u64, u64, u64) {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use std::time::{Duration, UNIX_EPOCH};
+
     /// Unmarked, HTTP/2 would add every response's id to its connection's header table.
     #[test]
     fn request_ids_are_never_indexed() {
@@ -151,9 +159,6 @@ mod tests {
         assert!(v.is_sensitive());
         assert_eq!(v, "0123456789ABCDEF");
     }
-
-    use super::*;
-    use std::time::{Duration, UNIX_EPOCH};
 
     #[test]
     fn maps_metadata_and_overrides() {

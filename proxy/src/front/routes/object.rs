@@ -19,7 +19,7 @@ use crate::model::{
 use crate::read::blocks::{CacheResult, InMemory};
 use crate::read::metadata::Source;
 use crate::s3::conditional::{self, Outcome};
-use crate::s3::headers::{has_any, names, object_headers};
+use crate::s3::headers::{has_any, names, never_indexed, object_headers};
 use crate::s3::request::ObjectQuery;
 use crate::s3::S3Error;
 use crate::telemetry::labels::XCache;
@@ -113,12 +113,10 @@ impl AppState {
             Resolved::Whole => (StatusCode::OK, 0, meta.size),
             Resolved::Partial { start, end } => {
                 let v = format!("bytes {}-{}/{}", start, end - 1, meta.size);
-                // Digits, a dash and a slash: always a valid header value. Never indexed by
-                // HTTP/2's HPACK: nearly every range is another, and indexed ones would fill the
-                // connection's header table as request ids did (`s3::headers::request_id`).
-                if let Ok(mut v) = HeaderValue::from_str(&v) {
-                    v.set_sensitive(true);
-                    out.insert(header::CONTENT_RANGE, v);
+                // Digits, a dash and a slash: always a valid header value. Nearly every range
+                // is another: never indexed.
+                if let Ok(v) = HeaderValue::from_str(&v) {
+                    out.insert(header::CONTENT_RANGE, never_indexed(v));
                 }
                 (StatusCode::PARTIAL_CONTENT, start, end)
             }
