@@ -106,9 +106,19 @@ where
 
     /// The value for `key`, if held.
     pub async fn get(&self, key: &K) -> Option<Bytes> {
+        self.get_counted(key, true).await
+    }
+
+    /// The value for `key`, if held, read by the request whose fetch brought it: not counted
+    /// as read again (the eviction hook's flag, which second-hit admission to disk relies on).
+    pub async fn get_fetched(&self, key: &K) -> Option<Bytes> {
+        self.get_counted(key, false).await
+    }
+
+    async fn get_counted(&self, key: &K, again: bool) -> Option<Bytes> {
         let held = self.cache.get(key).await?;
         // Load first: a hot value's flag is set once, not written by every reader.
-        if !held.read.load(Ordering::Relaxed) {
+        if again && !held.read.load(Ordering::Relaxed) {
             held.read.store(true, Ordering::Relaxed);
         }
         // Counted toward lending its bytes to sockets (`buffers`; small values return at once).
@@ -243,6 +253,9 @@ mod tests {
         tier.insert(1, Bytes::from(vec![0u8; 400])).await;
         tier.insert(2, Bytes::from(vec![0u8; 400])).await;
         tier.get(&2).await;
+        // Read only by the request that fetched it: not read again.
+        tier.insert(50, Bytes::from(vec![0u8; 400])).await;
+        assert!(tier.get_fetched(&50).await.is_some());
         for k in 3..40u32 {
             tier.insert(k, Bytes::from(vec![0u8; 400])).await;
             tier.get(&k).await;
@@ -252,6 +265,7 @@ mod tests {
         let seen = seen.lock();
         assert!(seen.contains(&(1, false)), "{seen:?}");
         assert!(seen.contains(&(2, true)), "{seen:?}");
+        assert!(seen.contains(&(50, false)), "{seen:?}");
     }
 
     #[tokio::test]

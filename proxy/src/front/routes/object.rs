@@ -140,8 +140,9 @@ impl AppState {
             self.blocks.fetch_behind(id, &etag, start..end, meta.size);
             return respond(Body::from_stream(body), XCache::Miss);
         }
-        let found = self.blocks.classify(id, &etag, start..end, meta.size);
-        let cache = label(found.result, opened.load(Ordering::Relaxed));
+        let mut found = self.blocks.classify(id, &etag, start..end, meta.size);
+        found.fetched_here = opened.load(Ordering::Relaxed);
+        let cache = label(found.result, found.fetched_here);
         let cache = cache.label(source == Source::Stale);
         self.blocks.read_ahead(id, &etag, start..end, meta.size);
         // Bytes that one block here holds need no stream of blocks opened ahead, and no wait

@@ -39,6 +39,10 @@ pub struct Found {
     /// here: [`BlockStore::read_in_one`] reads it by this key rather than make it again (each
     /// key made is the bucket, key and ETag hashed, about 3 % of a small hit).
     pub(super) block: Option<BlockId>,
+    /// Set by a request whose own upstream GET brought the block (a cold open, which may have
+    /// cached it before this look): its read is the block's first, not a read again, so it
+    /// must not count toward the block's admission to disk.
+    pub fetched_here: bool,
 }
 
 impl CacheResult {
@@ -118,6 +122,7 @@ impl BlockStore {
         Found {
             result,
             block: block.filter(|_| slices == 1),
+            fetched_here: false,
         }
     }
 }

@@ -365,7 +365,7 @@ impl BlockStore {
         let (slice, None, Some(id)) = (slices.next()?, slices.next(), found.block) else {
             return None;
         };
-        let found = found.result;
+        let (found, fetched_here) = (found.result, found.fetched_here);
         match found {
             CacheResult::HitMemory => {}
             // A block the disk gives only through its flight is `read`'s, looked up once.
@@ -374,7 +374,13 @@ impl BlockStore {
         }
         // Looked up in memory either way, as `read` does: the lookup counts in the memory
         // tier's admission of the block (TinyLFU), which promoting it from disk relies on.
-        let (bytes, room, source) = match self.cache.memory().get(&id).await {
+        let memory = self.cache.memory();
+        let in_memory = if fetched_here {
+            memory.get_fetched(&id).await
+        } else {
+            memory.get(&id).await
+        };
+        let (bytes, room, source) = match in_memory {
             Some(bytes) => {
                 // A block of another length is `read`'s to count and refuse (`checked`).
                 if bytes.len() as u64 != slice.block_len {

@@ -577,6 +577,7 @@ async fn a_read_within_one_block_in_memory_is_its_bytes_holding_their_room() {
     let told = |index| Found {
         result: CacheResult::HitMemory,
         block: Some(store.id(&id, &etag, index)),
+        fetched_here: false,
     };
     assert!(store
         .read_in_one(&id, 100..200, size, told(0))
