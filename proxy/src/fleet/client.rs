@@ -24,6 +24,29 @@ use super::seal;
 use super::wire::{self, FrameError, WireError};
 use crate::model::{BodyStream, ObjectId, ObjectMeta, UpstreamError};
 
+/// A request to `peer` carrying `signature` ([`HEADER`]).
+///
+/// The signature is marked never to be indexed by HTTP/2's header compression (HPACK), as `h2`
+/// already treats `Authorization`: it is new in every request (its time and path change), so
+/// indexed, each request's value went into the connection's header table, and each next one
+/// was compared with the old ones before being added too (the request ids' cost in
+/// docs/benchmarks.md, "The request id never indexed"). A secret-derived value is also what
+/// RFC 7541 (7.1.3) says an encoder should keep out of the table.
+fn signed_request(
+    method: http::Method,
+    peer: &str,
+    path_and_query: &str,
+    signature: &str,
+) -> Result<Request<Empty<Bytes>>, http::Error> {
+    let mut value = http::HeaderValue::from_str(signature)?;
+    value.set_sensitive(true);
+    Request::builder()
+        .method(method)
+        .uri(format!("http://{peer}{path_and_query}"))
+        .header(HEADER, value)
+        .body(Empty::new())
+}
+
 /// What a replica says about itself at `/v1/info`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Info {
@@ -123,11 +146,7 @@ impl PeerClient {
         path_and_query: String,
     ) -> Result<(StatusCode, BodyStream), PeerError> {
         let signature = self.secret.sign(method.as_str(), &path_and_query);
-        let request = Request::builder()
-            .method(method)
-            .uri(format!("http://{peer}{path_and_query}"))
-            .header(HEADER, &signature)
-            .body(Empty::new())
+        let request = signed_request(method, peer, &path_and_query, &signature)
             .map_err(|e| PeerError::unavailable("error", e))?;
         let response = match tokio::time::timeout(self.deadline, self.http.request(request)).await {
             Err(_) => return Err(PeerError::unavailable("timeout", "no answer in time")),
@@ -312,4 +331,29 @@ fn body_stream(body: hyper::body::Incoming) -> BodyStream {
     body.into_data_stream()
         .map_err(|e| UpstreamError::Transport(format!("peer body: {e}")))
         .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_requests_signature_is_never_indexed() {
+        let secret = PeerSecret::new(b"a fleet secret of some length").unwrap();
+        let signature = secret.sign("GET", "/v1/block?bucket=b&key=k");
+        let request = signed_request(
+            http::Method::GET,
+            "127.0.0.1:9000",
+            "/v1/block?bucket=b&key=k",
+            &signature,
+        )
+        .unwrap();
+        let value = &request.headers()[HEADER];
+        assert_eq!(value, signature.as_str());
+        assert!(value.is_sensitive());
+        assert_eq!(
+            request.uri(),
+            "http://127.0.0.1:9000/v1/block?bucket=b&key=k"
+        );
+    }
 }
