@@ -41,6 +41,39 @@ def test_object_headers_match_the_real_server(larder, direct, bucket):
     assert ours["ResponseMetadata"]["HTTPHeaders"]["x-amz-request-id"]
 
 
+def checksums(response):
+    return {k: v for k, v in response["ResponseMetadata"]["HTTPHeaders"].items() if k.startswith("x-amz-checksum")}
+
+
+def test_checksums_come_back_as_the_real_server_sends_them(larder, direct, bucket):
+    """The object's stored checksum reaches the client's SDK, which checks the bytes Larder
+    served against it: with the whole object when asked (`x-amz-checksum-mode: ENABLED`, which
+    boto3 sends with every GET and HEAD since 1.36), never with a range (whose bytes it would
+    fail) or when not asked."""
+    body = bytes(range(256)) * 1200
+    direct.put_object(Bucket=bucket, Key="summed", Body=body, ChecksumAlgorithm="SHA256")
+    via = larder.client()
+    theirs = direct.head_object(Bucket=bucket, Key="summed", ChecksumMode="ENABLED")
+    assert "x-amz-checksum-sha256" in checksums(theirs)
+    # A HEAD brings the checksums from the upstream; the GET after it answers from the metadata
+    # that HEAD cached (a GET opening the object itself asks for a range, and learns none).
+    assert checksums(via.head_object(Bucket=bucket, Key="summed", ChecksumMode="ENABLED")) == checksums(theirs)
+    got = via.get_object(Bucket=bucket, Key="summed", ChecksumMode="ENABLED")
+    assert checksums(got) == checksums(direct.get_object(Bucket=bucket, Key="summed", ChecksumMode="ENABLED"))
+    # botocore wraps a body it will check against the checksum as it is read, and raises if not.
+    assert type(got["Body"]).__name__ == "StreamingChecksumBody"
+    assert got["Body"].read() == body
+    for rng, want in (("bytes=0-9", body[:10]), ("bytes=0-", body)):
+        ours = via.get_object(Bucket=bucket, Key="summed", Range=rng, ChecksumMode="ENABLED")
+        theirs = direct.get_object(Bucket=bucket, Key="summed", Range=rng, ChecksumMode="ENABLED")
+        assert checksums(ours) == checksums(theirs) == {}, rng
+        assert ours["Body"].read() == want
+    # Not asked (an SDK told to check only where an operation requires it): S3 sends none.
+    plain = larder.client(response_checksum_validation="when_required").get_object(Bucket=bucket, Key="summed")
+    assert checksums(plain) == {}
+    assert plain["Body"].read() == body
+
+
 def test_response_overrides(larder, direct, bucket):
     direct.put_object(Bucket=bucket, Key="k", Body=b"hello", ContentType="text/plain")
     r = larder.client().get_object(Bucket=bucket, Key="k", ResponseContentType="application/x-custom",

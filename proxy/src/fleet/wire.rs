@@ -24,6 +24,9 @@ struct WireMeta {
     version_id: Option<String>,
     /// Header names and base64 values (a value need not be UTF-8).
     headers: Vec<(String, String)>,
+    /// The object's checksums, as `headers` (absent from a replica that predates them).
+    #[serde(default)]
+    checksums: Vec<(String, String)>,
     age_ms: u64,
 }
 
@@ -32,7 +35,6 @@ pub const MAX_META: usize = 64 * 1024;
 
 /// The frame heading an open's body: `meta` known for `age`.
 pub fn encode_meta(meta: &ObjectMeta, age: Duration) -> Bytes {
-    let b64 = base64::engine::general_purpose::STANDARD;
     let wire = WireMeta {
         size: meta.size,
         etag: meta.etag.to_string(),
@@ -41,11 +43,8 @@ pub fn encode_meta(meta: &ObjectMeta, age: Duration) -> Bytes {
             Some((d.as_secs(), d.subsec_nanos()))
         }),
         version_id: meta.version_id.clone(),
-        headers: meta
-            .headers
-            .iter()
-            .map(|(n, v)| (n.as_str().to_owned(), b64.encode(v.as_bytes())))
-            .collect(),
+        headers: encode_headers(&meta.headers),
+        checksums: encode_headers(&meta.checksums),
         // Rounded up: an asker must never take metadata for younger than it is (it weighs the
         // age against when it learnt of a change).
         age_ms: u64::try_from(age.as_micros().div_ceil(1000)).unwrap_or(u64::MAX),
@@ -85,18 +84,8 @@ pub fn decode_meta(buf: &mut BytesMut) -> Result<(ObjectMeta, Duration), FrameEr
     let json = buf.split_to(len);
     let wire: WireMeta =
         serde_json::from_slice(&json).map_err(|e| FrameError::Bad(e.to_string()))?;
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let mut headers = Vec::with_capacity(wire.headers.len());
-    for (name, value) in wire.headers {
-        let name =
-            HeaderName::from_bytes(name.as_bytes()).map_err(|e| FrameError::Bad(e.to_string()))?;
-        let value = b64
-            .decode(value)
-            .ok()
-            .and_then(|v| HeaderValue::from_bytes(&v).ok())
-            .ok_or_else(|| FrameError::Bad(format!("header {name}")))?;
-        headers.push((name, value));
-    }
+    let headers = decode_headers(wire.headers)?;
+    let checksums = decode_headers(wire.checksums)?;
     // Checked: `UNIX_EPOCH + secs` panics past what the clock can hold.
     let last_modified = match wire.last_modified {
         Some((s, n)) => Some(
@@ -112,9 +101,38 @@ pub fn decode_meta(buf: &mut BytesMut) -> Result<(ObjectMeta, Duration), FrameEr
         last_modified,
         version_id: wire.version_id,
         headers,
+        checksums,
         response_headers: Default::default(),
     };
     Ok((meta, Duration::from_millis(wire.age_ms)))
+}
+
+/// Headers as they travel: names, and values in base64 (a value need not be UTF-8).
+fn encode_headers(headers: &[(HeaderName, HeaderValue)]) -> Vec<(String, String)> {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    headers
+        .iter()
+        .map(|(n, v)| (n.as_str().to_owned(), b64.encode(v.as_bytes())))
+        .collect()
+}
+
+/// [`encode_headers`]'s output read back; a name or value that is not one is refused.
+fn decode_headers(
+    wire: Vec<(String, String)>,
+) -> Result<Vec<(HeaderName, HeaderValue)>, FrameError> {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut headers = Vec::with_capacity(wire.len());
+    for (name, value) in wire {
+        let name =
+            HeaderName::from_bytes(name.as_bytes()).map_err(|e| FrameError::Bad(e.to_string()))?;
+        let value = b64
+            .decode(value)
+            .ok()
+            .and_then(|v| HeaderValue::from_bytes(&v).ok())
+            .ok_or_else(|| FrameError::Bad(format!("header {name}")))?;
+        headers.push((name, value));
+    }
+    Ok(headers)
 }
 
 /// An error as it travels.
@@ -224,6 +242,10 @@ mod tests {
                     HeaderValue::from_bytes(b"\xe9t\xe9").unwrap(),
                 ),
             ],
+            checksums: vec![(
+                HeaderName::from_static("x-amz-checksum-crc32"),
+                HeaderValue::from_static("IKoeIg=="),
+            )],
             response_headers: Default::default(),
         };
         let mut buf = BytesMut::from(&encode_meta(&meta, Duration::from_millis(1500))[..]);
@@ -237,6 +259,16 @@ mod tests {
         assert_eq!(back, meta);
         assert_eq!(age, Duration::from_millis(1500));
         assert_eq!(&buf[..], b"block bytes");
+        // A replica that predates checksums sends none: read as none, the rest as sent.
+        let mut older: serde_json::Value =
+            serde_json::from_slice(&encode_meta(&meta, Duration::ZERO)[4..]).unwrap();
+        older.as_object_mut().unwrap().remove("checksums").unwrap();
+        let json = serde_json::to_vec(&older).unwrap();
+        let mut frame = BytesMut::from(&(json.len() as u32).to_le_bytes()[..]);
+        frame.extend_from_slice(&json);
+        let (back, _) = decode_meta(&mut frame).unwrap();
+        assert!(back.checksums.is_empty());
+        assert_eq!(back.headers, meta.headers);
         // A part of a millisecond counts as one: never younger than it is.
         let mut buf = BytesMut::from(&encode_meta(&meta, Duration::from_micros(1_500_001))[..]);
         assert_eq!(
@@ -259,6 +291,7 @@ mod tests {
             last_modified: Some(at(1_700_000_000)),
             version_id: None,
             headers: vec![],
+            checksums: vec![],
             response_headers: Default::default(),
         };
         let json = String::from_utf8(encode_meta(&meta, Duration::ZERO)[4..].to_vec()).unwrap();

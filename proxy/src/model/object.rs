@@ -53,6 +53,12 @@ pub struct ObjectMeta {
     /// Other headers S3 sends with the object (Content-Type, Cache-Control, `x-amz-meta-*`,
     /// storage class, ...), ready to send as they are.
     pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// The object's checksums as S3 stored them (`x-amz-checksum-crc32`, ..., and
+    /// `x-amz-checksum-type`), when the answer this came from carried them. S3 sends them only
+    /// with the whole object and only when asked (`x-amz-checksum-mode: ENABLED`), and a
+    /// response sends them back on the same terms: an SDK then checks the bytes Larder served
+    /// against what S3 stored. Not among [`Self::headers`], which every response carries.
+    pub checksums: Vec<(HeaderName, HeaderValue)>,
     /// The response headers made from the fields above, once (`s3::headers::object_headers`).
     /// Empty where an `ObjectMeta` is made: `Default::default()`.
     pub response_headers: ResponseHeaders,

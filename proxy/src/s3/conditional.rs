@@ -96,6 +96,7 @@ mod tests {
             last_modified: Some(UNIX_EPOCH + Duration::from_millis(1_700_000_000_500)),
             version_id: None,
             headers: vec![],
+            checksums: vec![],
             response_headers: Default::default(),
         }
     }

@@ -13,6 +13,7 @@ pub mod names {
 
     pub const X_AMZ_REQUEST_ID: HeaderName = HeaderName::from_static("x-amz-request-id");
     pub const X_AMZ_VERSION_ID: HeaderName = HeaderName::from_static("x-amz-version-id");
+    pub const X_AMZ_CHECKSUM_MODE: HeaderName = HeaderName::from_static("x-amz-checksum-mode");
     pub const X_AMZ_COPY_SOURCE: HeaderName = HeaderName::from_static("x-amz-copy-source");
     pub const X_AMZ_CONTENT_SHA256: HeaderName = HeaderName::from_static("x-amz-content-sha256");
     pub const X_AMZ_DATE: HeaderName = HeaderName::from_static("x-amz-date");
@@ -86,6 +87,14 @@ fn stored_headers(meta: &ObjectMeta) -> HeaderMap {
     // where the map made with room for the additions holds room for 12 or more. Every cached
     // entry keeps one once it has answered (docs/operations.md).
     h.clone()
+}
+
+/// Whether a GET or HEAD asks for the object's checksums (`x-amz-checksum-mode: ENABLED`, the
+/// one value S3 defines), which S3 then sends with the whole object, never with a range.
+pub fn wants_checksums(headers: &HeaderMap) -> bool {
+    headers
+        .get(names::X_AMZ_CHECKSUM_MODE)
+        .is_some_and(|v| v == "ENABLED")
 }
 
 /// Whether `headers` has any of `names`. One pass over the request's names, compared as they
@@ -177,6 +186,7 @@ mod tests {
                     HeaderValue::from_static("blue"),
                 ),
             ],
+            checksums: vec![],
             response_headers: Default::default(),
         };
         let h = object_headers(

@@ -100,6 +100,7 @@ impl Upstream for MemoryUpstream {
             last_modified: None,
             version_id: None,
             headers: vec![],
+            checksums: vec![],
             response_headers: Default::default(),
         })
     }
@@ -123,6 +124,7 @@ impl Upstream for MemoryUpstream {
             last_modified: None,
             version_id: None,
             headers: vec![],
+            checksums: vec![],
             response_headers: Default::default(),
         };
         Ok(Some((meta, body)))

@@ -36,6 +36,7 @@ use super::Upstream;
 use crate::model::{
     is_throttling_status, BodyStream, ByteRange, ObjectId, ObjectMeta, UpstreamError,
 };
+use crate::s3::headers::names;
 use crate::s3::request::Target;
 
 /// How to reach the upstream.
@@ -237,9 +238,14 @@ impl Upstream for S3Upstream {
     }
 
     async fn head(&self, object: &ObjectId) -> Result<ObjectMeta, UpstreamError> {
-        let answer = self
-            .object_request(Method::HEAD, object, HeaderMap::new())
-            .await?;
+        // The object's checksums come only when asked for; a GET's answer, always ranged here,
+        // never carries them.
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            names::X_AMZ_CHECKSUM_MODE,
+            HeaderValue::from_static("ENABLED"),
+        );
+        let answer = self.object_request(Method::HEAD, object, headers).await?;
         let size = content_length(answer.headers()).ok_or_else(|| UpstreamError::Service {
             status: 502,
             code: "InternalError".into(),
@@ -574,6 +580,17 @@ const OBJECT_HEADERS: &[&str] = &[
     "x-amz-missing-meta",
 ];
 
+/// The object checksums S3 stores and sends back when asked (`x-amz-checksum-mode`), with the
+/// kind of checksum they are (`FULL_OBJECT` or `COMPOSITE`, a multipart upload's).
+const CHECKSUM_HEADERS: &[&str] = &[
+    "x-amz-checksum-crc32",
+    "x-amz-checksum-crc32c",
+    "x-amz-checksum-crc64nvme",
+    "x-amz-checksum-sha1",
+    "x-amz-checksum-sha256",
+    "x-amz-checksum-type",
+];
+
 /// [`ObjectMeta`] from the headers of a GET's or HEAD's answer, the object `size` bytes long.
 fn object_meta(headers: &HeaderMap, size: u64, op: &str) -> Result<ObjectMeta, UpstreamError> {
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
@@ -593,12 +610,17 @@ fn object_meta(headers: &HeaderMap, size: u64, op: &str) -> Result<ObjectMeta, U
         .collect();
     user.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
     kept.extend(user);
+    let checksums = CHECKSUM_HEADERS
+        .iter()
+        .filter_map(|name| Some((HeaderName::from_static(name), headers.get(*name)?.clone())))
+        .collect();
     Ok(ObjectMeta {
         size,
         etag: etag.into(),
         last_modified: text("last-modified").and_then(|t| httpdate::parse_http_date(t).ok()),
         version_id: text("x-amz-version-id").map(str::to_owned),
         headers: kept,
+        checksums,
         response_headers: Default::default(),
     })
 }
@@ -730,6 +752,42 @@ mod tests {
             lower.contains("\r\nauthorization: aws4-hmac-sha256 credential=k/"),
             "{request}"
         );
+    }
+
+    /// A HEAD asks for the object's checksums, and keeps them apart from the headers every
+    /// response carries.
+    #[tokio::test]
+    async fn a_head_asks_for_and_keeps_the_objects_checksums() {
+        let headers = "etag: \"e1\"\r\ncontent-type: text/plain\r\n\
+            x-amz-checksum-crc32: IKoeIg==\r\nx-amz-checksum-type: FULL_OBJECT\r\n";
+        let head =
+            format!("HTTP/1.1 200 OK\r\n{headers}content-length: 10\r\nconnection: close\r\n\r\n");
+        let (url, server) = scripted_server(vec![head]).await;
+        let meta = origin(url).await.head(&id()).await.unwrap();
+        let pairs = |h: &[(HeaderName, HeaderValue)]| -> Vec<(String, String)> {
+            h.iter()
+                .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
+                .collect()
+        };
+        assert_eq!(
+            pairs(&meta.checksums),
+            [
+                ("x-amz-checksum-crc32".to_owned(), "IKoeIg==".to_owned()),
+                ("x-amz-checksum-type".to_owned(), "FULL_OBJECT".to_owned())
+            ]
+        );
+        assert_eq!(
+            pairs(&meta.headers),
+            [("content-type".to_owned(), "text/plain".to_owned())]
+        );
+        let request = server.await.unwrap()[0].to_ascii_lowercase();
+        assert!(request.starts_with("head /b/k http/1.1\r\n"), "{request}");
+        assert!(
+            request.contains("\r\nx-amz-checksum-mode: enabled\r\n"),
+            "{request}"
+        );
+        // Signed, as S3 requires of every `x-amz-` header sent.
+        assert!(request.contains("x-amz-checksum-mode;"), "{request}");
     }
 
     /// An error answer is the S3 error its document names (entities unescaped); a HEAD's,

@@ -19,7 +19,7 @@ use crate::model::{
 use crate::read::blocks::{CacheResult, InMemory};
 use crate::read::metadata::Source;
 use crate::s3::conditional::{self, Outcome};
-use crate::s3::headers::{has_any, names, never_indexed, object_headers};
+use crate::s3::headers::{has_any, names, never_indexed, object_headers, wants_checksums};
 use crate::s3::request::ObjectQuery;
 use crate::s3::S3Error;
 use crate::telemetry::labels::XCache;
@@ -123,6 +123,13 @@ impl AppState {
             Resolved::Unsatisfiable => return Ok(Err(S3Error::InvalidRange { size: meta.size })),
         };
         out.insert(header::CONTENT_LENGTH, HeaderValue::from(end - start));
+        // As S3 answers: the stored checksums with the whole object, when asked. The client's
+        // SDK then checks the bytes served here against them.
+        if status == StatusCode::OK && !meta.checksums.is_empty() && wants_checksums(headers) {
+            for (name, value) in &meta.checksums {
+                out.insert(name.clone(), value.clone());
+            }
+        }
         // Called once, on whichever path answers: the headers move into the response.
         let respond = move |body: Body, cache: XCache| {
             let mut response = Response::new(body);

@@ -87,6 +87,7 @@ impl Upstream for RateLimited {
             last_modified: None,
             version_id: None,
             headers: Vec::new(),
+            checksums: Vec::new(),
             response_headers: Default::default(),
         })
     }
