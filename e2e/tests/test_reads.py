@@ -330,6 +330,83 @@ def test_keys_with_any_valid_characters(larder, direct, bucket, workdir):
         assert out.read_bytes() == payload(100 + i, i), key
 
 
+def multipart(direct, bucket, key, parts):
+    """Upload `parts` as one multipart object at `key`, in that order."""
+    up = direct.create_multipart_upload(Bucket=bucket, Key=key)
+    done = [{"PartNumber": i + 1, "ETag": direct.upload_part(Bucket=bucket, Key=key, UploadId=up["UploadId"],
+                                                             PartNumber=i + 1, Body=p)["ETag"]}
+            for i, p in enumerate(parts)]
+    direct.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=up["UploadId"],
+                                     MultipartUpload={"Parts": done})
+
+
+def test_parts_of_a_multipart_upload_come_from_the_cache_once_their_place_is_known(larder, direct, bucket,
+                                                                                  upstream):
+    """A `partNumber` read (boto3's `PartNumber`; the AWS SDK for Java's multipart download reads
+    every part so) passes through the first time, and the real server's 206 says where the part
+    lies. From then on, while the object keeps that ETag, the part is read from the cache and
+    answered as the server answers it. A write through Larder sends the next read of a part
+    upstream again, and the new object's parts are learnt anew."""
+    from test_headers_errors import error_of, object_headers
+    parts = [payload(5 * MiB, 41), payload(5 * MiB, 42), payload(2 * MiB + 3, 43)]
+    multipart(direct, bucket, "mp", parts)
+    direct.put_object(Bucket=bucket, Key="single", Body=payload(1000, 44))
+    via = larder.client()
+    upstream.reset()
+
+    def read(key, n, head=False):
+        if head:
+            r = via.head_object(Bucket=bucket, Key=key, PartNumber=n)
+            theirs = direct.head_object(Bucket=bucket, Key=key, PartNumber=n)
+        else:
+            r = via.get_object(Bucket=bucket, Key=key, PartNumber=n)
+            theirs = direct.get_object(Bucket=bucket, Key=key, PartNumber=n)
+            got, want = r["Body"].read(), theirs["Body"].read()
+            assert got == want, (key, n)
+        assert r["ResponseMetadata"]["HTTPStatusCode"] == theirs["ResponseMetadata"]["HTTPStatusCode"] == 206
+        assert object_headers(r) == object_headers(theirs), (key, n)
+        return r["ResponseMetadata"]["HTTPHeaders"]["x-cache"]
+
+    # The first read of each part passes through; the second finds where it lies (the object's
+    # metadata and bytes fetched as that range); the third is a hit.
+    for n in (1, 2, 3):
+        assert read("mp", n) == "pass", n
+    for n in (1, 2, 3):
+        assert read("mp", n) == "miss", n
+    # The second reads completed the blocks under the parts behind them (`complete_block_after`);
+    # a read while a block is still arriving joins it.
+    for n in (2, 3):
+        wait_until(lambda: read("mp", n) == "hit-memory", 10, f"part {n} from memory")
+    gets = len(upstream.seen(None, f"/{bucket}/mp"))
+    for n in (3, 1, 2):
+        assert read("mp", n) == "hit-memory", n
+        assert read("mp", n, head=True) == "hit-memory", n
+    assert len(upstream.seen(None, f"/{bucket}/mp")) == gets, upstream.seen(None, f"/{bucket}/mp")
+    assert via.get_object(Bucket=bucket, Key="mp", PartNumber=2)["PartsCount"] == 3
+    # An object uploaded whole has one part, the whole object (206, no count of parts).
+    for expected in ("pass", "miss", "hit-memory"):
+        assert read("single", 1) == expected
+    # What S3 refuses is still S3's to refuse: a part past the last, a part with a range.
+    for key, n in (("mp", 4), ("single", 2)):
+        assert error_of(via.get_object, Bucket=bucket, Key=key, PartNumber=n) == \
+            error_of(direct.get_object, Bucket=bucket, Key=key, PartNumber=n) == (416, "InvalidPartNumber")
+    assert error_of(via.get_object, Bucket=bucket, Key="mp", PartNumber=2, Range="bytes=0-9") == \
+        error_of(direct.get_object, Bucket=bucket, Key="mp", PartNumber=2, Range="bytes=0-9")
+    # Written again (through Larder, which forgets its metadata), as two parts of other sizes:
+    # no part is answered from the old layout.
+    parts = [payload(6 * MiB, 45), payload(MiB, 46)]
+    up = via.create_multipart_upload(Bucket=bucket, Key="mp")
+    done = [{"PartNumber": i + 1, "ETag": via.upload_part(Bucket=bucket, Key="mp", UploadId=up["UploadId"],
+                                                          PartNumber=i + 1, Body=p)["ETag"]}
+            for i, p in enumerate(parts)]
+    via.complete_multipart_upload(Bucket=bucket, Key="mp", UploadId=up["UploadId"], MultipartUpload={"Parts": done})
+    for n in (1, 2):
+        assert read("mp", n) == "pass", n
+    assert error_of(via.get_object, Bucket=bucket, Key="mp", PartNumber=3) == (416, "InvalidPartNumber")
+    for n in (2, 1):
+        wait_until(lambda: read("mp", n) == "hit-memory", 10, f"the new part {n} from memory")
+
+
 def test_version_id_reads_return_that_version_cached_apart(larder, direct, bucket, upstream):
     direct.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
     v1, v2 = payload(BLOCK + 10, 31), payload(3000, 32)

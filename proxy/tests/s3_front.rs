@@ -41,6 +41,7 @@ fn app(origin: Arc<MemoryUpstream>) -> Arc<AppState> {
         forwarder: Arc::new(common::forwarder_to_nowhere()),
         freshness: Arc::new(Freshness::local(metadata.clone(), metrics.clone())),
         listings: None,
+        parts: Default::default(),
         metadata,
         blocks: Arc::new(BlockStore::new(config, origin.clone(), metrics.clone())),
         origin,

@@ -10,5 +10,5 @@ mod object;
 pub mod range;
 
 pub use error::{is_throttling_status, BodyStream, UpstreamError, UpstreamOutcome};
-pub use object::{ObjectId, ObjectMeta, ResponseHeaders};
+pub use object::{ObjectId, ObjectMeta, PartNumber, PartSpan, ResponseHeaders};
 pub use range::ByteRange;

@@ -38,6 +38,49 @@ impl fmt::Display for ObjectId {
     }
 }
 
+/// The number of a part of a multipart upload, 1 to 10,000 (S3's limits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PartNumber(u16);
+
+impl PartNumber {
+    /// `text` as a part number, when it is one in its only canonical spelling.
+    pub fn parse(text: &str) -> Option<Self> {
+        let n: u16 = text.parse().ok()?;
+        ((1..=10_000).contains(&n)
+            && text.bytes().all(|b| b.is_ascii_digit())
+            && n.to_string() == text)
+            .then_some(Self(n))
+    }
+
+    /// The number.
+    pub fn get(self) -> u16 {
+        self.0
+    }
+}
+
+/// Where one part of a multipart upload lies in its object, as the upstream answered a
+/// `partNumber` read of it. The upload fixed it, so it holds while the object keeps the ETag and
+/// size it was learnt with ([`PartSpan::fits`]), and a read may then be answered from the
+/// cache as the range it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartSpan {
+    /// The object's ETag when the part was read.
+    pub etag: Arc<str>,
+    /// The object's size then.
+    pub size: u64,
+    /// The part's bytes in the object (never empty).
+    pub bytes: std::ops::Range<u64>,
+    /// How many parts the upload has (`x-amz-mp-parts-count`), when the upstream said.
+    pub parts_count: Option<u32>,
+}
+
+impl PartSpan {
+    /// Whether the span describes the object `meta` describes.
+    pub fn fits(&self, meta: &ObjectMeta) -> bool {
+        self.size == meta.size && *self.etag == *meta.etag && self.bytes.end <= meta.size
+    }
+}
+
 /// What the upstream says about an object, enough to answer GET and HEAD without it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectMeta {
@@ -103,5 +146,20 @@ impl fmt::Debug for ResponseHeaders {
         } else {
             "not made"
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_part_number_is_read_only_in_its_canonical_spelling() {
+        for (text, want) in [("1", Some(1)), ("10000", Some(10_000)), ("347", Some(347))] {
+            assert_eq!(PartNumber::parse(text).map(PartNumber::get), want, "{text}");
+        }
+        for text in ["0", "10001", "02", "+2", "-1", " 2", "2 ", "", "x", "65536"] {
+            assert_eq!(PartNumber::parse(text), None, "{text}");
+        }
     }
 }

@@ -1,10 +1,12 @@
 //! The headers of a GET or HEAD response, built from cached object metadata.
 
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::StatusCode;
 
-use crate::model::ObjectMeta;
+use crate::model::{ObjectMeta, PartSpan};
 
 /// The S3 headers every read looks for or sets, named once. A lookup by `&str` parses and
 /// checks the name on every call; a `HeaderName` is parsed here, at compile time.
@@ -25,6 +27,8 @@ pub mod names {
     pub const X_AMZ_EXPECTED_BUCKET_OWNER: HeaderName =
         HeaderName::from_static("x-amz-expected-bucket-owner");
     pub const X_AMZ_REQUEST_PAYER: HeaderName = HeaderName::from_static("x-amz-request-payer");
+    /// How many parts a multipart upload has, with a `partNumber` read's answer.
+    pub const X_AMZ_MP_PARTS_COUNT: HeaderName = HeaderName::from_static("x-amz-mp-parts-count");
     /// Where Larder found the bytes (`hit-memory`, `miss`, ...).
     pub const X_CACHE: HeaderName = HeaderName::from_static("x-cache");
 }
@@ -43,6 +47,48 @@ pub fn never_indexed(mut value: HeaderValue) -> HeaderValue {
 /// The `x-amz-request-id` value of a response ([`never_indexed`]).
 pub fn request_id(id: &str) -> Option<HeaderValue> {
     HeaderValue::from_str(id).ok().map(never_indexed)
+}
+
+/// Where the part lies that the upstream answered a `partNumber` GET or HEAD with: a 206 whose
+/// `Content-Range` (`bytes <first>-<last>/<size>`) names the part's bytes, with the object's
+/// ETag and, for a multipart object, `x-amz-mp-parts-count`. `None` for any other answer
+/// (an error, a 200, a malformed or empty range, a length that disagrees with it).
+pub fn part_span(status: StatusCode, headers: &HeaderMap) -> Option<PartSpan> {
+    if status != StatusCode::PARTIAL_CONTENT {
+        return None;
+    }
+    let text = |name| {
+        headers
+            .get(name)
+            .and_then(|v: &HeaderValue| v.to_str().ok())
+    };
+    let (first, rest) = text(header::CONTENT_RANGE)?
+        .strip_prefix("bytes ")?
+        .split_once('-')?;
+    let (last, size) = rest.split_once('/')?;
+    let number = |s: &str| {
+        s.bytes()
+            .all(|b| b.is_ascii_digit())
+            .then(|| s.parse().ok())?
+    };
+    let (first, last, size): (u64, u64, u64) = (number(first)?, number(last)?, number(size)?);
+    if first > last || last >= size {
+        return None;
+    }
+    let bytes = first..last + 1;
+    if text(header::CONTENT_LENGTH).is_some_and(|v| v.parse() != Ok(bytes.end - bytes.start)) {
+        return None;
+    }
+    let parts_count = match text(names::X_AMZ_MP_PARTS_COUNT) {
+        Some(v) => Some(v.parse().ok()?),
+        None => None,
+    };
+    Some(PartSpan {
+        etag: Arc::from(text(header::ETAG)?),
+        size,
+        bytes,
+        parts_count,
+    })
 }
 
 /// Headers describing the object itself (not the range): ETag, Last-Modified, Accept-Ranges,
@@ -160,6 +206,60 @@ fn civil_from_days(days: u64) -> (u64, u64, u64) {
 mod tests {
     use super::*;
     use std::time::{Duration, UNIX_EPOCH};
+
+    fn answer(pairs: &[(&str, &str)]) -> HeaderMap {
+        pairs
+            .iter()
+            .map(|(n, v)| {
+                (
+                    HeaderName::from_bytes(n.as_bytes()).expect("a header name"),
+                    HeaderValue::from_str(v).expect("a header value"),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_part_is_where_the_upstreams_206_puts_it() {
+        let part = [
+            ("content-range", "bytes 5242880-10485759/12582912"),
+            ("content-length", "5242880"),
+            ("etag", "\"ee16-3\""),
+            ("x-amz-mp-parts-count", "3"),
+        ];
+        let span = part_span(StatusCode::PARTIAL_CONTENT, &answer(&part)).expect("a part");
+        assert_eq!(span.bytes, 5_242_880..10_485_760);
+        assert_eq!((span.size, span.parts_count), (12_582_912, Some(3)));
+        assert_eq!(&*span.etag, "\"ee16-3\"");
+        // An object uploaded whole: its one part, and no count.
+        let whole = [("content-range", "bytes 0-999/1000"), ("etag", "\"e\"")];
+        let span = part_span(StatusCode::PARTIAL_CONTENT, &answer(&whole)).expect("a part");
+        assert_eq!((span.bytes, span.parts_count), (0..1000, None));
+        assert_eq!(part_span(StatusCode::OK, &answer(&part)), None);
+        for (name, bad) in [
+            ("content-range", "bytes 10-9/100"),
+            ("content-range", "bytes 0-100/100"),
+            ("content-range", "bytes 0--1/0"),
+            ("content-range", "bytes */100"),
+            ("content-range", "bytes +0-9/100"),
+            ("content-length", "5242881"),
+            ("x-amz-mp-parts-count", "three"),
+        ] {
+            let mut headers = answer(&part);
+            headers.insert(
+                HeaderName::from_bytes(name.as_bytes()).expect("a header name"),
+                HeaderValue::from_static(bad),
+            );
+            assert_eq!(
+                part_span(StatusCode::PARTIAL_CONTENT, &headers),
+                None,
+                "{bad}"
+            );
+        }
+        let mut no_etag = answer(&part);
+        no_etag.remove(header::ETAG);
+        assert_eq!(part_span(StatusCode::PARTIAL_CONTENT, &no_etag), None);
+    }
 
     /// Unmarked, HTTP/2 would add every response's id to its connection's header table.
     #[test]

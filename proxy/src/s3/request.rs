@@ -6,6 +6,7 @@ use percent_encoding::percent_decode_str;
 
 use super::error::S3Error;
 use super::query::Query;
+use crate::model::PartNumber;
 
 /// Longest key S3 accepts, in bytes of UTF-8.
 pub const MAX_KEY_LEN: usize = 1024;
@@ -201,6 +202,12 @@ impl ObjectQuery {
         let mut q = ObjectQuery::default();
         for (name, value) in query.iter() {
             match name {
+                // Named twice, the request is left to S3 to read (it passes through as
+                // signed): the cache would act on one value, and a part's layout learnt from
+                // S3's answer must be the part S3 read.
+                "versionId" | "partNumber" if q.names(name).is_some() => {
+                    q.other.push(name.to_owned())
+                }
                 "versionId" => q.version_id = Some(value.to_owned()),
                 "partNumber" => q.part_number = Some(value.to_owned()),
                 // Added by the AWS SDKs for routing; not a sub-resource.
@@ -224,6 +231,21 @@ impl ObjectQuery {
             }
         }
         q
+    }
+
+    /// The value of `versionId` or `partNumber` already taken.
+    fn names(&self, name: &str) -> Option<&str> {
+        match name {
+            "versionId" => self.version_id.as_deref(),
+            _ => self.part_number.as_deref(),
+        }
+    }
+
+    /// The part a `partNumber` read asks for, as S3 reads it: 1 to 10,000, in plain digits
+    /// (no sign, no leading zero, so the number the cache acts on is the one S3 read).
+    /// `None` without one, or for any other spelling, which S3 is left to answer.
+    pub fn part(&self) -> Option<PartNumber> {
+        PartNumber::parse(self.part_number.as_deref()?)
     }
 }
 
@@ -318,5 +340,16 @@ mod tests {
         assert_eq!(q.other, vec!["tagging".to_owned()]);
         let q = ObjectQuery::parse(Some("x-amz-request-payer=requester"));
         assert_eq!(q.other, vec!["x-amz-request-payer".to_owned()]);
+    }
+
+    #[test]
+    fn a_parameter_the_cache_acts_on_named_twice_is_left_to_s3() {
+        for query in ["partNumber=1&partNumber=2", "versionId=a&versionId=b"] {
+            let q = ObjectQuery::parse(Some(query));
+            assert_eq!(q.other.len(), 1, "{query}");
+        }
+        let q = ObjectQuery::parse(Some("partNumber=2&versionId=a"));
+        assert!(q.other.is_empty());
+        assert_eq!(q.part().map(PartNumber::get), Some(2));
     }
 }

@@ -25,6 +25,7 @@ use crate::freshness::Freshness;
 use crate::read::blocks::BlockStore;
 use crate::read::listing::ListingCache;
 use crate::read::metadata::MetadataCache;
+use crate::read::parts::PartLayouts;
 use crate::s3::copy_source::CopySource;
 use crate::s3::headers::names;
 use crate::s3::operation::{self, Operation};
@@ -38,10 +39,11 @@ use crate::upstream::Upstream;
 
 mod listing;
 mod object;
+mod part;
 mod pass_through;
 mod timed;
 
-use object::{cacheable, declares_kms};
+use object::{cacheable, cacheable_part, declares_kms};
 use timed::{ResponseDone, TimedBody};
 
 /// A request's answer and its `X-Cache` value, or its S3 error.
@@ -57,6 +59,8 @@ pub struct AppState {
     pub metadata: Arc<MetadataCache>,
     /// Block data.
     pub blocks: Arc<BlockStore>,
+    /// Where the parts of multipart uploads lie, as `partNumber` reads found them.
+    pub parts: PartLayouts,
     /// Listing pages (`list_ttl`), when any may be cached.
     pub listings: Option<Arc<ListingCache>>,
     /// What a write through Larder drops, here and in the fleet.
@@ -224,8 +228,13 @@ impl AppState {
             return (operation, bucket, Err(e));
         }
         // The target is moved into what answers it: a read takes its bucket and key as they are.
-        let result = match (&req.method, target) {
-            (&Method::GET | &Method::HEAD, Target::Object { .. })
+        // A read of one part of a multipart upload, which the cache may answer.
+        let part = match &target {
+            Target::Object { key, .. } => cacheable_part(key, &query, &req.headers),
+            _ => None,
+        };
+        let result = match (&req.method, target, part) {
+            (&Method::GET | &Method::HEAD, Target::Object { .. }, _)
                 if declares_kms(&req.headers) =>
             {
                 Err(S3Error::InvalidArgument(
@@ -233,13 +242,18 @@ impl AppState {
                         .into(),
                 ))
             }
-            (&Method::GET | &Method::HEAD, Target::Object { bucket, key })
+            (&Method::GET | &Method::HEAD, Target::Object { bucket, key }, _)
                 if cacheable(&key, &query, &req.headers) =>
             {
                 let head = req.method == Method::HEAD;
                 self.object(&req, bucket, key, &query, head).await
             }
-            (_, target) => match self.listing(&req, &target) {
+            (&Method::GET | &Method::HEAD, Target::Object { bucket, key }, Some(part)) => {
+                let read =
+                    self.object_part(req, body, bucket, key, &query, part, principal, operation);
+                Box::pin(read).await
+            }
+            (_, target, _) => match self.listing(&req, &target) {
                 Some(list) => {
                     Box::pin(self.list(req, body, target, principal, operation, list)).await
                 }

@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 
 use crate::model::{
     range::{self, ByteRange, Resolved},
-    BodyStream, ObjectId, ObjectMeta, UpstreamError,
+    BodyStream, ObjectId, ObjectMeta, PartNumber, PartSpan, UpstreamError,
 };
 use crate::read::blocks::{CacheResult, InMemory};
 use crate::read::metadata::Source;
@@ -35,27 +35,40 @@ impl AppState {
         query: &ObjectQuery,
         head: bool,
     ) -> Handled {
-        let id = ObjectId {
-            bucket,
-            key,
-            version_id: query.version_id.as_deref().map(Arc::from),
-        };
+        let id = object_id(bucket, key, query);
+        // Without a part, every read is answered here.
+        self.answer(&req.headers, &id, query, head, None)
+            .await
+            .unwrap_or(Err(S3Error::InternalError))
+    }
+
+    /// A GET or HEAD of `id` from the caches, of the range its headers ask for or of part
+    /// `part`. `Err(NotThisPart)`: the object does not fit the part's span (nothing was sent).
+    pub(super) async fn answer(
+        &self,
+        headers: &HeaderMap,
+        id: &ObjectId,
+        query: &ObjectQuery,
+        head: bool,
+        part: Option<&PartSpan>,
+    ) -> Result<Handled, NotThisPart> {
         // One retry: if the object changed upstream after its metadata was cached, the first block
         // fetch says so (If-Match) before anything was sent, and we start over with fresh metadata.
         let mut retried = false;
         loop {
-            match self.object_once(&req.headers, &id, query, head).await {
-                Err(Retry) if !retried => {
+            match self.object_once(headers, id, query, head, part).await {
+                Err(Again::Changed) if !retried => {
                     retried = true;
                     // Boxed: a path a hit never takes (see `MetadataCache::lookup_once`).
-                    Box::pin(self.metadata.invalidate(&id)).await;
+                    Box::pin(self.metadata.invalidate(id)).await;
                 }
-                Err(Retry) => {
-                    return Err(S3Error::ServiceUnavailable(
+                Err(Again::Changed) => {
+                    return Ok(Err(S3Error::ServiceUnavailable(
                         "the object kept changing while it was read".into(),
-                    ))
+                    )))
                 }
-                Ok(handled) => return handled,
+                Err(Again::NotThisPart) => return Err(NotThisPart),
+                Ok(handled) => return Ok(handled),
             }
         }
     }
@@ -66,12 +79,20 @@ impl AppState {
         id: &ObjectId,
         query: &ObjectQuery,
         head: bool,
-    ) -> Result<Handled, Retry> {
-        // Parsed once; `None` is no header or one S3 ignores (the whole object).
-        let range = headers
-            .get(header::RANGE)
-            .and_then(|v| v.to_str().ok())
-            .and_then(ByteRange::parse);
+        part: Option<&PartSpan>,
+    ) -> Result<Handled, Again> {
+        // Parsed once; `None` is no header or one S3 ignores (the whole object). A part is the
+        // range it was learnt to be (a read of a part has no Range header: S3 refuses both).
+        let range = match part {
+            Some(span) => Some(ByteRange::FromTo {
+                first: span.bytes.start,
+                last: Some(span.bytes.end - 1),
+            }),
+            None => headers
+                .get(header::RANGE)
+                .and_then(|v| v.to_str().ok())
+                .and_then(ByteRange::parse),
+        };
         let opened = AtomicBool::new(false);
         let tail = Mutex::new(None);
         // A hit asks the metadata cache once; what a miss needs is only asked on a miss (which
@@ -88,6 +109,10 @@ impl AppState {
                 return Ok(Err(Box::pin(self.explain(e, id, head, from_head)).await))
             }
         };
+        // A part is read from the cache only from the object it was learnt from.
+        if part.is_some_and(|span| !span.fits(&meta)) {
+            return Err(Again::NotThisPart);
+        }
         // For answers without a body, X-Cache says where the metadata came from.
         let meta_cache = match source {
             Source::Cached => XCache::HitMemory,
@@ -109,7 +134,21 @@ impl AppState {
             }
             Outcome::PreconditionFailed => return Ok(Err(S3Error::PreconditionFailed)),
         }
-        let (status, start, end) = match range::resolve_parsed(range, meta.size) {
+        // A part is answered as S3 answers it: a 206 with its range, even when it is the whole
+        // object (an object uploaded in one part), and the upload's number of parts.
+        let resolved = match part {
+            Some(span) => {
+                if let Some(n) = span.parts_count {
+                    out.insert(names::X_AMZ_MP_PARTS_COUNT, HeaderValue::from(n));
+                }
+                Resolved::Partial {
+                    start: span.bytes.start,
+                    end: span.bytes.end,
+                }
+            }
+            None => range::resolve_parsed(range, meta.size),
+        };
+        let (status, start, end) = match resolved {
             Resolved::Whole => (StatusCode::OK, 0, meta.size),
             Resolved::Partial { start, end } => {
                 let v = format!("bytes {}-{}/{}", start, end - 1, meta.size);
@@ -168,7 +207,7 @@ impl AppState {
         // becomes a proper S3 error instead of a broken body.
         let first = match body.next().await {
             Some(Ok(first)) => first,
-            Some(Err(UpstreamError::Changed)) => return Err(Retry),
+            Some(Err(UpstreamError::Changed)) => return Err(Again::Changed),
             Some(Err(e)) => return Ok(Err(Box::pin(self.explain(e, id, head, false)).await)),
             None => return Ok(Err(S3Error::InternalError)),
         };
@@ -275,7 +314,7 @@ impl AppState {
 
 /// Whether a GET or HEAD of an object can be answered from the cache: no sub-resource
 /// (`?tagging`, `?acl`, `?attributes`...), no `partNumber` (parts are addressed by the upload's
-/// layout, which the cache does not know), and no SSE-C (the key must reach S3, and the bytes must
+/// layout: see [`cacheable_part`]), and no SSE-C (the key must reach S3, and the bytes must
 /// never be stored).
 ///
 /// Nor when the request carries a header that S3 checks against the bucket or the caller
@@ -285,10 +324,25 @@ impl AppState {
 /// Nor a key made only of white space: the upstream client library refuses to build a request
 /// for it, so it goes through the pass-through, which addresses any key.
 pub(super) fn cacheable(key: &str, query: &ObjectQuery, headers: &HeaderMap) -> bool {
-    !key.trim().is_empty()
-        && query.other.is_empty()
-        && query.part_number.is_none()
-        && !has_any(headers, &NOT_CACHED)
+    query.part_number.is_none() && cacheable_but_for_the_part(key, query, headers)
+}
+
+/// The part a `partNumber` GET or HEAD reads, when the cache may answer it once it knows where
+/// the part lies (`read::parts`): as [`cacheable`] but for the part, one number in its canonical
+/// spelling ([`ObjectQuery::part`]), and no `Range`, which S3 refuses beside a part number (and is
+/// left to say so).
+pub(super) fn cacheable_part(
+    key: &str,
+    query: &ObjectQuery,
+    headers: &HeaderMap,
+) -> Option<PartNumber> {
+    let part = query.part()?;
+    (!headers.contains_key(header::RANGE) && cacheable_but_for_the_part(key, query, headers))
+        .then_some(part)
+}
+
+fn cacheable_but_for_the_part(key: &str, query: &ObjectQuery, headers: &HeaderMap) -> bool {
+    !key.trim().is_empty() && query.other.is_empty() && !has_any(headers, &NOT_CACHED)
 }
 
 /// Headers that make a read go to S3: see [`cacheable`].
@@ -341,8 +395,25 @@ impl http_body::Body for InMemoryBody {
     }
 }
 
-/// The object changed upstream between reading its metadata and its first block.
-struct Retry;
+/// Why a read from the caches starts over, or stops before answering.
+enum Again {
+    /// The object changed upstream between reading its metadata and its first block.
+    Changed,
+    /// The object is not the one a part's span was learnt from.
+    NotThisPart,
+}
+
+/// A part's span does not fit the object as it is now: the read must pass through.
+pub(super) struct NotThisPart;
+
+/// The object (or version) a GET or HEAD names.
+pub(super) fn object_id(bucket: Arc<str>, key: Arc<str>, query: &ObjectQuery) -> ObjectId {
+    ObjectId {
+        bucket,
+        key,
+        version_id: query.version_id.as_deref().map(Arc::from),
+    }
+}
 
 /// The `X-Cache` answer of a read whose blocks were found as `found`; `opened`: this request's
 /// own GETs brought the object's metadata with its first blocks. Then what it finds of those

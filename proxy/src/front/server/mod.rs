@@ -356,6 +356,7 @@ pub async fn start(
         forwarder: forwarder.clone(),
         metadata: metadata.clone(),
         blocks: blocks.clone(),
+        parts: Default::default(),
         listings,
         freshness: freshness.clone(),
         origin,
