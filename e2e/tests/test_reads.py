@@ -330,12 +330,17 @@ def test_keys_with_any_valid_characters(larder, direct, bucket, workdir):
         assert out.read_bytes() == payload(100 + i, i), key
 
 
-def multipart(direct, bucket, key, parts):
-    """Upload `parts` as one multipart object at `key`, in that order."""
-    up = direct.create_multipart_upload(Bucket=bucket, Key=key)
-    done = [{"PartNumber": i + 1, "ETag": direct.upload_part(Bucket=bucket, Key=key, UploadId=up["UploadId"],
-                                                             PartNumber=i + 1, Body=p)["ETag"]}
-            for i, p in enumerate(parts)]
+def multipart(direct, bucket, key, parts, **checksum):
+    """Upload `parts` as one multipart object at `key`, in that order (with `ChecksumAlgorithm=`,
+    the server stores each part's checksum of that kind)."""
+    up = direct.create_multipart_upload(Bucket=bucket, Key=key, **checksum)
+    done = []
+    for i, p in enumerate(parts):
+        sent = direct.upload_part(Bucket=bucket, Key=key, UploadId=up["UploadId"], PartNumber=i + 1, Body=p,
+                                  **checksum)
+        # A part's checksum, when stored, is named again on completion.
+        sums = {k: v for k, v in sent.items() if k.startswith("Checksum") and k[8:] in checksum.values()}
+        done.append({"PartNumber": i + 1, "ETag": sent["ETag"], **sums})
     direct.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=up["UploadId"],
                                      MultipartUpload={"Parts": done})
 
@@ -345,11 +350,12 @@ def test_parts_of_a_multipart_upload_come_from_the_cache_once_their_place_is_kno
     """A `partNumber` read (boto3's `PartNumber`; the AWS SDK for Java's multipart download reads
     every part so) passes through the first time, and the real server's 206 says where the part
     lies. From then on, while the object keeps that ETag, the part is read from the cache and
-    answered as the server answers it. A write through Larder sends the next read of a part
-    upstream again, and the new object's parts are learnt anew."""
-    from test_headers_errors import error_of, object_headers
+    answered as the server answers it, with the part's own checksum (boto3 asks for checksums on
+    every read, and checks the part's bytes against it). A write through Larder sends the next
+    read of a part upstream again, and the new object's parts are learnt anew."""
+    from test_headers_errors import checksums, error_of, object_headers
     parts = [payload(5 * MiB, 41), payload(5 * MiB, 42), payload(2 * MiB + 3, 43)]
-    multipart(direct, bucket, "mp", parts)
+    multipart(direct, bucket, "mp", parts, ChecksumAlgorithm="CRC32")
     direct.put_object(Bucket=bucket, Key="single", Body=payload(1000, 44))
     via = larder.client()
     upstream.reset()
@@ -365,6 +371,7 @@ def test_parts_of_a_multipart_upload_come_from_the_cache_once_their_place_is_kno
             assert got == want, (key, n)
         assert r["ResponseMetadata"]["HTTPStatusCode"] == theirs["ResponseMetadata"]["HTTPStatusCode"] == 206
         assert object_headers(r) == object_headers(theirs), (key, n)
+        assert checksums(r) == checksums(theirs), (key, n)
         return r["ResponseMetadata"]["HTTPHeaders"]["x-cache"]
 
     # The first read of each part passes through; the second finds where it lies (the object's
@@ -382,7 +389,13 @@ def test_parts_of_a_multipart_upload_come_from_the_cache_once_their_place_is_kno
         assert read("mp", n) == "hit-memory", n
         assert read("mp", n, head=True) == "hit-memory", n
     assert len(upstream.seen(None, f"/{bucket}/mp")) == gets, upstream.seen(None, f"/{bucket}/mp")
-    assert via.get_object(Bucket=bucket, Key="mp", PartNumber=2)["PartsCount"] == 3
+    cached = via.get_object(Bucket=bucket, Key="mp", PartNumber=2)
+    assert cached["PartsCount"] == 3
+    # The upload stored a CRC32 of each part, which the server sends with the part and botocore
+    # checks the body against as it is read.
+    assert "x-amz-checksum-crc32" in checksums(cached)
+    assert type(cached["Body"]).__name__ == "StreamingChecksumBody"
+    assert cached["Body"].read() == parts[1]
     # An object uploaded whole has one part, the whole object (206, no count of parts).
     for expected in ("pass", "miss", "hit-memory"):
         assert read("single", 1) == expected

@@ -72,6 +72,9 @@ pub struct PartSpan {
     pub bytes: std::ops::Range<u64>,
     /// How many parts the upload has (`x-amz-mp-parts-count`), when the upstream said.
     pub parts_count: Option<u32>,
+    /// The part's own checksums as the upstream sent them (when the read asked, and the upload
+    /// stored them), sent back on the same terms as an object's ([`ObjectMeta::checksums`]).
+    pub checksums: Vec<(HeaderName, HeaderValue)>,
 }
 
 impl PartSpan {

@@ -16,8 +16,9 @@ use std::time::Duration;
 
 use crate::model::{ObjectId, PartNumber, PartSpan};
 
-/// Most parts whose place is remembered (about 200 bytes each, so at most some 13 MiB).
-pub const PARTS_REMEMBERED: u64 = 65_536;
+/// Most bytes the places of parts take, counted by [`footprint`]: some 100,000 parts of
+/// objects with keys of 50 bytes.
+pub const PARTS_BYTES: u64 = 16 << 20;
 
 /// How long a part's place is kept unread: an hour, as a job that reads an object by its
 /// parts reads them all within minutes.
@@ -30,16 +31,30 @@ pub struct PartLayouts {
 
 impl Default for PartLayouts {
     fn default() -> Self {
-        Self::new(PARTS_REMEMBERED)
+        Self::new(PARTS_BYTES)
     }
 }
 
+/// What one remembered part takes: its object's names, ETag and the part's checksums, and
+/// about 100 bytes of bookkeeping (the span, the entry, moka's own). Keys may be 1,024 bytes
+/// long, so a bound on entries alone would not bound the memory.
+fn footprint(id: &ObjectId, span: &PartSpan) -> u32 {
+    let names = id.bucket.len() + id.key.len() + id.version_id.as_ref().map_or(0, |v| v.len());
+    let sums: usize = span
+        .checksums
+        .iter()
+        .map(|(n, v)| n.as_str().len() + v.len())
+        .sum();
+    u32::try_from(names + span.etag.len() + sums + 100).unwrap_or(u32::MAX)
+}
+
 impl PartLayouts {
-    /// A store of at most `capacity` parts.
-    pub fn new(capacity: u64) -> Self {
+    /// A store of parts taking at most `bytes` ([`footprint`]).
+    pub fn new(bytes: u64) -> Self {
         Self {
             spans: moka::sync::Cache::builder()
-                .max_capacity(capacity)
+                .max_capacity(bytes)
+                .weigher(|(id, _), span: &Arc<PartSpan>| footprint(id, span))
                 .time_to_idle(PARTS_IDLE)
                 .build(),
         }
@@ -83,6 +98,7 @@ mod tests {
             size: 12,
             bytes: 5..10,
             parts_count: Some(3),
+            checksums: Vec::new(),
         };
         layouts.learn(id("k"), two, span.clone());
         assert_eq!(layouts.get(&id("k"), two).as_deref(), Some(&span));
@@ -96,5 +112,32 @@ mod tests {
         assert_eq!(layouts.get(&version, two), None);
         layouts.forget(&id("k"), two);
         assert_eq!(layouts.get(&id("k"), two), None);
+    }
+
+    #[test]
+    fn long_keys_take_their_length_of_the_bound() {
+        let span = PartSpan {
+            etag: "\"e-2\"".into(),
+            size: 10,
+            bytes: 0..5,
+            parts_count: Some(2),
+            checksums: Vec::new(),
+        };
+        let (short, long) = (id("k"), id(&"k".repeat(1024)));
+        assert_eq!(footprint(&short, &span), 1 + 1 + 5 + 100);
+        assert_eq!(footprint(&long, &span), 1 + 1024 + 5 + 100);
+        // A bound of 20 KiB holds about 180 parts of short keys, and fewer than 20 of long ones.
+        let layouts = PartLayouts::new(20 << 10);
+        let one = PartNumber::parse("1").expect("a part number");
+        for i in 0..100 {
+            layouts.learn(id(&format!("{i:0>1024}")), one, span.clone());
+        }
+        layouts.spans.run_pending_tasks();
+        assert!(layouts.spans.weighted_size() <= 20 << 10);
+        assert!(
+            layouts.spans.entry_count() < 20,
+            "{}",
+            layouts.spans.entry_count()
+        );
     }
 }

@@ -51,7 +51,8 @@ pub fn request_id(id: &str) -> Option<HeaderValue> {
 
 /// Where the part lies that the upstream answered a `partNumber` GET or HEAD with: a 206 whose
 /// `Content-Range` (`bytes <first>-<last>/<size>`) names the part's bytes, with the object's
-/// ETag and, for a multipart object, `x-amz-mp-parts-count`. `None` for any other answer
+/// ETag and, for a multipart object, `x-amz-mp-parts-count`; and the part's checksums when
+/// the read asked for them and the upload stored them. `None` for any other answer
 /// (an error, a 200, a malformed or empty range, a length that disagrees with it).
 pub fn part_span(status: StatusCode, headers: &HeaderMap) -> Option<PartSpan> {
     if status != StatusCode::PARTIAL_CONTENT {
@@ -88,6 +89,7 @@ pub fn part_span(status: StatusCode, headers: &HeaderMap) -> Option<PartSpan> {
         size,
         bytes,
         parts_count,
+        checksums: checksums(headers),
     })
 }
 
@@ -133,6 +135,26 @@ fn stored_headers(meta: &ObjectMeta) -> HeaderMap {
     // where the map made with room for the additions holds room for 12 or more. Every cached
     // entry keeps one once it has answered (docs/operations.md).
     h.clone()
+}
+
+/// The checksums S3 stores and sends back when asked (`x-amz-checksum-mode`), with the kind of
+/// checksum they are (`FULL_OBJECT` or `COMPOSITE`, a multipart upload's).
+const CHECKSUM_HEADERS: [HeaderName; 6] = [
+    HeaderName::from_static("x-amz-checksum-crc32"),
+    HeaderName::from_static("x-amz-checksum-crc32c"),
+    HeaderName::from_static("x-amz-checksum-crc64nvme"),
+    HeaderName::from_static("x-amz-checksum-sha1"),
+    HeaderName::from_static("x-amz-checksum-sha256"),
+    HeaderName::from_static("x-amz-checksum-type"),
+];
+
+/// The checksum headers of an upstream answer ([`CHECKSUM_HEADERS`]): of the whole object with
+/// a whole object, of the part with a part.
+pub fn checksums(headers: &HeaderMap) -> Vec<(HeaderName, HeaderValue)> {
+    CHECKSUM_HEADERS
+        .iter()
+        .filter_map(|name| Some((name.clone(), headers.get(name)?.clone())))
+        .collect()
 }
 
 /// Whether a GET or HEAD asks for the object's checksums (`x-amz-checksum-mode: ENABLED`, the
@@ -231,6 +253,13 @@ mod tests {
         assert_eq!(span.bytes, 5_242_880..10_485_760);
         assert_eq!((span.size, span.parts_count), (12_582_912, Some(3)));
         assert_eq!(&*span.etag, "\"ee16-3\"");
+        assert!(span.checksums.is_empty());
+        // The part's own checksum, when the read asked for it.
+        let mut summed = answer(&part);
+        summed.insert("x-amz-checksum-crc32", HeaderValue::from_static("y9qhSw=="));
+        let span = part_span(StatusCode::PARTIAL_CONTENT, &summed).expect("a part");
+        assert_eq!(span.checksums.len(), 1);
+        assert_eq!(span.checksums[0].1, "y9qhSw==");
         // An object uploaded whole: its one part, and no count.
         let whole = [("content-range", "bytes 0-999/1000"), ("etag", "\"e\"")];
         let span = part_span(StatusCode::PARTIAL_CONTENT, &answer(&whole)).expect("a part");

@@ -205,7 +205,7 @@ impl ObjectQuery {
                 // Named twice, the request is left to S3 to read (it passes through as
                 // signed): the cache would act on one value, and a part's layout learnt from
                 // S3's answer must be the part S3 read.
-                "versionId" | "partNumber" if q.names(name).is_some() => {
+                "versionId" | "partNumber" if q.taken(name).is_some() => {
                     q.other.push(name.to_owned())
                 }
                 "versionId" => q.version_id = Some(value.to_owned()),
@@ -234,7 +234,7 @@ impl ObjectQuery {
     }
 
     /// The value of `versionId` or `partNumber` already taken.
-    fn names(&self, name: &str) -> Option<&str> {
+    fn taken(&self, name: &str) -> Option<&str> {
         match name {
             "versionId" => self.version_id.as_deref(),
             _ => self.part_number.as_deref(),

@@ -36,7 +36,7 @@ use super::Upstream;
 use crate::model::{
     is_throttling_status, BodyStream, ByteRange, ObjectId, ObjectMeta, UpstreamError,
 };
-use crate::s3::headers::names;
+use crate::s3::headers::{checksums, names};
 use crate::s3::request::Target;
 
 /// How to reach the upstream.
@@ -580,17 +580,6 @@ const OBJECT_HEADERS: &[&str] = &[
     "x-amz-missing-meta",
 ];
 
-/// The object checksums S3 stores and sends back when asked (`x-amz-checksum-mode`), with the
-/// kind of checksum they are (`FULL_OBJECT` or `COMPOSITE`, a multipart upload's).
-const CHECKSUM_HEADERS: &[&str] = &[
-    "x-amz-checksum-crc32",
-    "x-amz-checksum-crc32c",
-    "x-amz-checksum-crc64nvme",
-    "x-amz-checksum-sha1",
-    "x-amz-checksum-sha256",
-    "x-amz-checksum-type",
-];
-
 /// [`ObjectMeta`] from the headers of a GET's or HEAD's answer, the object `size` bytes long.
 fn object_meta(headers: &HeaderMap, size: u64, op: &str) -> Result<ObjectMeta, UpstreamError> {
     let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
@@ -610,10 +599,7 @@ fn object_meta(headers: &HeaderMap, size: u64, op: &str) -> Result<ObjectMeta, U
         .collect();
     user.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
     kept.extend(user);
-    let checksums = CHECKSUM_HEADERS
-        .iter()
-        .filter_map(|name| Some((HeaderName::from_static(name), headers.get(*name)?.clone())))
-        .collect();
+    let checksums = checksums(headers);
     Ok(ObjectMeta {
         size,
         etag: etag.into(),

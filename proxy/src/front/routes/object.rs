@@ -162,10 +162,15 @@ impl AppState {
             Resolved::Unsatisfiable => return Ok(Err(S3Error::InvalidRange { size: meta.size })),
         };
         out.insert(header::CONTENT_LENGTH, HeaderValue::from(end - start));
-        // As S3 answers: the stored checksums with the whole object, when asked. The client's
-        // SDK then checks the bytes served here against them.
-        if status == StatusCode::OK && !meta.checksums.is_empty() && wants_checksums(headers) {
-            for (name, value) in &meta.checksums {
+        // As S3 answers: the stored checksums with the whole object (or a part's with the
+        // part), when asked. The client's SDK then checks the bytes served here against them.
+        let checksums: &[_] = match part {
+            Some(span) => &span.checksums,
+            None if status == StatusCode::OK => &meta.checksums,
+            None => &[],
+        };
+        if !checksums.is_empty() && wants_checksums(headers) {
+            for (name, value) in checksums {
                 out.insert(name.clone(), value.clone());
             }
         }
