@@ -17,6 +17,11 @@ functions with the most instructions (inclusive) of each variant's last round.
 at a time on each of `--connections` connections, opened for the count: their set-up is in it,
 spread over the requests); the warm-up stays HTTP/1.1. h2load checks statuses, not bodies.
 
+`--checksum-mode` sends `x-amz-checksum-mode: ENABLED` with every request (as boto3 and the other
+AWS SDKs do since 2025), after a HEAD that brings the object's checksum into the metadata, and
+checks that every answer carries it: the cost of sending the stored checksum back. Unsigned
+variants only (`--auth none`): a presigned URL does not sign the header.
+
 Needs valgrind (`apt-get install valgrind`). Not part of the test suite: it measures, it does not
 judge. Requests are signed (SigV4 presigned URLs) unless the variant runs with `--auth none`.
 """
@@ -35,23 +40,29 @@ import conftest  # noqa: E402  (on the path once compare is imported)
 from hit_cpu import median, variant, variant_bench  # noqa: E402
 
 
-def read(target: Target, key: str, size: int, count: int):
-    """`count` GETs of `key` on one keep-alive connection, each body checked."""
+CHECKSUM_MODE = {"x-amz-checksum-mode": "ENABLED"}
+
+
+def read(target: Target, key: str, size: int, count: int, headers: dict):
+    """`count` GETs of `key` on one keep-alive connection, each body checked; with
+    [`CHECKSUM_MODE`] in `headers`, each answer must carry the object's CRC32."""
     want = content(key, size)
     c = http.client.HTTPConnection(target.host, target.port, timeout=120)
     try:
         for _ in range(count):
-            c.request("GET", target.path(key))
+            c.request("GET", target.path(key), headers=headers)
             r = c.getresponse()
             body = r.read()
             if r.status != 200 or body != want:
                 raise RuntimeError(f"{target.name}: {r.status}, {len(body)} bytes")
+            if headers and not r.getheader("x-amz-checksum-crc32"):
+                raise RuntimeError(f"{target.name}: no checksum sent back")
     finally:
         c.close()
 
 
-def on_connections(target: Target, key: str, size: int, requests: int, connections: int):
-    threads = [threading.Thread(target=read, args=(target, key, size, requests // connections))
+def on_connections(target: Target, key: str, size: int, requests: int, connections: int, headers: dict):
+    threads = [threading.Thread(target=read, args=(target, key, size, requests // connections, headers))
                for _ in range(connections)]
     for t in threads:
         t.start()
@@ -77,9 +88,14 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--top", type=int, default=0, metavar="N")
     ap.add_argument("--h2", action="store_true", help="count HTTP/2 requests (h2load)")
+    ap.add_argument("--checksum-mode", action="store_true",
+                    help="send x-amz-checksum-mode: ENABLED (unsigned variants only)")
     ap.add_argument("--out", type=Path, default=Path("target/bench/instructions"))
     ap.add_argument("variants", nargs="+", type=variant)
     args = ap.parse_args()
+    headers = CHECKSUM_MODE if args.checksum_mode else {}
+    if args.checksum_mode and args.h2:
+        ap.error("--checksum-mode counts HTTP/1.1 requests only")
     bench = variant_bench(args)
     key = "instructions/hot"
     requests = args.requests // args.connections * args.connections
@@ -108,14 +124,23 @@ def main():
                     presigner = None if unsigned else s3_client(larder.endpoint, CLIENT_KEY, CLIENT_SECRET,
                                                                 signature_version="s3v4")
                     target = Target(name, larder.endpoint, presigner)
+                    if headers:
+                        if presigner:
+                            raise SystemExit("--checksum-mode needs unsigned variants (--auth;none)")
+                        # The metadata from a HEAD that asks: a GET that opens the object learns
+                        # no checksum.
+                        c = http.client.HTTPConnection(target.host, target.port, timeout=120)
+                        c.request("HEAD", target.path(key), headers=headers)
+                        c.getresponse().read()
+                        c.close()
                     # Warm: the block cached, the metadata known, every connection's first request done.
-                    on_connections(target, key, args.size, 50 * args.connections, args.connections)
+                    on_connections(target, key, args.size, 50 * args.connections, args.connections, headers)
                     pid = str(larder.proc.pid)
                     subprocess.run(["callgrind_control", "--zero", pid], check=True, capture_output=True)
                     if args.h2:
                         over_h2(target, key, requests, args.connections)
                     else:
-                        on_connections(target, key, args.size, requests, args.connections)
+                        on_connections(target, key, args.size, requests, args.connections, headers)
                     subprocess.run(["callgrind_control", "--dump", pid], check=True, capture_output=True)
                 finally:
                     larder.stop()
