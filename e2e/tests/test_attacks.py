@@ -3,6 +3,7 @@ something the client did not, or to make Larder serve wrong bytes, against Larde
 real MinIO. Each was seen failing on the tree before its fix (see docs/security.md)."""
 
 import http.client
+import json
 import random
 import re
 import socket
@@ -10,10 +11,13 @@ import time
 import urllib.parse
 
 import pytest
+from botocore.auth import S3SigV4QueryAuth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 
 from conftest import CLIENT_KEY as CLIENT_KEY_FOR_FORGERY
-from conftest import READER_KEY, READER_SECRET
+from conftest import CLIENT_SECRET, READER_KEY, READER_SECRET, REGION, wait_until
 from test_auth import fetch
 from test_headers_errors import error_of, raw
 
@@ -520,3 +524,78 @@ def test_a_part_number_the_cache_acts_on_is_the_one_the_upstream_read(larder, di
                 got = via.get_object(Bucket=bucket, Key="mp", PartNumber=n)["Body"].read()
                 assert got == parts[n - 1], (query, n)
         assert raw(larder, "GET", f"/{bucket}/mp?{query}")[1]["x-cache"] == "pass", (query, status, headers)
+
+
+def _signed_names(headers: dict) -> list[str]:
+    """The headers an upstream request's SigV4 `Authorization` says it signed."""
+    auth = headers.get("authorization", "")
+    match = re.search(r"SignedHeaders=([^,]+)", auth)
+    return match.group(1).split(";") if match else []
+
+
+def test_who_pays_is_what_larder_says_and_a_read_that_pays_is_cached_only_where_larder_pays(
+        larder, make_larder, direct, bucket, upstream):
+    """`x-amz-request-payer` (Requester Pays buckets) is something S3 checks against the caller.
+    A Larder that does not say it pays passes every read that says so through, as signed. A
+    Larder started with `--upstream-requester-pays` says it pays on every request of its own
+    (block GETs, HEADs, warm-up's listings), signed; reads that say they pay as it does
+    (`requester`, in the header or a presigned URL) are then cached like any other, and any
+    other declaration is still S3's to read."""
+    data = random.Random(61).randbytes(3000)
+    direct.put_object(Bucket=bucket, Key="rp", Body=data)
+    direct.put_object(Bucket=bucket, Key="warm/one", Body=b"w" * 10)
+    path = f"/{bucket}/rp"
+
+    def got(client, **kw):
+        r = client.get_object(Bucket=bucket, Key="rp", **kw)
+        assert r["Body"].read() == data
+        return r["ResponseMetadata"]["HTTPHeaders"]["x-cache"]
+
+    # A Larder that does not pay: the client's word reaches S3 on each read, nothing cached.
+    upstream.reset()
+    plain = larder.client()
+    assert [got(plain, RequestPayer="requester") for _ in range(2)] == ["pass", "pass"]
+    seen = upstream.seen_with_headers("GET", path)
+    assert len(seen) == 2 and all(h.get("x-amz-request-payer") == "requester" for _, _, h in seen), seen
+
+    # A Larder that pays.
+    paying = make_larder("--upstream-requester-pays", name="requester-pays")
+    via = paying.client()
+    upstream.reset()
+    assert got(via, RequestPayer="requester") == "miss"
+    fetched = upstream.seen_with_headers(None, path)
+    assert fetched, "the miss reached the upstream"
+    for method, _, h in fetched:
+        assert h.get("x-amz-request-payer") == "requester", (method, h)
+        assert "x-amz-request-payer" in _signed_names(h), (method, h)
+    # From the cache from now on: whether the read says it pays, says nothing, or is a
+    # presigned URL that says it, and for HEAD too.
+    assert got(via, RequestPayer="requester") == "hit-memory"
+    assert got(via) == "hit-memory"
+    head = via.head_object(Bucket=bucket, Key="rp", RequestPayer="requester")
+    assert head["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "hit-memory"
+    # boto3 presigns the header (signed, to be sent with the URL); other SDKs put it in the
+    # query, which is presigned here by botocore's signer.
+    v4 = paying.client(signature_version="s3v4")
+    url = v4.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "rp", "RequestPayer": "requester"})
+    assert fetch(url, headers={"x-amz-request-payer": "requester"}) == (200, data)
+    request = AWSRequest(method="GET", url=f"http://127.0.0.1:{paying.port}{path}?x-amz-request-payer=requester")
+    S3SigV4QueryAuth(Credentials(CLIENT_KEY_FOR_FORGERY, CLIENT_SECRET), "s3", REGION, expires=300).add_auth(request)
+    assert "x-amz-request-payer=requester" in request.url
+    assert fetch(request.url) == (200, data)
+    assert len(upstream.seen(None, path)) == len(fetched), upstream.seen(None, path)
+    # Any other value, or the header twice, passes through as the client signed it.
+    upstream.reset()
+    assert got(via, RequestPayer="Requester") == "pass"
+    status, headers, body = raw(paying, "GET", path, {"x-amz-request-payer": "bucket-owner"})
+    assert (status, headers["x-cache"], body) == (200, "pass", data)
+    said = [h.get("x-amz-request-payer") for _, _, h in upstream.seen_with_headers("GET", path)]
+    assert said == ["Requester", "bucket-owner"], said
+    # Warm-up's listing says it pays too.
+    upstream.reset()
+    body = json.dumps({"bucket": bucket, "prefix": "warm/"}).encode()
+    assert fetch(f"{paying.admin}/warm", "POST", {"Content-Type": "application/json"}, body)[0] == 202
+    wait_until(lambda: upstream.seen("GET", f"/{bucket}/warm/one"), 20, "the warmed object fetched")
+    listings = [h for _, p, h in upstream.seen_with_headers("GET", f"/{bucket}") if "list-type" in p]
+    assert listings and all(h.get("x-amz-request-payer") == "requester" for h in listings), listings
+    assert all("x-amz-request-payer" in _signed_names(h) for h in listings), listings

@@ -104,6 +104,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         connect_timeout: config.upstream_connect_timeout.0,
         first_byte_timeout: config.upstream_first_byte_timeout.0,
         max_attempts: config.upstream_max_attempts,
+        requester_pays: config.upstream_requester_pays,
     })
     .await?;
     let running = larder::front::server::start(&config, upstream, auth)

@@ -46,6 +46,7 @@ fn app(origin: Arc<MemoryUpstream>) -> Arc<AppState> {
         blocks: Arc::new(BlockStore::new(config, origin.clone(), metrics.clone())),
         origin,
         metrics,
+        larder_pays: false,
     })
 }
 

@@ -185,6 +185,16 @@ options! {
     /// Address upstream buckets path-style (needed by MinIO and most S3-compatible servers).
     /// Default: `false`.
     upstream_path_style: bool = false => Switch;
+    /// Read Requester Pays buckets: every request Larder makes of its own (block GETs, HEADs,
+    /// the listings of warm-up) says that Larder pays for it (`x-amz-request-payer:
+    /// requester`), so those requests and their bytes are billed to the account of Larder's
+    /// upstream credentials, once per block, however many clients read it. Reads that say
+    /// they pay (that header, or the `x-amz-request-payer=requester` parameter of a presigned
+    /// URL) are then answered from the cache like any other; without this option they pass
+    /// through. Any client Larder lets read a bucket (`auth_policies`) reads it at that
+    /// account's cost, whether or not it says it pays. S3 ignores the header on other buckets.
+    /// Default: `false`.
+    upstream_requester_pays: bool = false => Switch;
     /// Bytes of block data the memory tier holds. Default: `512MiB`.
     memory_capacity: ByteSize = ByteSize(512 << 20);
     /// Size of the blocks objects are cut into. Default: `8MiB`.

@@ -175,12 +175,19 @@ pub struct ObjectQuery {
     pub version_id: Option<String>,
     /// `partNumber`.
     pub part_number: Option<String>,
+    /// The first `x-amz-request-payer`'s value (a presigned URL's form of the header). The
+    /// name stays in `other` too: it is a header hoisted into the query, which only a cached
+    /// read with `upstream_requester_pays` may set aside.
+    pub request_payer: Option<String>,
     /// `response-*` overrides, as (response header name, value).
     pub overrides: Vec<(&'static str, String)>,
     /// Any other parameter: a sub-resource (`acl`, `tagging`, `attributes`, ...), which is not a
     /// plain GetObject.
     pub other: Vec<String>,
 }
+
+/// The query form of `x-amz-request-payer`.
+pub const REQUEST_PAYER: &str = "x-amz-request-payer";
 
 const OVERRIDES: &[(&str, &str)] = &[
     ("response-content-type", "content-type"),
@@ -226,7 +233,12 @@ impl ObjectQuery {
                 "AWSAccessKeyId" | "Signature" | "Expires" => {}
                 n => match OVERRIDES.iter().find(|(p, _)| *p == n) {
                     Some((_, header)) => q.overrides.push((header, value.to_owned())),
-                    None => q.other.push(n.to_owned()),
+                    None => {
+                        if n == REQUEST_PAYER && q.request_payer.is_none() {
+                            q.request_payer = Some(value.to_owned());
+                        }
+                        q.other.push(n.to_owned())
+                    }
                 },
             }
         }
@@ -340,6 +352,11 @@ mod tests {
         assert_eq!(q.other, vec!["tagging".to_owned()]);
         let q = ObjectQuery::parse(Some("x-amz-request-payer=requester"));
         assert_eq!(q.other, vec!["x-amz-request-payer".to_owned()]);
+        assert_eq!(q.request_payer.as_deref(), Some("requester"));
+        // Named twice: both names stay, and the first value is the one kept.
+        let q = ObjectQuery::parse(Some("x-amz-request-payer=a&x-amz-request-payer=requester"));
+        assert_eq!(q.other.len(), 2);
+        assert_eq!(q.request_payer.as_deref(), Some("a"));
     }
 
     #[test]

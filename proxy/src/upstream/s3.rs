@@ -17,6 +17,7 @@ use aws_sdk_s3::config::timeout::TimeoutConfig;
 use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region, StalledStreamProtectionConfig};
 use aws_sdk_s3::config::{ConfigBag, Intercept, RuntimeComponents};
 use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_s3::types::RequestPayer;
 use aws_sdk_s3::Client;
 use aws_smithy_runtime_api::box_error::BoxError;
 use aws_smithy_runtime_api::client::interceptors::context::InterceptorContext;
@@ -56,6 +57,9 @@ pub struct S3UpstreamConfig {
     pub first_byte_timeout: Duration,
     /// Attempts per request (standard retries: backoff with jitter).
     pub max_attempts: u32,
+    /// Say on every request of Larder's own that Larder pays for it
+    /// (`x-amz-request-payer: requester`), so that Requester Pays buckets can be read.
+    pub requester_pays: bool,
 }
 
 impl Default for S3UpstreamConfig {
@@ -68,6 +72,7 @@ impl Default for S3UpstreamConfig {
             connect_timeout: Duration::from_secs(5),
             first_byte_timeout: Duration::from_secs(30),
             max_attempts: 3,
+            requester_pays: false,
         }
     }
 }
@@ -82,6 +87,8 @@ pub struct S3Upstream {
     /// Retries of both, since start.
     retries: Arc<AtomicU64>,
     max_attempts: u32,
+    /// `x-amz-request-payer: requester` on every request of Larder's own.
+    requester_pays: bool,
     /// What object reads may still spend on retries.
     budget: RetryBudget,
     first_byte_timeout: Duration,
@@ -187,6 +194,7 @@ impl S3Upstream {
             credentials,
             retries,
             max_attempts: config.max_attempts.max(1),
+            requester_pays: config.requester_pays,
             budget: RetryBudget::default(),
             first_byte_timeout: config.first_byte_timeout,
         })
@@ -222,6 +230,7 @@ impl Upstream for S3Upstream {
             .bucket(bucket)
             .prefix(prefix)
             .set_continuation_token(token)
+            .set_request_payer(self.requester_pays.then_some(RequestPayer::Requester))
             .send()
             .await
             .map_err(map_error)?;
@@ -326,13 +335,20 @@ impl S3Upstream {
     /// full-jitter exponential backoff, within the [`RetryBudget`]), each retry counted.
     /// Throttling (503, 429) is left to the throttle layer, as with
     /// [`LeaveThrottlingToTheLayer`]. An answer that is not a success is the S3 error it
-    /// carries.
+    /// carries. With `requester_pays`, the request says Larder pays for it.
     async fn object_request(
         &self,
         method: Method,
         object: &ObjectId,
-        headers: HeaderMap,
+        mut headers: HeaderMap,
     ) -> Result<Response<Body>, UpstreamError> {
+        if self.requester_pays {
+            // Signed with the rest: S3 takes an `x-amz-*` header only when it is.
+            headers.insert(
+                names::X_AMZ_REQUEST_PAYER,
+                HeaderValue::from_static("requester"),
+            );
+        }
         let query = object
             .version_id
             .as_deref()
@@ -774,6 +790,67 @@ mod tests {
         );
         // Signed, as S3 requires of every `x-amz-` header sent.
         assert!(request.contains("x-amz-checksum-mode;"), "{request}");
+    }
+
+    /// With `requester_pays`, each of Larder's own requests (HEAD, GET, a cold GET, a
+    /// listing) says that Larder pays, signed; without it, none does.
+    #[tokio::test]
+    async fn a_larder_that_pays_says_so_in_every_request_of_its_own() {
+        let list = answer(
+            "200 OK",
+            "content-type: application/xml\r\n",
+            "<?xml version=\"1.0\"?><ListBucketResult><Name>b</Name>\
+             <IsTruncated>false</IsTruncated></ListBucketResult>",
+        );
+        let replies = || {
+            vec![
+                answer("200 OK", "etag: \"e1\"\r\n", ""),
+                answer(
+                    "206 Partial Content",
+                    "content-range: bytes 0-2/10\r\n",
+                    "abc",
+                ),
+                answer(
+                    "206 Partial Content",
+                    "content-range: bytes 0-2/10\r\netag: \"e1\"\r\n",
+                    "abc",
+                ),
+                list.clone(),
+            ]
+        };
+        for pays in [true, false] {
+            let (url, server) = scripted_server(replies()).await;
+            let origin = S3Upstream::new(&S3UpstreamConfig {
+                endpoint: Some(url),
+                path_style: true,
+                credentials: Some(Credentials::new("k", "s", None, None, "test")),
+                requester_pays: pays,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+            origin.head(&id()).await.unwrap();
+            let body = origin.get(&id(), Some("\"e1\""), Some(0..3)).await.unwrap();
+            let _: Vec<_> = body.collect().await;
+            let range = ByteRange::FromTo {
+                first: 0,
+                last: Some(2),
+            };
+            let (_, body) = origin.get_with_meta(&id(), range).await.unwrap().unwrap();
+            let _: Vec<_> = body.collect().await;
+            origin.list("b", "p/", None).await.unwrap();
+            let requests = server.await.unwrap();
+            assert_eq!(requests.len(), 4);
+            for request in requests {
+                let lower = request.to_ascii_lowercase();
+                let said = lower.contains("\r\nx-amz-request-payer: requester\r\n");
+                let signed = lower
+                    .split_once("signedheaders=")
+                    .and_then(|(_, rest)| rest.split([',', '\r']).next())
+                    .is_some_and(|names| names.split(';').any(|n| n == "x-amz-request-payer"));
+                assert_eq!((said, signed), (pays, pays), "{request}");
+            }
+        }
     }
 
     /// An error answer is the S3 error its document names (entities unescaped); a HEAD's,

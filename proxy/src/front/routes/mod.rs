@@ -71,6 +71,9 @@ pub struct AppState {
     pub forwarder: Arc<Forwarder>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
+    /// Larder's own upstream requests say it pays for them (`upstream_requester_pays`), so
+    /// reads that say so too may be answered from the cache.
+    pub larder_pays: bool,
 }
 
 /// The S3 router.
@@ -230,7 +233,9 @@ impl AppState {
         // The target is moved into what answers it: a read takes its bucket and key as they are.
         // A read of one part of a multipart upload, which the cache may answer.
         let part = match &target {
-            Target::Object { key, .. } => cacheable_part(key, &query, &req.headers),
+            Target::Object { key, .. } => {
+                cacheable_part(key, &query, &req.headers, self.larder_pays)
+            }
             _ => None,
         };
         let result = match (&req.method, target, part) {
@@ -243,7 +248,7 @@ impl AppState {
                 ))
             }
             (&Method::GET | &Method::HEAD, Target::Object { bucket, key }, _)
-                if cacheable(&key, &query, &req.headers) =>
+                if cacheable(&key, &query, &req.headers, self.larder_pays) =>
             {
                 let head = req.method == Method::HEAD;
                 self.object(&req, bucket, key, &query, head).await

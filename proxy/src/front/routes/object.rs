@@ -20,7 +20,7 @@ use crate::read::blocks::{CacheResult, InMemory};
 use crate::read::metadata::Source;
 use crate::s3::conditional::{self, Outcome};
 use crate::s3::headers::{has_any, names, never_indexed, object_headers, wants_checksums};
-use crate::s3::request::ObjectQuery;
+use crate::s3::request::{ObjectQuery, REQUEST_PAYER};
 use crate::s3::S3Error;
 use crate::telemetry::labels::XCache;
 
@@ -323,13 +323,20 @@ impl AppState {
 /// never be stored).
 ///
 /// Nor when the request carries a header that S3 checks against the bucket or the caller
-/// (`x-amz-expected-bucket-owner`, `x-amz-request-payer`): a cached answer would skip the
-/// check, so S3 must see the request.
+/// (`x-amz-expected-bucket-owner`; `x-amz-request-payer` unless [`pays_as_larder_does`]): a
+/// cached answer would skip the check, so S3 must see the request.
 ///
 /// Nor a key made only of white space: the upstream client library refuses to build a request
 /// for it, so it goes through the pass-through, which addresses any key.
-pub(super) fn cacheable(key: &str, query: &ObjectQuery, headers: &HeaderMap) -> bool {
-    query.part_number.is_none() && cacheable_but_for_the_part(key, query, headers)
+///
+/// `larder_pays`: Larder's own requests say it pays for them (`upstream_requester_pays`).
+pub(super) fn cacheable(
+    key: &str,
+    query: &ObjectQuery,
+    headers: &HeaderMap,
+    larder_pays: bool,
+) -> bool {
+    query.part_number.is_none() && cacheable_but_for_the_part(key, query, headers, larder_pays)
 }
 
 /// The part a `partNumber` GET or HEAD reads, when the cache may answer it once it knows where
@@ -340,21 +347,48 @@ pub(super) fn cacheable_part(
     key: &str,
     query: &ObjectQuery,
     headers: &HeaderMap,
+    larder_pays: bool,
 ) -> Option<PartNumber> {
     let part = query.part()?;
-    (!headers.contains_key(header::RANGE) && cacheable_but_for_the_part(key, query, headers))
-        .then_some(part)
+    (!headers.contains_key(header::RANGE)
+        && cacheable_but_for_the_part(key, query, headers, larder_pays))
+    .then_some(part)
 }
 
-fn cacheable_but_for_the_part(key: &str, query: &ObjectQuery, headers: &HeaderMap) -> bool {
-    !key.trim().is_empty() && query.other.is_empty() && !has_any(headers, &NOT_CACHED)
+fn cacheable_but_for_the_part(
+    key: &str,
+    query: &ObjectQuery,
+    headers: &HeaderMap,
+    larder_pays: bool,
+) -> bool {
+    !key.trim().is_empty()
+        && query.other.iter().all(|p| p == REQUEST_PAYER)
+        && !has_any(headers, &NOT_CACHED)
+        && pays_as_larder_does(query, headers, larder_pays)
+}
+
+/// Whether what a read says of who pays for it (`x-amz-request-payer`, as a header or a
+/// presigned URL's parameter) is what Larder's own request for it will say: nothing, or, when
+/// Larder says it pays (`larder_pays`), `requester` (the one value S3 takes), said once in
+/// each place it is said. Anything else is S3's to read: the request passes through as
+/// signed, and a Larder that does not pay never answers a read that says it would.
+fn pays_as_larder_does(query: &ObjectQuery, headers: &HeaderMap, larder_pays: bool) -> bool {
+    let header: Vec<&HeaderValue> = headers.get_all(names::X_AMZ_REQUEST_PAYER).iter().collect();
+    let params = query.other.iter().filter(|p| *p == REQUEST_PAYER).count();
+    if header.is_empty() && params == 0 {
+        return true;
+    }
+    larder_pays
+        && header.len() <= 1
+        && header.iter().all(|v| v.as_bytes() == b"requester")
+        && params <= 1
+        && (params == 0 || query.request_payer.as_deref() == Some("requester"))
 }
 
 /// Headers that make a read go to S3: see [`cacheable`].
-static NOT_CACHED: [HeaderName; 3] = [
+static NOT_CACHED: [HeaderName; 2] = [
     names::X_AMZ_SSE_CUSTOMER_ALGORITHM,
     names::X_AMZ_EXPECTED_BUCKET_OWNER,
-    names::X_AMZ_REQUEST_PAYER,
 ];
 
 /// Headers that declare SSE-KMS.
@@ -450,12 +484,13 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert(header::RANGE, HeaderValue::from_static("bytes=0-9"));
         headers.insert("x-amz-date", HeaderValue::from_static("20261129T000000Z"));
-        assert!(cacheable("k", &query, &headers));
+        assert!(cacheable("k", &query, &headers, false));
         assert!(!declares_kms(&headers));
         for name in &NOT_CACHED {
             let mut with = headers.clone();
             with.insert(name.clone(), HeaderValue::from_static("x"));
-            assert!(!cacheable("k", &query, &with), "{name}");
+            assert!(!cacheable("k", &query, &with, false), "{name}");
+            assert!(!cacheable("k", &query, &with, true), "{name}");
         }
         for name in [
             "X-Amz-Server-Side-Encryption",
@@ -468,7 +503,65 @@ mod tests {
             );
             assert!(declares_kms(&with), "{name}");
         }
-        assert!(!cacheable(" ", &query, &headers));
+        assert!(!cacheable(" ", &query, &headers, false));
+    }
+
+    #[test]
+    fn a_read_that_says_it_pays_is_cached_only_where_larder_says_so_too() {
+        let payer = names::X_AMZ_REQUEST_PAYER;
+        let says = |value: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(payer.clone(), HeaderValue::from_static(value));
+            h
+        };
+        let none = HeaderMap::new();
+        let plain = ObjectQuery::default();
+        let param = |q: &str| ObjectQuery::parse(Some(q));
+        // Saying nothing: cached either way.
+        assert!(cacheable("k", &plain, &none, false));
+        assert!(cacheable("k", &plain, &none, true));
+        // `requester`, in the header, the query or both: cached only when Larder pays.
+        let presigned = param("x-amz-request-payer=requester");
+        for (query, headers) in [
+            (&plain, &says("requester")),
+            (&presigned, &none),
+            (&presigned, &says("requester")),
+        ] {
+            assert!(
+                !cacheable("k", query, headers, false),
+                "{query:?} {headers:?}"
+            );
+            assert!(
+                cacheable("k", query, headers, true),
+                "{query:?} {headers:?}"
+            );
+        }
+        // Any other value, or a name said twice, is S3's to read.
+        let mut twice = says("requester");
+        twice.append(payer.clone(), HeaderValue::from_static("requester"));
+        for (query, headers) in [
+            (&plain, says("Requester")),
+            (&plain, says("bucket-owner")),
+            (&plain, twice),
+            (&param("x-amz-request-payer=owner"), none.clone()),
+            (
+                &param("x-amz-request-payer=requester&x-amz-request-payer=requester"),
+                none.clone(),
+            ),
+            (&presigned, says("other")),
+        ] {
+            assert!(
+                !cacheable("k", query, &headers, true),
+                "{query:?} {headers:?}"
+            );
+        }
+        // It sets aside no other parameter.
+        let tagging = param("x-amz-request-payer=requester&tagging");
+        assert!(!cacheable("k", &tagging, &none, true));
+        // A part's read follows the same rule.
+        let part = param("partNumber=1&x-amz-request-payer=requester");
+        assert!(cacheable_part("k", &part, &none, true).is_some());
+        assert!(cacheable_part("k", &part, &none, false).is_none());
     }
 
     #[test]

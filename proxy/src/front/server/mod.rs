@@ -361,6 +361,7 @@ pub async fn start(
         freshness: freshness.clone(),
         origin,
         metrics: metrics.clone(),
+        larder_pays: config.upstream_requester_pays,
     });
     let admin_state = Arc::new(AdminState {
         metrics: metrics.clone(),
