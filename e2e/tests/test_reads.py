@@ -345,18 +345,22 @@ def multipart(direct, bucket, key, parts, **checksum):
                                      MultipartUpload={"Parts": done})
 
 
-def test_parts_of_a_multipart_upload_come_from_the_cache_once_their_place_is_known(larder, direct, bucket,
-                                                                                  upstream):
+def test_parts_of_a_multipart_upload_come_from_the_cache_from_their_first_read(larder, direct, bucket, upstream):
     """A `partNumber` read (boto3's `PartNumber`; the AWS SDK for Java's multipart download reads
-    every part so) passes through the first time, and the real server's 206 says where the part
-    lies. From then on, while the object keeps that ETag, the part is read from the cache and
-    answered as the server answers it, with the part's own checksum (boto3 asks for checksums on
-    every read, and checks the part's bytes against it). A write through Larder sends the next
-    read of a part upstream again, and the new object's parts are learnt anew."""
+    every part so) is, the first time, Larder's own GET of that part: the real server's 206 says
+    where the part lies, and its body fills the cache. From then on, while the object keeps that
+    ETag, the part is read from the cache and answered as the server answers it, with the part's
+    own checksum (boto3 asks for checksums on every read, and checks the part's bytes against
+    it). A first HEAD passes through and is learnt. A write through Larder sends the next read of
+    a part to the upstream again, and the new object's parts are learnt anew."""
     from test_headers_errors import checksums, error_of, object_headers
     parts = [payload(5 * MiB, 41), payload(5 * MiB, 42), payload(2 * MiB + 3, 43)]
     multipart(direct, bucket, "mp", parts, ChecksumAlgorithm="CRC32")
     direct.put_object(Bucket=bucket, Key="single", Body=payload(1000, 44))
+    # Parts as long as Larder's blocks (8 MiB, boto3's and the AWS CLI's part size too).
+    aligned = [payload(BLOCK, 47), payload(BLOCK, 48), payload(MiB + 5, 49)]
+    multipart(direct, bucket, "aligned", aligned)
+    multipart(direct, bucket, "headed", [payload(5 * MiB, 50), payload(MiB, 51)])
     via = larder.client()
     upstream.reset()
 
@@ -374,15 +378,23 @@ def test_parts_of_a_multipart_upload_come_from_the_cache_once_their_place_is_kno
         assert checksums(r) == checksums(theirs), (key, n)
         return r["ResponseMetadata"]["HTTPHeaders"]["x-cache"]
 
-    # The first read of each part passes through; the second finds where it lies (the object's
-    # metadata and bytes fetched as that range); the third is a hit.
+    # Parts laid on blocks: the first read of each is one upstream GET, of that part, and the
+    # next reads none.
     for n in (1, 2, 3):
-        assert read("mp", n) == "pass", n
+        before = len(upstream.seen(None, f"/{bucket}/aligned"))
+        assert read("aligned", n) == "miss", n
+        sent = upstream.seen(None, f"/{bucket}/aligned")[before:]
+        assert len(sent) == 1 and sent[0][0] == "GET" and f"partNumber={n}" in sent[0][1], sent
+    sent = len(upstream.seen(None, f"/{bucket}/aligned"))
+    for n in (3, 1, 2):
+        assert read("aligned", n) == "hit-memory", n
+        assert read("aligned", n, head=True) == "hit-memory", n
+    assert len(upstream.seen(None, f"/{bucket}/aligned")) == sent
+    # Parts across blocks: the first read of each is a miss too (the part's GET fills what of
+    # its blocks it holds, the rest is fetched as a cold range would be); then from memory.
     for n in (1, 2, 3):
         assert read("mp", n) == "miss", n
-    # The second reads completed the blocks under the parts behind them (`complete_block_after`);
-    # a read while a block is still arriving joins it.
-    for n in (2, 3):
+    for n in (1, 2, 3):
         wait_until(lambda: read("mp", n) == "hit-memory", 10, f"part {n} from memory")
     gets = len(upstream.seen(None, f"/{bucket}/mp"))
     for n in (3, 1, 2):
@@ -397,8 +409,12 @@ def test_parts_of_a_multipart_upload_come_from_the_cache_once_their_place_is_kno
     assert type(cached["Body"]).__name__ == "StreamingChecksumBody"
     assert cached["Body"].read() == parts[1]
     # An object uploaded whole has one part, the whole object (206, no count of parts).
-    for expected in ("pass", "miss", "hit-memory"):
+    for expected in ("miss", "hit-memory"):
         assert read("single", 1) == expected
+    # A first HEAD of a part passes through, and what it said is learnt.
+    assert read("headed", 2, head=True) == "pass"
+    assert read("headed", 2) == "miss"
+    assert read("headed", 2) == "hit-memory"
     # What S3 refuses is still S3's to refuse: a part past the last, a part with a range.
     for key, n in (("mp", 4), ("single", 2)):
         assert error_of(via.get_object, Bucket=bucket, Key=key, PartNumber=n) == \
@@ -414,7 +430,7 @@ def test_parts_of_a_multipart_upload_come_from_the_cache_once_their_place_is_kno
             for i, p in enumerate(parts)]
     via.complete_multipart_upload(Bucket=bucket, Key="mp", UploadId=up["UploadId"], MultipartUpload={"Parts": done})
     for n in (1, 2):
-        assert read("mp", n) == "pass", n
+        assert read("mp", n) == "miss", n
     assert error_of(via.get_object, Bucket=bucket, Key="mp", PartNumber=3) == (416, "InvalidPartNumber")
     for n in (2, 1):
         wait_until(lambda: read("mp", n) == "hit-memory", 10, f"the new part {n} from memory")

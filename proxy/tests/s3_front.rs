@@ -189,3 +189,66 @@ async fn errors_are_s3_xml_with_a_request_id() {
         .unwrap()
         .contains("<Code>NoSuchKey</Code>"));
 }
+
+async fn get_part(app: &Arc<AppState>, key: &str, n: u16) -> (StatusCode, HeaderMap, Bytes) {
+    let req = Request::builder()
+        .uri(format!("/bucket/{key}?partNumber={n}"))
+        .body(Body::empty())
+        .unwrap();
+    let response = handle(State(app.clone()), req).await;
+    let (parts, body) = response.into_parts();
+    (
+        parts.status,
+        parts.headers,
+        body.collect().await.unwrap().to_bytes(),
+    )
+}
+
+/// A part read first is one GET of that part: its answer says where the part lies and its body
+/// fills the blocks it covers, so the next read of any part costs the upstream nothing. Parts
+/// on block boundaries (4 KiB) cost one GET each; parts across them (6,000 bytes) fetch the
+/// blocks a part's GET did not cover whole, once.
+#[tokio::test]
+async fn a_part_read_first_is_one_get_of_the_part_and_fills_the_cache() {
+    let data: Bytes = (0..3 * 4096)
+        .map(|i| (i % 251) as u8)
+        .collect::<Vec<u8>>()
+        .into();
+    for (part_size, first_round_gets) in [(4096u64, 3), (6000, 5)] {
+        let origin = Arc::new(MemoryUpstream::default().with_parts(part_size));
+        origin.put("k", data.clone(), "\"v1\"");
+        let app = app(origin.clone());
+        let parts = data.len().div_ceil(part_size as usize) as u16;
+        for round in 0..2 {
+            for n in 1..=parts {
+                let (status, headers, body) = get_part(&app, "k", n).await;
+                let first = (n as usize - 1) * part_size as usize;
+                let end = (first + part_size as usize).min(data.len());
+                assert_eq!(status, StatusCode::PARTIAL_CONTENT);
+                assert_eq!(&body[..], &data[first..end], "part {n} of {part_size}");
+                let range = format!("bytes {}-{}/{}", first, end - 1, data.len());
+                assert_eq!(headers[header::CONTENT_RANGE], range.as_str());
+                assert_eq!(headers["x-amz-mp-parts-count"], parts.to_string().as_str());
+                let cache = headers["x-cache"].to_str().unwrap();
+                if round == 0 {
+                    assert_eq!(cache, "miss", "part {n} of {part_size}");
+                } else {
+                    assert!(["hit-memory", "coalesced"].contains(&cache), "{cache}");
+                }
+            }
+            assert_eq!(
+                origin.gets.load(Ordering::SeqCst),
+                first_round_gets,
+                "parts of {part_size}, round {round}"
+            );
+        }
+        assert_eq!(origin.heads.load(Ordering::SeqCst), 0);
+        // A part past the last: the upstream's own answer (passed through, which this app
+        // cannot reach: a 5xx), never a part of the cache's making.
+        let (status, _, _) = get_part(&app, "k", parts + 1).await;
+        assert!(
+            status.is_server_error() || status.is_client_error(),
+            "{status}"
+        );
+    }
+}

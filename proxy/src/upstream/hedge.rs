@@ -13,7 +13,9 @@ use parking_lot::Mutex;
 use tracing::Instrument;
 
 use super::Upstream;
-use crate::model::{BodyStream, ByteRange, ObjectId, ObjectMeta, UpstreamError};
+use crate::model::{
+    BodyStream, ByteRange, ObjectId, ObjectMeta, PartNumber, PartSpan, UpstreamError,
+};
 use crate::telemetry::metrics::Metrics;
 
 /// Latencies remembered.
@@ -158,6 +160,19 @@ impl Upstream for Hedged {
     ) -> Result<Option<(ObjectMeta, BodyStream)>, UpstreamError> {
         let started = Instant::now();
         let result = self.inner.get_with_meta(object, range).await;
+        if let Ok(Some(_)) = &result {
+            self.policy.record(started.elapsed());
+        }
+        result
+    }
+
+    async fn get_part(
+        &self,
+        object: &ObjectId,
+        part: PartNumber,
+    ) -> Result<Option<(ObjectMeta, PartSpan, BodyStream)>, UpstreamError> {
+        let started = Instant::now();
+        let result = self.inner.get_part(object, part).await;
         if let Ok(Some(_)) = &result {
             self.policy.record(started.elapsed());
         }

@@ -11,7 +11,10 @@ use std::time::Instant;
 use tracing::Instrument;
 
 use super::Upstream;
-use crate::model::{BodyStream, ByteRange, ObjectId, ObjectMeta, UpstreamError, UpstreamOutcome};
+use crate::model::{
+    BodyStream, ByteRange, ObjectId, ObjectMeta, PartNumber, PartSpan, UpstreamError,
+    UpstreamOutcome,
+};
 use crate::s3::operation::Operation;
 use crate::telemetry::metrics::Metrics;
 
@@ -92,6 +95,22 @@ impl Upstream for Instrumented {
             Operation::GetObject,
             status,
             self.inner.get_with_meta(object, range),
+        )
+        .await
+    }
+
+    async fn get_part(
+        &self,
+        object: &ObjectId,
+        part: PartNumber,
+    ) -> Result<Option<(ObjectMeta, PartSpan, BodyStream)>, UpstreamError> {
+        // 206 for an answer read as a part's; otherwise as the upstream answered, which the
+        // caller's pass-through asks again.
+        let status = |answer: &Option<_>| if answer.is_some() { 206 } else { 200 };
+        self.counted(
+            Operation::GetObject,
+            status,
+            self.inner.get_part(object, part),
         )
         .await
     }

@@ -15,7 +15,9 @@ use futures::stream::{self, StreamExt};
 use parking_lot::Mutex;
 
 use super::Upstream;
-use crate::model::{BodyStream, ByteRange, ObjectId, ObjectMeta, UpstreamError};
+use crate::model::{
+    BodyStream, ByteRange, ObjectId, ObjectMeta, PartNumber, PartSpan, UpstreamError,
+};
 
 /// The in-memory upstream. Its counters and fault switches are public for tests to read and set.
 #[derive(Default)]
@@ -33,6 +35,9 @@ pub struct MemoryUpstream {
     /// The next this many bodies break (a transport error) after `break_at` bytes.
     pub breaks_left: AtomicUsize,
     pub break_at: AtomicUsize,
+    /// Every object's parts, for `partNumber` reads: as if uploaded in parts of this many
+    /// bytes (the last shorter); `0`, uploaded whole (one part).
+    pub part_size: u64,
 }
 
 impl MemoryUpstream {
@@ -46,6 +51,12 @@ impl MemoryUpstream {
     /// This upstream, each of its GETs answering `round_trip` after it is asked.
     pub fn with_round_trip(self, round_trip: Duration) -> Self {
         Self { round_trip, ..self }
+    }
+
+    /// This upstream, its objects read by `partNumber` as if uploaded in parts of `part_size`
+    /// bytes.
+    pub fn with_parts(self, part_size: u64) -> Self {
+        Self { part_size, ..self }
     }
 
     /// Store (or replace) `key` with `data` under `etag`.
@@ -80,6 +91,19 @@ impl MemoryUpstream {
     }
 }
 
+/// What this upstream says of an object of `size` bytes at `etag`.
+fn meta(size: u64, etag: &str) -> ObjectMeta {
+    ObjectMeta {
+        size,
+        etag: etag.into(),
+        last_modified: None,
+        version_id: None,
+        headers: vec![],
+        checksums: vec![],
+        response_headers: Default::default(),
+    }
+}
+
 /// Counts a body as open until the stream carrying it is dropped.
 struct OpenBody(Arc<AtomicUsize>);
 
@@ -94,15 +118,7 @@ impl Upstream for MemoryUpstream {
     async fn head(&self, object: &ObjectId) -> Result<ObjectMeta, UpstreamError> {
         self.heads.fetch_add(1, Ordering::SeqCst);
         let (data, etag) = self.lookup(object)?;
-        Ok(ObjectMeta {
-            size: data.len() as u64,
-            etag: etag.into(),
-            last_modified: None,
-            version_id: None,
-            headers: vec![],
-            checksums: vec![],
-            response_headers: Default::default(),
-        })
+        Ok(meta(data.len() as u64, &etag))
     }
 
     async fn get_with_meta(
@@ -118,16 +134,40 @@ impl Upstream for MemoryUpstream {
             return Ok(None);
         }
         let body = self.get(object, None, Some(within)).await?;
-        let meta = ObjectMeta {
-            size,
-            etag: etag.into(),
-            last_modified: None,
-            version_id: None,
-            headers: vec![],
-            checksums: vec![],
-            response_headers: Default::default(),
+        Ok(Some((meta(size, &etag), body)))
+    }
+
+    async fn get_part(
+        &self,
+        object: &ObjectId,
+        part: PartNumber,
+    ) -> Result<Option<(ObjectMeta, PartSpan, BodyStream)>, UpstreamError> {
+        let (data, etag) = self.lookup(object)?;
+        let size = data.len() as u64;
+        let len = if self.part_size == 0 {
+            size
+        } else {
+            self.part_size
         };
-        Ok(Some((meta, body)))
+        let first = u64::from(part.get() - 1).saturating_mul(len);
+        if first >= size {
+            self.gets.fetch_add(1, Ordering::SeqCst);
+            return Err(UpstreamError::Service {
+                status: 416,
+                code: "InvalidPartNumber".into(),
+                message: "The requested partnumber is not satisfiable".into(),
+            });
+        }
+        let bytes = first..first.saturating_add(len).min(size);
+        let body = self.get(object, None, Some(bytes.clone())).await?;
+        let span = PartSpan {
+            etag: etag.as_str().into(),
+            size,
+            bytes,
+            parts_count: (self.part_size > 0).then(|| size.div_ceil(len) as u32),
+            checksums: vec![],
+        };
+        Ok(Some((meta(size, &etag), span, body)))
     }
 
     async fn list(

@@ -23,7 +23,9 @@ use std::ops::Range;
 
 use std::sync::Arc;
 
-use crate::model::{BodyStream, ByteRange, ObjectId, ObjectMeta, UpstreamError};
+use crate::model::{
+    BodyStream, ByteRange, ObjectId, ObjectMeta, PartNumber, PartSpan, UpstreamError,
+};
 use crate::telemetry::metrics::Metrics;
 use forward::{ForwardError, Forwarder};
 use s3::{S3Upstream, S3UpstreamConfig};
@@ -89,6 +91,19 @@ pub trait Upstream: Send + Sync + 'static {
         _object: &ObjectId,
         _span: ByteRange,
     ) -> Result<Option<(ObjectMeta, BodyStream)>, UpstreamError> {
+        Ok(None)
+    }
+
+    /// GetObject of part `part` of a multipart upload (`?partNumber=N`), whose place in the
+    /// object only the answer says: the object's metadata (without the part's checksums, which
+    /// are not the object's), where the part lies (with its checksums, asked for), and its
+    /// bytes. `Ok(None)` when the answer cannot be read so (not a 206 naming its range): the
+    /// caller passes the read through. The default always says so.
+    async fn get_part(
+        &self,
+        _object: &ObjectId,
+        _part: PartNumber,
+    ) -> Result<Option<(ObjectMeta, PartSpan, BodyStream)>, UpstreamError> {
         Ok(None)
     }
 

@@ -25,7 +25,9 @@ use bytes::Bytes;
 use futures::stream::{self, StreamExt};
 
 use super::Upstream;
-use crate::model::{BodyStream, ByteRange, ObjectId, ObjectMeta, UpstreamError};
+use crate::model::{
+    BodyStream, ByteRange, ObjectId, ObjectMeta, PartNumber, PartSpan, UpstreamError,
+};
 
 /// Pieces are at least this long: below it, a GET's round trip costs more than its bytes.
 const MIN_PIECE: u64 = 1 << 20;
@@ -275,6 +277,15 @@ impl Upstream for Pieces {
         let later = self.start(object, &meta.etag, &later);
         let head_len = pieces[0].end.min(end).saturating_sub(first);
         Ok(Some((meta, Body::stream(head, head_len, later))))
+    }
+
+    async fn get_part(
+        &self,
+        object: &ObjectId,
+        part: PartNumber,
+    ) -> Result<Option<(ObjectMeta, PartSpan, BodyStream)>, UpstreamError> {
+        // Where the part lies is known only from the answer: one GET.
+        self.inner.get_part(object, part).await
     }
 
     async fn list(

@@ -14,7 +14,9 @@ use std::time::Duration;
 use futures::stream::{self, StreamExt};
 
 use super::Upstream;
-use crate::model::{BodyStream, ByteRange, ObjectId, ObjectMeta, UpstreamError};
+use crate::model::{
+    BodyStream, ByteRange, ObjectId, ObjectMeta, PartNumber, PartSpan, UpstreamError,
+};
 use crate::telemetry::metrics::Metrics;
 
 /// How bodies are resumed.
@@ -189,6 +191,19 @@ impl Upstream for Resuming {
             self.resumable(object, &meta.etag, span.within(meta.size), body)
         };
         Ok(Some((meta, body)))
+    }
+
+    async fn get_part(
+        &self,
+        object: &ObjectId,
+        part: PartNumber,
+    ) -> Result<Option<(ObjectMeta, PartSpan, BodyStream)>, UpstreamError> {
+        let Some((meta, span, body)) = self.inner.get_part(object, part).await? else {
+            return Ok(None);
+        };
+        // The answer said where the part lies: what is left of it can be asked as a range.
+        let body = self.resumable(object, &meta.etag, span.bytes.clone(), body);
+        Ok(Some((meta, span, body)))
     }
 
     async fn list(

@@ -35,9 +35,10 @@ use percent_encoding::utf8_percent_encode;
 use super::forward::{error_chain, Forward, ForwardError, Forwarder, Reshaped, SignedBody};
 use super::Upstream;
 use crate::model::{
-    is_throttling_status, BodyStream, ByteRange, ObjectId, ObjectMeta, UpstreamError,
+    is_throttling_status, BodyStream, ByteRange, ObjectId, ObjectMeta, PartNumber, PartSpan,
+    UpstreamError,
 };
-use crate::s3::headers::{checksums, names};
+use crate::s3::headers::{checksums, names, part_span};
 use crate::s3::request::Target;
 
 /// How to reach the upstream.
@@ -254,7 +255,9 @@ impl Upstream for S3Upstream {
             names::X_AMZ_CHECKSUM_MODE,
             HeaderValue::from_static("ENABLED"),
         );
-        let answer = self.object_request(Method::HEAD, object, headers).await?;
+        let answer = self
+            .object_request(Method::HEAD, object, None, headers)
+            .await?;
         let size = content_length(answer.headers()).ok_or_else(|| UpstreamError::Service {
             status: 502,
             code: "InternalError".into(),
@@ -278,7 +281,10 @@ impl Upstream for S3Upstream {
             let asked = ByteRange::bytes(r.clone()).header();
             headers.insert(header::RANGE, header_value(&asked)?);
         }
-        let answer = match self.object_request(Method::GET, object, headers).await {
+        let answer = match self
+            .object_request(Method::GET, object, None, headers)
+            .await
+        {
             Err(UpstreamError::Service { status: 412, .. }) if if_match.is_some() => {
                 return Err(UpstreamError::Changed)
             }
@@ -300,7 +306,10 @@ impl Upstream for S3Upstream {
     ) -> Result<Option<(ObjectMeta, BodyStream)>, UpstreamError> {
         let mut headers = HeaderMap::new();
         headers.insert(header::RANGE, header_value(&span.header())?);
-        let answer = match self.object_request(Method::GET, object, headers).await {
+        let answer = match self
+            .object_request(Method::GET, object, None, headers)
+            .await
+        {
             Ok(answer) => answer,
             // Past the end, or an empty object: only a HEAD says which.
             Err(UpstreamError::Service { status: 416, .. }) => return Ok(None),
@@ -326,6 +335,29 @@ impl Upstream for S3Upstream {
         let meta = object_meta(answer.headers(), size, "GET")?;
         Ok(Some((meta, body_stream(answer.into_body()))))
     }
+
+    async fn get_part(
+        &self,
+        object: &ObjectId,
+        part: PartNumber,
+    ) -> Result<Option<(ObjectMeta, PartSpan, BodyStream)>, UpstreamError> {
+        // The part's checksums come only when asked for, as an object's do.
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            names::X_AMZ_CHECKSUM_MODE,
+            HeaderValue::from_static("ENABLED"),
+        );
+        let answer = self
+            .object_request(Method::GET, object, Some(part), headers)
+            .await?;
+        let Some(span) = part_span(answer.status(), answer.headers()) else {
+            return Ok(None);
+        };
+        let mut meta = object_meta(answer.headers(), span.size, "GET")?;
+        // The part's, not the object's.
+        meta.checksums.clear();
+        Ok(Some((meta, span, body_stream(answer.into_body()))))
+    }
 }
 
 impl S3Upstream {
@@ -340,6 +372,7 @@ impl S3Upstream {
         &self,
         method: Method,
         object: &ObjectId,
+        part: Option<PartNumber>,
         mut headers: HeaderMap,
     ) -> Result<Response<Body>, UpstreamError> {
         if self.requester_pays {
@@ -349,10 +382,15 @@ impl S3Upstream {
                 HeaderValue::from_static("requester"),
             );
         }
-        let query = object
+        let version = object
             .version_id
             .as_deref()
             .map(|v| format!("versionId={}", utf8_percent_encode(v, QUERY_VALUE)));
+        let part = part.map(|n| format!("partNumber={}", n.get()));
+        let query = match (version, part) {
+            (Some(v), Some(p)) => Some(format!("{p}&{v}")),
+            (v, p) => v.or(p),
+        };
         let (mut attempt, mut spent) = (1, None);
         loop {
             let answer = self

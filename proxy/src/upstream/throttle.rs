@@ -36,7 +36,9 @@ use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use super::Upstream;
-use crate::model::{BodyStream, ByteRange, ObjectId, ObjectMeta, UpstreamError};
+use crate::model::{
+    BodyStream, ByteRange, ObjectId, ObjectMeta, PartNumber, PartSpan, UpstreamError,
+};
 use crate::telemetry::labels::ThrottleEvent;
 use crate::telemetry::metrics::Metrics;
 
@@ -303,6 +305,17 @@ impl Upstream for Throttled {
     ) -> Result<Option<(ObjectMeta, BodyStream)>, UpstreamError> {
         self.paced(&object.bucket, &object.key, || {
             self.inner.get_with_meta(object, span)
+        })
+        .await
+    }
+
+    async fn get_part(
+        &self,
+        object: &ObjectId,
+        part: PartNumber,
+    ) -> Result<Option<(ObjectMeta, PartSpan, BodyStream)>, UpstreamError> {
+        self.paced(&object.bucket, &object.key, || {
+            self.inner.get_part(object, part)
         })
         .await
     }

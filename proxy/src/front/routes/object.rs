@@ -50,7 +50,7 @@ impl AppState {
         id: &ObjectId,
         query: &ObjectQuery,
         head: bool,
-        part: Option<&PartSpan>,
+        part: Option<PartRead<'_>>,
     ) -> Result<Handled, NotThisPart> {
         // One retry: if the object changed upstream after its metadata was cached, the first block
         // fetch says so (If-Match) before anything was sent, and we start over with fresh metadata.
@@ -79,11 +79,11 @@ impl AppState {
         id: &ObjectId,
         query: &ObjectQuery,
         head: bool,
-        part: Option<&PartSpan>,
+        part: Option<PartRead<'_>>,
     ) -> Result<Handled, Again> {
         // Parsed once; `None` is no header or one S3 ignores (the whole object). A part is the
         // range it was learnt to be (a read of a part has no Range header: S3 refuses both).
-        let range = match part {
+        let range = match part.map(|p| p.span) {
             Some(span) => Some(ByteRange::FromTo {
                 first: span.bytes.start,
                 last: Some(span.bytes.end - 1),
@@ -93,7 +93,8 @@ impl AppState {
                 .and_then(|v| v.to_str().ok())
                 .and_then(ByteRange::parse),
         };
-        let opened = AtomicBool::new(false);
+        // A part's first read: its blocks are this request's own GET's.
+        let opened = AtomicBool::new(part.is_some_and(|p| p.opened));
         let tail = Mutex::new(None);
         // A hit asks the metadata cache once; what a miss needs is only asked on a miss (which
         // then looks in the cache again, inside the lookup that fetches). Boxed: a hit's
@@ -110,6 +111,7 @@ impl AppState {
             }
         };
         // A part is read from the cache only from the object it was learnt from.
+        let part = part.map(|p| p.span);
         if part.is_some_and(|span| !span.fits(&meta)) {
             return Err(Again::NotThisPart);
         }
@@ -195,7 +197,12 @@ impl AppState {
         found.fetched_here = opened.load(Ordering::Relaxed);
         let cache = label(found.result, found.fetched_here);
         let cache = cache.label(source == Source::Stale);
-        self.blocks.read_ahead(id, &etag, start..end, meta.size);
+        // Not for a part: a client reading by parts asks for the next ones itself (the SDKs'
+        // multipart downloads keep several in flight), and a part read first is Larder's own
+        // GET of the part, which read-ahead of its blocks would only duplicate.
+        if part.is_none() {
+            self.blocks.read_ahead(id, &etag, start..end, meta.size);
+        }
         // Bytes that one block here holds need no stream of blocks opened ahead, and no wait
         // for a first chunk that cannot fail: one buffer (docs/architecture.md).
         if matches!(found.result, CacheResult::HitMemory | CacheResult::HitDisk) {
@@ -444,6 +451,14 @@ enum Again {
 
 /// A part's span does not fit the object as it is now: the read must pass through.
 pub(super) struct NotThisPart;
+
+/// A part read from the caches: where it lies, and whether this request's own GET of the
+/// part just said so (its blocks then came from the upstream for it: a miss).
+#[derive(Clone, Copy)]
+pub(super) struct PartRead<'a> {
+    pub span: &'a PartSpan,
+    pub opened: bool,
+}
 
 /// The object (or version) a GET or HEAD names.
 pub(super) fn object_id(bucket: Arc<str>, key: Arc<str>, query: &ObjectQuery) -> ObjectId {

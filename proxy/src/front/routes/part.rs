@@ -1,27 +1,32 @@
 //! GetObject and HeadObject of one part of a multipart upload (`?partNumber=N`): from the
-//! caches as the range the part is, once the upstream's answer to a read of it said where it
-//! lies (`read::parts`); passed through, and that answer learnt, until then.
+//! caches as the range the part is, once an upstream answer to a read of it said where it lies
+//! (`read::parts`). A first GET of a part is Larder's own GET of it, whose answer says that and
+//! whose body fills the blocks the part covers; a first HEAD passes through, and its answer is
+//! learnt.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
 use http::request::Parts;
-use http::Method;
+use http::{HeaderMap, Method};
 
 use crate::auth::Principal;
-use crate::model::PartNumber;
+use crate::model::{ObjectId, PartNumber};
 use crate::s3::headers::part_span;
 use crate::s3::operation::Operation;
 use crate::s3::request::{ObjectQuery, Target};
 
-use super::object::object_id;
+use super::object::{object_id, PartRead};
 use super::{AppState, Handled};
 
 impl AppState {
-    /// Part `part` of the object `req` names. A first read passes through as the client signed
-    /// it (S3 reads the one part number the query holds: [`ObjectQuery::part`]); its 206 says
-    /// where the part lies, in the object of that ETag and size. Later reads, while the object
-    /// still has them, are that range from the caches; otherwise they pass through again.
+    /// Part `part` of the object `req` names. Where the part lies is known from an earlier
+    /// read while the object keeps the ETag and size it had then: the read is that range from
+    /// the caches. Otherwise a GET is Larder's own GET of the part
+    /// ([`AppState::first_read_of_part`]), and a HEAD (or a GET that cannot be read so) passes
+    /// through as the client signed it (S3 reads the one part number the query holds:
+    /// [`ObjectQuery::part`]), its 206 learnt.
     // The pass-through's arguments, and the part.
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn object_part(
@@ -38,12 +43,22 @@ impl AppState {
         let id = object_id(bucket.clone(), key.clone(), query);
         let head = req.method == Method::HEAD;
         if let Some(span) = self.parts.get(&id, part) {
+            let known = PartRead {
+                span: &span,
+                opened: false,
+            };
             match self
-                .answer(&req.headers, &id, query, head, Some(&span))
+                .answer(&req.headers, &id, query, head, Some(known))
                 .await
             {
                 Ok(handled) => return handled,
                 Err(_) => self.parts.forget(&id, part),
+            }
+        }
+        if !head && self.blocks.opens_upload_parts() {
+            let first = self.first_read_of_part(&req.headers, &id, query, part);
+            if let Some(handled) = Box::pin(first).await {
+                return handled;
             }
         }
         let target = Target::Object { bucket, key };
@@ -56,5 +71,37 @@ impl AppState {
             }
         }
         answer
+    }
+
+    /// A GET of a part whose place is not known, answered from the caches after Larder's own
+    /// GET of the part (`BlockStore::open_upload_part`): its answer says where the part lies
+    /// (learnt) and brings the object's metadata (kept, unless the cache holds the object's
+    /// already), and its body fills the blocks the part covers, which the read then joins.
+    /// `None` when that GET failed or its answer could not be read so, or when the object's
+    /// cached metadata is of another version: the read passes through (and an error is then
+    /// S3's own answer to the client's request).
+    async fn first_read_of_part(
+        &self,
+        headers: &HeaderMap,
+        id: &ObjectId,
+        query: &ObjectQuery,
+        part: PartNumber,
+    ) -> Option<Handled> {
+        let opened = self.blocks.open_upload_part(id.clone(), part).await;
+        let (meta, span) = opened.ok().flatten()?;
+        self.parts.learn(id.clone(), part, span.clone());
+        let known = std::future::ready(Ok(Some((meta, Duration::ZERO))));
+        self.metadata.get_or_open(id, known).await.ok()?;
+        let read = PartRead {
+            span: &span,
+            opened: true,
+        };
+        match self.answer(headers, id, query, false, Some(read)).await {
+            Ok(handled) => Some(handled),
+            Err(_) => {
+                self.parts.forget(id, part);
+                None
+            }
+        }
     }
 }

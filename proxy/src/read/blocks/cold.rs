@@ -15,7 +15,9 @@ use futures::future;
 use futures::stream::{FuturesUnordered, StreamExt};
 
 use crate::cache_key::BlockId;
-use crate::model::{BodyStream, ByteRange, ObjectId, ObjectMeta, UpstreamError};
+use crate::model::{
+    BodyStream, ByteRange, ObjectId, ObjectMeta, PartNumber, PartSpan, UpstreamError,
+};
 use crate::telemetry::labels::Source;
 use tracing::Instrument;
 
@@ -124,6 +126,69 @@ impl BlockStore {
         let first = index.saturating_mul(self.keys.layout().block_size());
         let asked = ByteRange::FromTo { first, last: None };
         self.open_cold_as(object, asked, Purpose::Peer, None).await
+    }
+
+    /// The first read of part `part` of `object` (a multipart upload's) whose place is not
+    /// known: one GET of the part ([`Upstream::get_part`](crate::upstream::Upstream::get_part)),
+    /// whose answer says where the part lies and brings the object's metadata. Its body fills
+    /// what a read of that range will look for, as a cold range's GET does
+    /// ([`BlockStore::cold_run`]: the blocks it covers, or range-first the pieces of them it
+    /// holds), and the reader then reads the range through the block store, joining those
+    /// fills. `Ok(None)`: the answer cannot be read so, and the caller passes the read
+    /// through. Only outside a fleet ([`BlockStore::opens_upload_parts`]).
+    pub async fn open_upload_part(
+        self: &Arc<Self>,
+        object: ObjectId,
+        part: PartNumber,
+    ) -> Result<Option<(ObjectMeta, PartSpan)>, UpstreamError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let store = self.clone();
+        let span = tracing::info_span!("block fetch", larder.source = "upstream");
+        tokio::spawn(
+            async move { store.fetch_upload_part(object, part, tx).await }.instrument(span),
+        );
+        rx.await.unwrap_or(Err(UpstreamError::Abandoned))
+    }
+
+    /// Whether a part's first read is opened by [`BlockStore::open_upload_part`]: outside a
+    /// fleet, where the blocks a part covers may be other replicas' to fetch and keep.
+    pub fn opens_upload_parts(&self) -> bool {
+        self.fleet.is_none()
+    }
+
+    async fn fetch_upload_part(
+        self: &Arc<Self>,
+        object: ObjectId,
+        part: PartNumber,
+        tx: tokio::sync::oneshot::Sender<Result<Option<(ObjectMeta, PartSpan)>, UpstreamError>>,
+    ) {
+        let purpose = Purpose::Demand(Turn::First);
+        let slot = self.slots(false).acquire(purpose.turn()).await;
+        let sent = Instant::now();
+        let (meta, span, body) = match self.origin.get_part(&object, part).await {
+            Ok(Some(answer)) => answer,
+            other => {
+                let _ = tx.send(other.map(|_| None));
+                return;
+            }
+        };
+        self.pace.answered(sent.elapsed());
+        let etag = meta.etag.clone();
+        let got = ByteRange::bytes(span.bytes.clone());
+        let fills = self.cold_run(&object, &etag, meta.size, got, purpose);
+        let len = span.bytes.end - span.bytes.start;
+        // Joined before the place is handed over, so the reader finds them in flight.
+        let _ = tx.send(Ok(Some((meta, span))));
+        let target = (&object, &etag);
+        self.fill_run(
+            target,
+            (body, Supplier::Upstream),
+            len,
+            fills,
+            slot,
+            purpose,
+        )
+        .await;
     }
 
     /// Whether a cold suffix read is opened like any range ([`BlockStore::open_cold`], its
@@ -305,64 +370,15 @@ impl BlockStore {
         // Joined before the metadata is handed over, so the reader finds them in flight
         // instead of starting its own.
         let _ = tx.send(Ok(Some((meta, age))));
-        let first_fetch = async {
-            let got = first_span.within(size);
-            let carve = Carve::new(body, got.end - got.start);
-            let mut slot = Some(slot);
-            let mut fills = first_fills.into_iter();
-            // Each block goes on filling (and caching) while the next takes the body's bytes
-            // after its own: the next starts once this one's were read, not once it is done.
-            // A block's tail fetched tail first is then still waiting for its head's GET.
-            let mut running = FuturesUnordered::new();
-            let mut first = true;
-            while let Some((fill, len)) = fills.next() {
-                let (read_tx, mut read) = tokio::sync::oneshot::channel::<()>();
-                // Dropped, and so `read` told, when the fill has read its bytes or gave up.
-                let body = carve.next(len).inspect(move |_| {
-                    let _held = &read_tx;
-                });
-                let body = Some((body.boxed(), supplier));
-                running.push(self.fetch_cold_fill(
-                    fill,
-                    (&object, &etag),
-                    slot.take(),
-                    body,
-                    purpose,
-                ));
-                loop {
-                    tokio::select! {
-                        _ = &mut read => break,
-                        Some(()) = running.next() => {}
-                    }
-                }
-                if !carve.whole() {
-                    break;
-                }
-                if !first {
-                    self.metrics.run_block();
-                } else if supplier == Supplier::Upstream {
-                    let rate = carve.measure(&self.pace);
-                    if !self.pace.keeps(rate, fills.len() as u64, block_size) {
-                        // Too slow to go on, but the next block's bytes are on their way
-                        // already: it keeps them (a GET of its own would ask them again, a
-                        // round trip later), and only the blocks past it are asked for now.
-                        let next = fills.next();
-                        for (fill, _) in fills {
-                            let alone = (&object, &etag);
-                            running.push(self.fetch_cold_fill(fill, alone, None, None, purpose));
-                        }
-                        fills = Vec::from_iter(next).into_iter();
-                    }
-                }
-                first = false;
-            }
-            // The body broke, or came too slowly to go on past the next block: the blocks it
-            // did not reach are fetched on their own, at once; its connection is let go.
-            drop(carve);
-            let alone = fills
-                .map(|(fill, _)| self.fetch_cold_fill(fill, (&object, &etag), None, None, purpose));
-            tokio::join!(future::join_all(alone), running.collect::<Vec<()>>());
-        };
+        let got = first_span.within(size);
+        let first_fetch = self.fill_run(
+            (&object, &etag),
+            (body, supplier),
+            got.end - got.start,
+            first_fills,
+            slot,
+            purpose,
+        );
         let rest_fetches = async {
             let answers = match answered {
                 Some(all) => all,
@@ -384,6 +400,71 @@ impl BlockStore {
             future::join_all(fetches).await;
         };
         tokio::join!(first_fetch, rest_fetches);
+    }
+
+    /// Hand a cold GET's `body` (`len` bytes, from `supplier`) to `fills`, each its own share
+    /// in order ([`BlockStore::cold_run`]): each block goes on filling (and caching) while the
+    /// next takes the body's bytes after its own. What the body does not reach (it broke, or
+    /// came too slowly to go on: `pace`) is fetched on its own.
+    async fn fill_run(
+        self: &Arc<Self>,
+        (object, etag): (&ObjectId, &Arc<str>),
+        (body, supplier): (BodyStream, Supplier),
+        len: u64,
+        fills: Vec<(ColdFill, u64)>,
+        slot: Slot,
+        purpose: Purpose,
+    ) {
+        let block_size = self.keys.layout().block_size();
+        let carve = Carve::new(body, len);
+        let mut slot = Some(slot);
+        let mut fills = fills.into_iter();
+        // Each block goes on filling (and caching) while the next takes the body's bytes
+        // after its own: the next starts once this one's were read, not once it is done.
+        // A block's tail fetched tail first is then still waiting for its head's GET.
+        let mut running = FuturesUnordered::new();
+        let mut first = true;
+        while let Some((fill, len)) = fills.next() {
+            let (read_tx, mut read) = tokio::sync::oneshot::channel::<()>();
+            // Dropped, and so `read` told, when the fill has read its bytes or gave up.
+            let body = carve.next(len).inspect(move |_| {
+                let _held = &read_tx;
+            });
+            let body = Some((body.boxed(), supplier));
+            running.push(self.fetch_cold_fill(fill, (object, etag), slot.take(), body, purpose));
+            loop {
+                tokio::select! {
+                    _ = &mut read => break,
+                    Some(()) = running.next() => {}
+                }
+            }
+            if !carve.whole() {
+                break;
+            }
+            if !first {
+                self.metrics.run_block();
+            } else if supplier == Supplier::Upstream {
+                let rate = carve.measure(&self.pace);
+                if !self.pace.keeps(rate, fills.len() as u64, block_size) {
+                    // Too slow to go on, but the next block's bytes are on their way
+                    // already: it keeps them (a GET of its own would ask them again, a
+                    // round trip later), and only the blocks past it are asked for now.
+                    let next = fills.next();
+                    for (fill, _) in fills {
+                        let alone = (object, etag);
+                        running.push(self.fetch_cold_fill(fill, alone, None, None, purpose));
+                    }
+                    fills = Vec::from_iter(next).into_iter();
+                }
+            }
+            first = false;
+        }
+        // The body broke, or came too slowly to go on past the next block: the blocks it
+        // did not reach are fetched on their own, at once; its connection is let go.
+        drop(carve);
+        let alone =
+            fills.map(|(fill, _)| self.fetch_cold_fill(fill, (object, etag), None, None, purpose));
+        tokio::join!(future::join_all(alone), running.collect::<Vec<()>>());
     }
 
     /// Fetch what a cold GET's body fills (`body`, or asked again when none).
