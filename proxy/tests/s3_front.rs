@@ -72,6 +72,11 @@ async fn get_key(app: &Arc<AppState>, key: &str, range: &str) -> (StatusCode, He
         .header(header::RANGE, range)
         .body(Body::empty())
         .unwrap();
+    send(app, req).await
+}
+
+/// The answer to `req`, its body read whole.
+async fn send(app: &Arc<AppState>, req: Request) -> (StatusCode, HeaderMap, Bytes) {
     let response = handle(State(app.clone()), req).await;
     let (parts, body) = response.into_parts();
     (
@@ -195,13 +200,7 @@ async fn get_part(app: &Arc<AppState>, key: &str, n: u16) -> (StatusCode, Header
         .uri(format!("/bucket/{key}?partNumber={n}"))
         .body(Body::empty())
         .unwrap();
-    let response = handle(State(app.clone()), req).await;
-    let (parts, body) = response.into_parts();
-    (
-        parts.status,
-        parts.headers,
-        body.collect().await.unwrap().to_bytes(),
-    )
+    send(app, req).await
 }
 
 /// A part read first is one GET of that part: its answer says where the part lies and its body
