@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use larder::model::{BodyStream, ByteRange, ObjectId, UpstreamError};
+use larder::model::{BodyStream, ByteRange, ObjectId, PartNumber, UpstreamError};
 use larder::upstream::memory::MemoryUpstream;
 use larder::upstream::s3::{S3Upstream, S3UpstreamConfig};
 use larder::upstream::Upstream;
@@ -115,6 +115,40 @@ async fn conforms(upstream: &dyn Upstream) {
         .await
         .expect("past the end")
         .is_none());
+
+    // A part (`partNumber`) of an object uploaded whole: its one part is the whole object,
+    // at the object's ETag, with no count of parts; a part past it is `InvalidPartNumber`
+    // (416), a missing key's part a 404.
+    let one = PartNumber::parse("1").unwrap();
+    let (meta_part, span, body) = upstream
+        .get_part(&id("dir/a"), one)
+        .await
+        .expect("part 1")
+        .expect("an answer read as a part's");
+    assert_eq!((meta_part.size, &meta_part.etag), (10_000, &meta.etag));
+    assert_eq!(
+        (span.bytes, span.size, &span.etag),
+        (0..10_000, 10_000, &meta.etag)
+    );
+    assert_eq!(span.parts_count, None);
+    assert!(
+        meta_part.checksums.is_empty(),
+        "a part's checksums are not the object's"
+    );
+    assert_eq!(collect(body).await.unwrap(), a);
+    let two = PartNumber::parse("2").unwrap();
+    match upstream.get_part(&id("dir/a"), two).await {
+        Err(UpstreamError::Service { status, code, .. }) => {
+            assert_eq!((status, code.as_str()), (416, "InvalidPartNumber"))
+        }
+        other => panic!("{:?}", other.map(|o| o.map(|(m, s, _)| (m, s)))),
+    }
+    let missing = upstream.get_part(&id("dir/none"), one).await;
+    assert!(
+        missing.as_ref().is_err_and(UpstreamError::is_not_found),
+        "{:?}",
+        missing.err()
+    );
 
     // LIST: every key under the prefix with its size, in key order, across pages.
     let mut listed = Vec::new();
