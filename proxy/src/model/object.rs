@@ -45,11 +45,12 @@ pub struct PartNumber(u16);
 impl PartNumber {
     /// `text` as a part number, when it is one in its only canonical spelling.
     pub fn parse(text: &str) -> Option<Self> {
+        // Digits only (`parse` would take a `+`), and no leading zero.
+        if !text.bytes().all(|b| b.is_ascii_digit()) || text.starts_with('0') {
+            return None;
+        }
         let n: u16 = text.parse().ok()?;
-        ((1..=10_000).contains(&n)
-            && text.bytes().all(|b| b.is_ascii_digit())
-            && n.to_string() == text)
-            .then_some(Self(n))
+        (1..=10_000).contains(&n).then_some(Self(n))
     }
 
     /// The number.

@@ -250,11 +250,7 @@ impl Upstream for S3Upstream {
     async fn head(&self, object: &ObjectId) -> Result<ObjectMeta, UpstreamError> {
         // The object's checksums come only when asked for; a GET's answer, always ranged here,
         // never carries them.
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            names::X_AMZ_CHECKSUM_MODE,
-            HeaderValue::from_static("ENABLED"),
-        );
+        let headers = asking_for_checksums();
         let answer = self
             .object_request(Method::HEAD, object, None, headers)
             .await?;
@@ -342,11 +338,7 @@ impl Upstream for S3Upstream {
         part: PartNumber,
     ) -> Result<Option<(ObjectMeta, PartSpan, BodyStream)>, UpstreamError> {
         // The part's checksums come only when asked for, as an object's do.
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            names::X_AMZ_CHECKSUM_MODE,
-            HeaderValue::from_static("ENABLED"),
-        );
+        let headers = asking_for_checksums();
         let answer = self
             .object_request(Method::GET, object, Some(part), headers)
             .await?;
@@ -452,6 +444,16 @@ impl S3Upstream {
             message,
         }
     }
+}
+
+/// Headers asking the upstream for the stored checksums (`x-amz-checksum-mode: ENABLED`).
+fn asking_for_checksums() -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        names::X_AMZ_CHECKSUM_MODE,
+        HeaderValue::from_static("ENABLED"),
+    );
+    headers
 }
 
 /// The SHA-256 of an empty payload: what a GET or HEAD signs as its body.
