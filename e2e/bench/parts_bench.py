@@ -9,7 +9,8 @@ answer). One object of `--size` MiB is uploaded in parts of `--part` MiB (the la
 shorter). Each round reads every part once, `--threads` at a time, each reader on its own
 keep-alive connection, every body checked against the part's bytes. Direct reads are anonymous
 (the bucket is public-read); Larder's are SigV4-presigned and verified. The upstream's GETs,
-HEADs and bytes are counted at the latency proxy once it has gone quiet after the round. Not
+HEADs and bytes are counted at the latency proxy once it has gone quiet after the round. With
+`--capped`, the proxy also caps each connection at S3's rate (compare.py's cold_capped). Not
 part of the test suite.
 """
 
@@ -22,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import BUCKET, MiB, Bench, Target, content, s3_client  # noqa: E402
+from compare import BUCKET, S3_CONNECTION_MBPS, MiB, Bench, Target, content, s3_client  # noqa: E402
 
 
 def upload(bench: Bench, key: str, size: int, part: int) -> list[tuple[int, int]]:
@@ -85,10 +86,14 @@ def main():
     ap.add_argument("--part", type=int, default=8, help="part MiB (at least 5, S3's least)")
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--capped", action="store_true",
+                    help=f"cap each upstream connection at {S3_CONNECTION_MBPS} MB/s, as S3 does")
     args = ap.parse_args()
     bench = Bench("quick", Path("/tmp"))
     try:
         bench.start()
+        if args.capped:
+            bench.proxy.control(f"limits?connection_mbps={S3_CONNECTION_MBPS}")
         size = args.size * MiB
         _, larder = bench.larder("larder", "--memory-capacity", "1GiB")
         for t in (bench.direct(), larder):

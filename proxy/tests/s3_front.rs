@@ -23,10 +23,16 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 fn app(origin: Arc<MemoryUpstream>) -> Arc<AppState> {
+    app_with(origin, false)
+}
+
+/// [`app`], with range-first reads (`cold_ranges = "exact"`, the binary's default) or not.
+fn app_with(origin: Arc<MemoryUpstream>, exact_ranges: bool) -> Arc<AppState> {
     let metrics = Arc::new(Metrics::default());
     let config = BlockStoreConfig {
         read_window: 2,
         upstream_concurrency: 8,
+        exact_ranges,
         ..BlockStoreConfig::for_tests()
     };
     let metadata = Arc::new(MetadataCache::new(
@@ -213,10 +219,21 @@ async fn a_part_read_first_is_one_get_of_the_part_and_fills_the_cache() {
         .map(|i| (i % 251) as u8)
         .collect::<Vec<u8>>()
         .into();
-    for (part_size, first_round_gets) in [(4096u64, 3), (6000, 5)] {
+    // Range-first (the default): parts on blocks, parts across them, and parts most of a
+    // block long cost one GET a part, whatever their place, the pieces of blocks they cover
+    // cached as the parts cut them. Whole blocks only: a part across blocks also fetches the
+    // blocks it covers in part.
+    let cases = [
+        (true, 4096u64, 3),
+        (true, 6000, 3),
+        (true, 3500, 4),
+        (false, 4096, 3),
+        (false, 6000, 5),
+    ];
+    for (exact_ranges, part_size, first_round_gets) in cases {
         let origin = Arc::new(MemoryUpstream::default().with_parts(part_size));
         origin.put("k", data.clone(), "\"v1\"");
-        let app = app(origin.clone());
+        let app = app_with(origin.clone(), exact_ranges);
         let parts = data.len().div_ceil(part_size as usize) as u16;
         for round in 0..2 {
             for n in 1..=parts {

@@ -246,14 +246,16 @@ options! {
     read_window: usize = 8;
     /// How a range of a block nothing here holds is fetched: `exact` (range-first: a range the
     /// whole block would bring more than 1.5 times the bytes of is fetched as asked, and cached
-    /// as a part found again by the same range) or `block` (always the whole block). Default:
+    /// as a part found again by the same range; a multipart upload's part read by `partNumber`
+    /// is cut so wherever it covers a block in part) or `block` (always the whole block). Default:
     /// `exact`: cold column chunks cost the upstream their own bytes, not their blocks'.
     cold_ranges: ColdRanges = Default::default();
     /// With `cold_ranges = "exact"`: after this many different ranges of one block were
     /// fetched as parts (within 10 minutes), the whole block is fetched behind the reader, as
     /// read-ahead (needs `prefetch = "auto"`). `0` never. Default: `2`: random ranges over
     /// hot objects then cost a block, not a GET per range; Parquet scans that read each
-    /// column chunk again exactly do better with `0` (docs/benchmarks.md).
+    /// column chunk again exactly do better with `0` (docs/benchmarks.md). Ranges only: the
+    /// pieces of blocks a multipart upload's parts are read as never complete a block.
     complete_block_after: u32 = 2;
     /// Most bytes of blocks all responses in flight hold at once: each holds the block it is
     /// sending and those opened ahead of it, which may have left the memory tier. A response

@@ -16,7 +16,7 @@ use crate::model::{
     range::{self, ByteRange, Resolved},
     BodyStream, ObjectId, ObjectMeta, PartNumber, PartSpan, UpstreamError,
 };
-use crate::read::blocks::{CacheResult, InMemory};
+use crate::read::blocks::{CacheResult, Cut, InMemory};
 use crate::read::metadata::Source;
 use crate::s3::conditional::{self, Outcome};
 use crate::s3::headers::{has_any, names, never_indexed, object_headers, wants_checksums};
@@ -193,7 +193,15 @@ impl AppState {
             self.blocks.fetch_behind(id, &etag, start..end, meta.size);
             return respond(Body::from_stream(body), XCache::Miss);
         }
-        let mut found = self.blocks.classify(id, &etag, start..end, meta.size);
+        // A part's blocks are cut as its spans: every later read of it asks for the same ones.
+        let cut = if part.is_some() {
+            Cut::Parts
+        } else {
+            Cut::Ranges
+        };
+        let mut found = self
+            .blocks
+            .classify_by(id, &etag, start..end, meta.size, cut);
         found.fetched_here = opened.load(Ordering::Relaxed);
         let cache = label(found.result, found.fetched_here);
         let cache = cache.label(source == Source::Stale);
@@ -214,7 +222,10 @@ impl AppState {
                 return respond(Body::new(InMemoryBody(held)), cache);
             }
         }
-        let mut body = Box::pin(self.blocks.read(id.clone(), etag, start..end, meta.size));
+        let body = self
+            .blocks
+            .read_by(id.clone(), etag, start..end, meta.size, cut);
+        let mut body = Box::pin(body);
         // Wait for the first bytes before answering, so an upstream failure (or a changed object)
         // becomes a proper S3 error instead of a broken body.
         let first = match body.next().await {

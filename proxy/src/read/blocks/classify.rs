@@ -11,7 +11,7 @@ use crate::model::ObjectId;
 use crate::telemetry::labels::XCache;
 
 use super::slots::Turn;
-use super::{BlockStore, Purpose};
+use super::{BlockStore, Cut, Purpose};
 
 /// How a response's bytes are being found, for the `X-Cache` header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +75,20 @@ impl BlockStore {
         range: Range<u64>,
         size: u64,
     ) -> Found {
+        self.classify_by(object, etag, range, size, Cut::Ranges)
+    }
+
+    /// [`BlockStore::classify`] of bytes a client's read cuts as `cut`, which decides the
+    /// pieces of blocks they are looked for as.
+    pub fn classify_by(
+        &self,
+        object: &ObjectId,
+        etag: &Arc<str>,
+        range: Range<u64>,
+        size: u64,
+        cut: Cut,
+    ) -> Found {
+        let purpose = Purpose::Demand(Turn::First, cut);
         let (mut in_memory, mut on_disk, mut missing) = (0usize, 0usize, 0usize);
         let mut first_missing = None;
         let (mut slices, mut block) = (0usize, None);
@@ -88,9 +102,7 @@ impl BlockStore {
             // Read as a part of its own when its block is nowhere here (`part`): looked up only
             // then, so a hit costs one lookup.
             if tier.is_none() {
-                if let Some((part, _)) =
-                    self.part_instead(object, etag, &id, &slice, Purpose::Demand(Turn::First))
-                {
+                if let Some((part, _)) = self.part_instead(object, etag, &id, &slice, purpose) {
                     tier = self.cache.locate(&part);
                     id = part;
                 }

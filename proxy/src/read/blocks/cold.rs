@@ -25,7 +25,7 @@ use super::fetch::Supplier;
 use super::pace::Carve;
 use super::slots::{Slot, Turn};
 use super::split::Split;
-use super::{part, BlockStore, Purpose};
+use super::{part, BlockStore, Cut, Purpose};
 
 /// What a cold GET's body fills.
 enum ColdFill {
@@ -113,8 +113,13 @@ impl BlockStore {
         asked: ByteRange,
         changed: Option<Duration>,
     ) -> Result<Option<(ObjectMeta, Duration)>, UpstreamError> {
-        self.open_cold_as(object, asked, Purpose::Demand(Turn::First), changed)
-            .await
+        self.open_cold_as(
+            object,
+            asked,
+            Purpose::Demand(Turn::First, Cut::Ranges),
+            changed,
+        )
+        .await
     }
 
     /// [`BlockStore::open_cold`] of block `index`, for another replica: never asks a third one.
@@ -162,7 +167,7 @@ impl BlockStore {
         part: PartNumber,
         tx: tokio::sync::oneshot::Sender<Result<Option<(ObjectMeta, PartSpan)>, UpstreamError>>,
     ) {
-        let purpose = Purpose::Demand(Turn::First);
+        let purpose = Purpose::Demand(Turn::First, Cut::Parts);
         let slot = self.slots(false).acquire(purpose.turn()).await;
         let sent = Instant::now();
         let (meta, span, body) = match self.origin.get_part(&object, part).await {
@@ -246,8 +251,9 @@ impl BlockStore {
                 let end = last.map_or(block.end, |l| l.saturating_add(1).min(block.end));
                 let piece = first.max(block.start)..end;
                 let exact = self.exact_ranges && purpose.demand() && !remote;
+                let len = piece.end - piece.start;
                 Some(
-                    if exact && part::fetched_alone(piece.end - piece.start, block_size) {
+                    if exact && part::fetched_alone(len, block_size, purpose.cut()) {
                         piece
                     } else if exact && piece.start > block.start {
                         // Tail first (`split`): the head is asked once the metadata is known.
@@ -557,7 +563,7 @@ impl BlockStore {
         match self.cache.join(id) {
             Miss::Fetch { fill, .. } => {
                 if part {
-                    self.complete_if_predicted(object, etag, &fetched);
+                    self.complete_if_predicted(object, etag, &fetched, purpose);
                 }
                 Some(ColdFill::Whole(Box::new(fill), fetched))
             }

@@ -272,12 +272,12 @@ impl BlockStore {
                     // as it came, joining it is a copy of all of it, which the next block of the
                     // same GET's body (`pace`) need not wait for. Still counted as a running
                     // fetch until it is cached.
-                    Purpose::Demand(_) | Purpose::Prefetch | Purpose::Peer
+                    Purpose::Demand(..) | Purpose::Prefetch | Purpose::Peer
                         if slice.block_len >= READERS_FIRST_FROM =>
                     {
                         tokio::spawn(fill.commit());
                     }
-                    Purpose::Demand(_) | Purpose::Prefetch | Purpose::Peer => {
+                    Purpose::Demand(..) | Purpose::Prefetch | Purpose::Peer => {
                         fill.commit().await;
                     }
                     Purpose::Warm => {

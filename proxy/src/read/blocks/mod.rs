@@ -129,12 +129,27 @@ pub struct BlockStore {
     metrics: Arc<Metrics>,
 }
 
+/// How a client's read cuts an object, which decides what a slice of a block nothing here
+/// holds is fetched and cached as (`part`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cut {
+    /// Ranges of any offset and length: a slice much shorter than its block is a piece of its
+    /// own, found again by a read of that span, and pieces of one block read one after
+    /// another predict the block (`complete_block_after`).
+    Ranges,
+    /// The parts of a multipart upload (`partNumber`): read again as the same spans, so every
+    /// slice short of its block is a piece of its own, and no block is completed from its
+    /// pieces. Two parts that share a block then cost the upstream their own bytes, once,
+    /// rather than theirs and the block's (docs/benchmarks.md).
+    Parts,
+}
+
 /// Why a block is being fetched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Purpose {
     /// A client is reading it: first in its response, or opened ahead of the block the
-    /// response sends ([`Turn`]).
-    Demand(Turn),
+    /// response sends ([`Turn`]), as its read cuts the object ([`Cut`]).
+    Demand(Turn, Cut),
     /// Read-ahead: a client is expected to read it.
     Prefetch,
     /// A warm-up job: it goes to the disk tier, not into the hot memory set.
@@ -152,14 +167,22 @@ impl Purpose {
 
     /// Whether a client is reading the block now.
     fn demand(self) -> bool {
-        matches!(self, Purpose::Demand(_))
+        matches!(self, Purpose::Demand(..))
+    }
+
+    /// How the read the block is for cuts the object: by ranges unless a client reads parts.
+    fn cut(self) -> Cut {
+        match self {
+            Purpose::Demand(_, cut) => cut,
+            Purpose::Prefetch | Purpose::Warm | Purpose::Peer => Cut::Ranges,
+        }
     }
 
     /// Where in the fetch budget the block waits for a slot: read-ahead and warm-up go behind
     /// the blocks readers wait for first; a peer's block may be its reader's first.
     fn turn(self) -> Turn {
         match self {
-            Purpose::Demand(turn) => turn,
+            Purpose::Demand(turn, _) => turn,
             Purpose::Prefetch | Purpose::Warm => Turn::Ahead,
             Purpose::Peer => Turn::First,
         }
@@ -341,7 +364,19 @@ impl BlockStore {
         range: Range<u64>,
         size: u64,
     ) -> impl Stream<Item = Result<Bytes, UpstreamError>> + Send + 'static {
-        self.read_as(object, etag, range, size, Purpose::Demand(Turn::First))
+        self.read_by(object, etag, range, size, Cut::Ranges)
+    }
+
+    /// [`BlockStore::read`] of bytes a client's read cuts as `cut` (a part's, or a range's).
+    pub fn read_by(
+        self: &Arc<Self>,
+        object: ObjectId,
+        etag: Arc<str>,
+        range: Range<u64>,
+        size: u64,
+        cut: Cut,
+    ) -> impl Stream<Item = Result<Bytes, UpstreamError>> + Send + 'static {
+        self.read_as(object, etag, range, size, Purpose::Demand(Turn::First, cut))
     }
 
     /// The bytes `[start, end)` of `object` (of `size` bytes) when they lie in one block that
@@ -455,7 +490,7 @@ impl BlockStore {
                 // The response's reader waits for its first block; the others are opened
                 // ahead, and wait behind other readers' first blocks for an upstream slot.
                 let purpose = match purpose {
-                    Purpose::Demand(_) if i > 0 => Purpose::Demand(Turn::Ahead),
+                    Purpose::Demand(_, cut) if i > 0 => Purpose::Demand(Turn::Ahead, cut),
                     purpose => purpose,
                 };
                 let before = room_before.take();

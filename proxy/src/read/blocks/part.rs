@@ -22,17 +22,22 @@ use crate::cache_key::BlockId;
 use crate::model::ObjectId;
 use crate::telemetry::labels::{Lookup, Source};
 
-use super::{BlockStore, OpenBlock, Purpose};
+use super::{BlockStore, Cut, OpenBlock, Purpose};
 
 /// Blocks whose parts were fetched recently, remembered to complete the block when another
 /// part of it is fetched. Bounded: a block forgotten costs one more part fetch, not a wrong
 /// answer.
 pub(super) const PARTS_REMEMBERED: u64 = 65_536;
 
-/// Whether a slice of `len` bytes is fetched on its own rather than as its block of
-/// `block_len`: when the block would bring more than 1.5 times the bytes asked.
-pub(super) fn fetched_alone(len: u64, block_len: u64) -> bool {
-    block_len.saturating_mul(2) > len.saturating_mul(3)
+/// Whether a slice of `len` bytes, read as `cut`, is fetched on its own rather than as its
+/// block of `block_len`: a range's when the block would bring more than 1.5 times the bytes
+/// asked; a part's whenever it is short of its block (the part's GET brings exactly its
+/// bytes, and every later read of the part asks for the same ones).
+pub(super) fn fetched_alone(len: u64, block_len: u64, cut: Cut) -> bool {
+    match cut {
+        Cut::Ranges => block_len.saturating_mul(2) > len.saturating_mul(3),
+        Cut::Parts => len < block_len,
+    }
 }
 
 impl BlockStore {
@@ -68,7 +73,7 @@ impl BlockStore {
         let len = slice.to - slice.from;
         if !self.exact_ranges
             || !purpose.demand()
-            || !fetched_alone(len, slice.block_len)
+            || !fetched_alone(len, slice.block_len, purpose.cut())
             || self.remote_owner(object, slice.index, purpose).is_some()
         {
             return None;
@@ -124,7 +129,7 @@ impl BlockStore {
                 let tier = if on_disk {
                     Source::Disk
                 } else {
-                    self.complete_if_predicted(object, etag, &part);
+                    self.complete_if_predicted(object, etag, &part, purpose);
                     Source::Upstream
                 };
                 let store = self.clone();
@@ -143,17 +148,19 @@ impl BlockStore {
         }
     }
 
-    /// A part of a block is being fetched (`part`, a part's slice): counted per block while
-    /// remembered; at the `complete_block_after`th, the whole block is fetched behind the
-    /// reader, as read-ahead (counted as such, used or wasted, and only with a free upstream
-    /// slot and read-ahead on).
+    /// A part of a block is being fetched (`part`, a part's slice) for a read of ranges:
+    /// counted per block while remembered; at the `complete_block_after`th, the whole block is
+    /// fetched behind the reader, as read-ahead (counted as such, used or wasted, and only
+    /// with a free upstream slot and read-ahead on). Never for a read of parts ([`Cut`]).
     pub(super) fn complete_if_predicted(
         self: &Arc<Self>,
         object: &ObjectId,
         etag: &Arc<str>,
         part: &BlockSlice,
+        purpose: Purpose,
     ) {
-        if !self.prefetch.enabled() || self.complete_block_after == 0 {
+        if !self.prefetch.enabled() || self.complete_block_after == 0 || purpose.cut() == Cut::Parts
+        {
             return;
         }
         let id = self.id(object, etag, part.index);
@@ -170,18 +177,31 @@ impl BlockStore {
 #[cfg(test)]
 mod tests {
     use super::fetched_alone;
+    use crate::read::blocks::Cut;
 
     #[test]
-    fn a_part_is_fetched_alone_only_when_its_block_brings_over_half_as_much_again() {
+    fn a_range_is_fetched_alone_only_when_its_block_brings_over_half_as_much_again() {
         let block = 8 << 20;
-        assert!(fetched_alone(256 << 10, block));
-        assert!(fetched_alone(5 << 20, block));
+        let alone = |len, block_len| fetched_alone(len, block_len, Cut::Ranges);
+        assert!(alone(256 << 10, block));
+        assert!(alone(5 << 20, block));
         // 6 MiB of 8: the block is 1.33 times the bytes asked.
-        assert!(!fetched_alone(6 << 20, block));
-        assert!(!fetched_alone(block, block));
+        assert!(!alone(6 << 20, block));
+        assert!(!alone(block, block));
         // Exactly 1.5 times: the block.
-        assert!(!fetched_alone(2, 3));
-        assert!(fetched_alone(1, 2));
-        assert!(!fetched_alone(u64::MAX, u64::MAX));
+        assert!(!alone(2, 3));
+        assert!(alone(1, 2));
+        assert!(!alone(u64::MAX, u64::MAX));
+    }
+
+    #[test]
+    fn a_part_is_fetched_alone_whenever_it_is_short_of_its_block() {
+        let block = 8 << 20;
+        let alone = |len, block_len| fetched_alone(len, block_len, Cut::Parts);
+        assert!(alone(6 << 20, block));
+        assert!(alone(block - 1, block));
+        assert!(!alone(block, block));
+        // A short last block, all of it.
+        assert!(!alone(100, 100));
     }
 }

@@ -20,7 +20,7 @@ use crate::telemetry::labels::Source;
 
 use super::fetch::{FirstAttempt, Supplier};
 use super::slots::{Slot, Turn};
-use super::{part, BlockStore, OpenBlock, Opening, Purpose};
+use super::{part, BlockStore, Cut, OpenBlock, Opening, Purpose};
 
 /// A block being fetched tail first: its flight and its tail's, and where the tail starts.
 pub(super) struct Split {
@@ -38,9 +38,10 @@ pub(super) struct Split {
 
 impl BlockStore {
     /// Whether `slice` is fetched tail first when its block is nowhere here: range-first reads
-    /// are on, a client reads it, it starts inside its block, the block would not bring 1.5
-    /// times its bytes (else it is a part, [`BlockStore::part_of`]), and no other replica owns
-    /// the block (an owner is asked for whole blocks).
+    /// are on, a client reads it, it starts inside its block, it is not fetched alone (else
+    /// it is a part, [`BlockStore::part_of`]: a range's block would bring 1.5 times its
+    /// bytes, or it is a part's slice short of its block), and no other replica owns the
+    /// block (an owner is asked for whole blocks).
     pub(super) fn tail_first(
         &self,
         object: &ObjectId,
@@ -50,7 +51,7 @@ impl BlockStore {
         self.exact_ranges
             && purpose.demand()
             && slice.from > 0
-            && !part::fetched_alone(slice.to - slice.from, slice.block_len)
+            && !part::fetched_alone(slice.to - slice.from, slice.block_len, purpose.cut())
             && self.remote_owner(object, slice.index, purpose).is_none()
     }
 
@@ -138,7 +139,13 @@ impl BlockStore {
             let fetch = (object.clone(), etag.clone(), whole);
             tokio::spawn(async move {
                 store
-                    .fetch(block, fetch, None, None, Purpose::Demand(Turn::First))
+                    .fetch(
+                        block,
+                        fetch,
+                        None,
+                        None,
+                        Purpose::Demand(Turn::First, Cut::Ranges),
+                    )
                     .await
             });
             return None;
@@ -228,8 +235,14 @@ impl BlockStore {
                     }
                 }
             }
-            self.settle(block, result, &object, &slice, Purpose::Demand(Turn::First))
-                .await;
+            self.settle(
+                block,
+                result,
+                &object,
+                &slice,
+                Purpose::Demand(Turn::First, Cut::Ranges),
+            )
+            .await;
         };
         tokio::join!(fetch_tail, fetch_block);
     }
