@@ -441,8 +441,12 @@ def test_parts_of_a_multipart_upload_come_from_the_cache_from_their_first_read(l
                                                           PartNumber=i + 1, Body=p)["ETag"]}
             for i, p in enumerate(parts)]
     via.complete_multipart_upload(Bucket=bucket, Key="mp", UploadId=up["UploadId"], MultipartUpload={"Parts": done})
+    before = len(upstream.seen(None, f"/{bucket}/mp"))
     for n in (1, 2):
         assert read("mp", n) == "miss", n
+    # One GET a part, of the part: not first a GET of where part 1 lay before the write.
+    sent = upstream.seen(None, f"/{bucket}/mp")[before:]
+    assert len(sent) == 2 and all(m == "GET" and "partNumber=" in p for m, p, _ in sent), sent
     assert error_of(via.get_object, Bucket=bucket, Key="mp", PartNumber=3) == (416, "InvalidPartNumber")
     for n in (2, 1):
         wait_until(lambda: read("mp", n) == "hit-memory", 10, f"the new part {n} from memory")
