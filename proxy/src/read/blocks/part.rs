@@ -12,7 +12,9 @@
 //! demo: 38 upstream GETs cold and none warm, against 106 and 72 without it) and costs them
 //! where each range is read again exactly (the Parquet benchmark: more bytes, GETs and
 //! latency); docs/benchmarks.md has both. A block already cached or in flight is always read
-//! as a block.
+//! as a block. A multipart upload's part read by `partNumber` ([`Cut::Parts`]) is cut so
+//! wherever it covers a block only in part, and completes no block: its reads ask for the
+//! same spans every time.
 
 use std::sync::Arc;
 
