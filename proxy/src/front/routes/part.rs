@@ -46,8 +46,8 @@ impl AppState {
         // forgotten): a read of the span learnt before would open it with a GET of that span,
         // wasted if the object changed. The part's own GET costs the same, and says where the
         // part lies now.
-        let first = !head && self.blocks.opens_upload_parts();
-        let reopen = first && self.metadata.is_unknown(&id) && !self.blocks.known_on_disk(&id);
+        let own_get = !head && self.blocks.opens_upload_parts();
+        let reopen = own_get && self.metadata.is_unknown(&id) && !self.blocks.known_on_disk(&id);
         if let Some(span) = self.parts.get(&id, part).filter(|_| !reopen) {
             let known = PartRead {
                 span: &span,
@@ -61,7 +61,7 @@ impl AppState {
                 Err(_) => self.parts.forget(&id, part),
             }
         }
-        if first {
+        if own_get {
             let first = self.first_read_of_part(&req.headers, &id, query, part);
             if let Some(handled) = Box::pin(first).await {
                 return handled;
