@@ -78,14 +78,19 @@ pub fn name(
     query: &ObjectQuery,
     headers: &HeaderMap,
 ) -> Operation {
-    let has = |p: &str| query.other.iter().any(|o| o == p);
+    // A header hoisted into the query (`x-amz-request-payer=requester` in a presigned URL,
+    // SSE-C's keys, ...) changes what S3 answers, not which operation it is: a presigned
+    // Requester Pays GET is a GetObject. Only the rest are sub-resources.
+    let sub_resources = || query.other.iter().filter(|o| !o.starts_with("x-amz-"));
+    let has = |p: &str| sub_resources().any(|o| o == p);
+    let plain = || sub_resources().next().is_none();
     match (method, target) {
         (&Method::GET, Target::Service) => Operation::ListBuckets,
         (&Method::GET, Target::Bucket(_)) if has("list-type") => Operation::ListObjectsV2,
         (&Method::GET, Target::Bucket(_)) if has("uploads") => Operation::ListMultipartUploads,
         (&Method::GET, Target::Bucket(_)) if has("versions") => Operation::ListObjectVersions,
         (&Method::GET, Target::Bucket(_))
-            if query.other.iter().all(|o| {
+            if sub_resources().all(|o| {
                 matches!(
                     o.as_str(),
                     "prefix" | "delimiter" | "marker" | "max-keys" | "encoding-type"
@@ -95,15 +100,15 @@ pub fn name(
             Operation::ListObjects
         }
         (&Method::HEAD, Target::Bucket(_)) => Operation::HeadBucket,
-        (&Method::PUT, Target::Bucket(_)) if query.other.is_empty() => Operation::CreateBucket,
-        (&Method::DELETE, Target::Bucket(_)) if query.other.is_empty() => Operation::DeleteBucket,
+        (&Method::PUT, Target::Bucket(_)) if plain() => Operation::CreateBucket,
+        (&Method::DELETE, Target::Bucket(_)) if plain() => Operation::DeleteBucket,
         (&Method::POST, Target::Bucket(_)) if has("delete") => Operation::DeleteObjects,
         (_, Target::Bucket(_) | Target::Service) => Operation::BucketOther,
         (&Method::GET, Target::Object { .. }) if has("attributes") => {
             Operation::GetObjectAttributes
         }
         (&Method::GET, Target::Object { .. }) if has("uploadId") => Operation::ListParts,
-        (&Method::GET, Target::Object { .. }) if query.other.is_empty() => Operation::GetObject,
+        (&Method::GET, Target::Object { .. }) if plain() => Operation::GetObject,
         (&Method::HEAD, Target::Object { .. }) => Operation::HeadObject,
         (&Method::PUT, Target::Object { .. }) if has("uploadId") => {
             if headers.contains_key(names::X_AMZ_COPY_SOURCE) {
@@ -112,7 +117,7 @@ pub fn name(
                 Operation::UploadPart
             }
         }
-        (&Method::PUT, Target::Object { .. }) if query.other.is_empty() => {
+        (&Method::PUT, Target::Object { .. }) if plain() => {
             if headers.contains_key(names::X_AMZ_COPY_SOURCE) {
                 Operation::CopyObject
             } else {
@@ -128,9 +133,7 @@ pub fn name(
         (&Method::DELETE, Target::Object { .. }) if has("uploadId") => {
             Operation::AbortMultipartUpload
         }
-        (&Method::DELETE, Target::Object { .. }) if query.other.is_empty() => {
-            Operation::DeleteObject
-        }
+        (&Method::DELETE, Target::Object { .. }) if plain() => Operation::DeleteObject,
         _ => Operation::ObjectOther,
     }
 }
@@ -146,5 +149,54 @@ mod tests {
         let names: std::collections::HashSet<_> =
             Operation::ALL.iter().map(|o| o.as_str()).collect();
         assert_eq!(names.len(), Operation::ALL.len());
+    }
+
+    #[test]
+    fn a_header_hoisted_into_the_query_does_not_change_the_operation() {
+        let object = Target::Object {
+            bucket: "b".into(),
+            key: "k".into(),
+        };
+        let named = |method: Method, query: &str| {
+            name(
+                &method,
+                &object,
+                &ObjectQuery::parse(Some(query)),
+                &HeaderMap::new(),
+            )
+        };
+        // A presigned Requester Pays read is a GetObject (it was named ObjectOther).
+        assert_eq!(
+            named(Method::GET, "x-amz-request-payer=requester"),
+            Operation::GetObject
+        );
+        assert_eq!(
+            named(
+                Method::PUT,
+                "x-amz-acl=private&x-amz-request-payer=requester"
+            ),
+            Operation::PutObject
+        );
+        assert_eq!(
+            named(Method::DELETE, "x-amz-request-payer=requester"),
+            Operation::DeleteObject
+        );
+        // A sub-resource still is one, whatever is hoisted beside it.
+        assert_eq!(
+            named(Method::GET, "tagging&x-amz-request-payer=requester"),
+            Operation::ObjectOther
+        );
+        assert_eq!(
+            named(Method::GET, "uploadId=u&x-amz-request-payer=requester"),
+            Operation::ListParts
+        );
+        let bucket = Target::Bucket("b".into());
+        let listed = name(
+            &Method::GET,
+            &bucket,
+            &ObjectQuery::parse(Some("prefix=a&x-amz-request-payer=requester")),
+            &HeaderMap::new(),
+        );
+        assert_eq!(listed, Operation::ListObjects);
     }
 }
