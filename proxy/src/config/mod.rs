@@ -186,7 +186,7 @@ options! {
     /// Default: `false`.
     upstream_path_style: bool = false => Switch;
     /// Read Requester Pays buckets: every request Larder makes of its own (block GETs, HEADs,
-    /// the listings of warm-up) says that Larder pays for it (`x-amz-request-payer:
+    /// the listings of warm-up, the events heartbeat's write) says that Larder pays for it (`x-amz-request-payer:
     /// requester`), so those requests and their bytes are billed to the account of Larder's
     /// upstream credentials, once per block, however many clients read it. Reads that say
     /// they pay (that header, or the `x-amz-request-payer=requester` parameter of a presigned

@@ -4,16 +4,18 @@
 //! (bucket → notification target or queue → Larder) works even when nothing else is written;
 //! if the event stops coming, the stream is declared unhealthy and Larder falls back to
 //! `events_fallback_ttl` by itself. The write goes upstream with Larder's own credentials,
-//! which therefore need `s3:PutObject` on that key.
+//! which therefore need `s3:PutObject` on that key. With `upstream_requester_pays`, the write
+//! says Larder pays for it, as every other request of Larder's own does.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use http::{HeaderMap, Method};
+use http::{HeaderMap, HeaderValue, Method};
 use sha2::Digest;
 use tokio_util::sync::CancellationToken;
 
+use crate::s3::headers::names;
 use crate::s3::request::Target;
 use crate::upstream::forward::{Forward, Forwarder, Reshaped, SignedBody};
 
@@ -27,6 +29,10 @@ pub struct Heartbeat {
     pub key: String,
     /// Between writes.
     pub every: Duration,
+    /// Say that Larder pays for the write (`x-amz-request-payer: requester`, signed), as
+    /// `upstream_requester_pays` has every request of Larder's own do: a Requester Pays
+    /// bucket refuses a write from anyone but its owner that does not.
+    pub requester_pays: bool,
 }
 
 impl Heartbeat {
@@ -49,6 +55,13 @@ impl Heartbeat {
     async fn beat(&self) -> Result<(), String> {
         let body = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
         let hash = hex::encode(sha2::Sha256::digest(body.as_bytes()));
+        let mut headers = HeaderMap::new();
+        if self.requester_pays {
+            headers.insert(
+                names::X_AMZ_REQUEST_PAYER,
+                HeaderValue::from_static("requester"),
+            );
+        }
         let forward = Forward {
             method: Method::PUT,
             target: Target::Object {
@@ -56,7 +69,7 @@ impl Heartbeat {
                 key: self.key.as_str().into(),
             },
             query: None,
-            headers: HeaderMap::new(),
+            headers,
             body: Body::from(body),
             payload: SignedBody::Sha256(hash),
             reshaped: Reshaped::AsSent,
@@ -70,6 +83,66 @@ impl Heartbeat {
             Ok(())
         } else {
             Err(format!("upstream answered {}", response.status()))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use aws_credential_types::provider::SharedCredentialsProvider;
+    use aws_credential_types::Credentials;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// The heartbeat's PUT as the upstream reads it, `requester_pays` or not.
+    async fn beat_as_read(requester_pays: bool) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let mut buf = vec![0u8; 8192];
+            let n = conn.read(&mut buf).await.unwrap();
+            conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                .await
+                .unwrap();
+            String::from_utf8_lossy(&buf[..n]).to_ascii_lowercase()
+        });
+        let credentials = Credentials::new("k", "s", None, None, "test");
+        let forwarder = Forwarder::new(
+            Some(&url),
+            "us-east-1",
+            true,
+            Some(SharedCredentialsProvider::new(credentials)),
+            (Duration::from_secs(5), Duration::from_secs(5)),
+        )
+        .unwrap();
+        let heartbeat = Heartbeat {
+            forwarder: Arc::new(forwarder),
+            bucket: "b".to_owned(),
+            key: ".larder/heartbeat".to_owned(),
+            every: Duration::from_secs(1),
+            requester_pays,
+        };
+        heartbeat.beat().await.unwrap();
+        server.await.unwrap()
+    }
+
+    /// With `upstream_requester_pays` the heartbeat says Larder pays, and signs it (S3 takes
+    /// an `x-amz-*` header only when it is signed); without it, it does not say so.
+    #[tokio::test]
+    async fn a_larder_that_pays_says_so_in_its_heartbeat() {
+        for pays in [true, false] {
+            let request = beat_as_read(pays).await;
+            assert!(
+                request.starts_with("put /b/.larder/heartbeat "),
+                "{request}"
+            );
+            let said = request.contains("\r\nx-amz-request-payer: requester\r\n");
+            let signed = request
+                .split_once("signedheaders=")
+                .and_then(|(_, rest)| rest.split([',', '\r']).next())
+                .is_some_and(|names| names.split(';').any(|n| n == "x-amz-request-payer"));
+            assert_eq!((said, signed), (pays, pays), "{request}");
         }
     }
 }

@@ -417,6 +417,7 @@ pub async fn start(
             bucket: bucket.to_owned(),
             key: key.to_owned(),
             every: config.events_max_silence.0 / 3,
+            requester_pays: config.upstream_requester_pays,
         };
         tokio::spawn(heartbeat.run(shutdown.clone()));
     }
