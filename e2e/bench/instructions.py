@@ -22,6 +22,12 @@ AWS SDKs do since 2025), after a HEAD that brings the object's checksum into the
 checks that every answer carries it: the cost of sending the stored checksum back. Unsigned
 variants only (`--auth none`): a presigned URL does not sign the header.
 
+`--disk N` counts disk hits instead: N objects of `--size`, each Larder with an 8 MiB memory tier
+in front of a disk tier twice their total (hit_cpu.py's disk setup), warmed through its admin
+API, every connection reading the N keys in turn. With N × size well past 8 MiB nearly every
+counted read is a disk hit (a page-cache read, CRC-checked); each variant's disk and memory hit
+counters are printed after its count.
+
 Needs valgrind (`apt-get install valgrind`). Not part of the test suite: it measures, it does not
 judge. Requests are signed (SigV4 presigned URLs) unless the variant runs with `--auth none`.
 """
@@ -43,13 +49,14 @@ from hit_cpu import median, variant, variant_bench  # noqa: E402
 CHECKSUM_MODE = {"x-amz-checksum-mode": "ENABLED"}
 
 
-def read(target: Target, key: str, size: int, count: int, headers: dict):
-    """`count` GETs of `key` on one keep-alive connection, each body checked; with
+def read(target: Target, keys: list, size: int, count: int, headers: dict):
+    """`count` GETs of `keys` in turn on one keep-alive connection, each body checked; with
     [`CHECKSUM_MODE`] in `headers`, each answer must carry the object's CRC32."""
-    want = content(key, size)
+    wants = [content(key, size) for key in keys]
     c = http.client.HTTPConnection(target.host, target.port, timeout=120)
     try:
-        for _ in range(count):
+        for i in range(count):
+            key, want = keys[i % len(keys)], wants[i % len(keys)]
             c.request("GET", target.path(key), headers=headers)
             r = c.getresponse()
             body = r.read()
@@ -61,9 +68,11 @@ def read(target: Target, key: str, size: int, count: int, headers: dict):
         c.close()
 
 
-def on_connections(target: Target, key: str, size: int, requests: int, connections: int, headers: dict):
-    threads = [threading.Thread(target=read, args=(target, key, size, requests // connections, headers))
-               for _ in range(connections)]
+def on_connections(target: Target, keys: list, size: int, requests: int, connections: int, headers: dict):
+    # Each connection starts at its own place in the keys, so they do not read one object at once.
+    threads = [threading.Thread(target=read, args=(target, keys[i % len(keys):] + keys[:i % len(keys)], size,
+                                                   requests // connections, headers))
+               for i in range(connections)]
     for t in threads:
         t.start()
     for t in threads:
@@ -90,6 +99,8 @@ def main():
     ap.add_argument("--h2", action="store_true", help="count HTTP/2 requests (h2load)")
     ap.add_argument("--checksum-mode", action="store_true",
                     help="send x-amz-checksum-mode: ENABLED (unsigned variants only)")
+    ap.add_argument("--disk", type=int, default=0, metavar="N",
+                    help="disk hits of N objects (8 MiB memory tier) instead of memory hits of one")
     ap.add_argument("--out", type=Path, default=Path("target/bench/instructions"))
     ap.add_argument("variants", nargs="+", type=variant)
     args = ap.parse_args()
@@ -97,12 +108,14 @@ def main():
     if args.checksum_mode and args.h2:
         ap.error("--checksum-mode counts HTTP/1.1 requests only")
     bench = variant_bench(args)
-    key = "instructions/hot"
+    if args.disk and (args.h2 or args.checksum_mode):
+        ap.error("--disk counts HTTP/1.1 requests without --checksum-mode")
+    keys = [f"instructions/disk/{i}" for i in range(args.disk)] if args.disk else ["instructions/hot"]
     requests = args.requests // args.connections * args.connections
     figures = {name: [] for name, *_ in args.variants}
     try:
         bench.start()
-        bench.upload([(key, args.size)])
+        bench.upload([(key, args.size) for key in keys])
         for rnd in range(args.rounds):
             for name, profile, env, extra in args.variants:
                 dump = args.out / f"{name}-{rnd}.callgrind"
@@ -115,8 +128,13 @@ def main():
                 plain = conftest.binary
                 conftest.binary = lambda n, w=wrapper, plain=plain: str(w) if n == "larder" else plain(n)
                 try:
-                    larder = conftest.Larder(bench.work, bench.proxy.endpoint, "--memory-capacity", "1GiB",
-                                             *extra, name=name, env=env)
+                    if args.disk:
+                        cache = bench.work / f"{name}-{rnd}.cache"
+                        tiers = ("--memory-capacity", "8MiB", "--disk-path", str(cache), "--disk-capacity",
+                                 f"{max(512, 2 * args.disk * args.size >> 20)}MiB")
+                    else:
+                        tiers = ("--memory-capacity", "1GiB")
+                    larder = conftest.Larder(bench.work, bench.proxy.endpoint, *tiers, *extra, name=name, env=env)
                 finally:
                     conftest.binary = plain
                 try:
@@ -130,18 +148,27 @@ def main():
                         # The metadata from a HEAD that asks: a GET that opens the object learns
                         # no checksum.
                         c = http.client.HTTPConnection(target.host, target.port, timeout=120)
-                        c.request("HEAD", target.path(key), headers=headers)
+                        c.request("HEAD", target.path(keys[0]), headers=headers)
                         c.getresponse().read()
                         c.close()
-                    # Warm: the block cached, the metadata known, every connection's first request done.
-                    on_connections(target, key, args.size, 50 * args.connections, args.connections, headers)
+                    # Warm: the blocks cached (on disk: through the admin API, as compare.py's disk
+                    # step does), the metadata known, every connection's first request done.
+                    if args.disk:
+                        bench.warm_prefix(larder, "instructions/disk/")
+                    warm = max(50 * args.connections, len(keys))
+                    on_connections(target, keys, args.size, warm, args.connections, headers)
                     pid = str(larder.proc.pid)
                     subprocess.run(["callgrind_control", "--zero", pid], check=True, capture_output=True)
                     if args.h2:
-                        over_h2(target, key, requests, args.connections)
+                        over_h2(target, keys[0], requests, args.connections)
                     else:
-                        on_connections(target, key, args.size, requests, args.connections, headers)
+                        on_connections(target, keys, args.size, requests, args.connections, headers)
                     subprocess.run(["callgrind_control", "--dump", pid], check=True, capture_output=True)
+                    if args.disk:
+                        print(f"{name}: " + ", ".join(
+                            line for line in larder.metrics().splitlines()
+                            if line.startswith(("larder_disk_hits_total", "larder_memory_hits",
+                                                "larder_disk_page_cache", "larder_cache_lookups_total"))))
                 finally:
                     larder.stop()
                 part = Path(f"{dump}.1")
