@@ -10,8 +10,9 @@ shorter). Each round reads every part once, `--threads` at a time, each reader o
 keep-alive connection, every body checked against the part's bytes. Direct reads are anonymous
 (the bucket is public-read); Larder's are SigV4-presigned and verified. The upstream's GETs,
 HEADs and bytes are counted at the latency proxy once it has gone quiet after the round. With
-`--capped`, the proxy also caps each connection at S3's rate (compare.py's cold_capped). Not
-part of the test suite.
+`--capped`, the proxy also caps each connection at S3's rate (compare.py's cold_capped). With
+`--then-whole`, the object is then read whole once (one GET, as a job reading it after the
+parts would): its time and what it cost the upstream. Not part of the test suite.
 """
 
 import argparse
@@ -80,12 +81,33 @@ def read_round(t: Target, key: str, size: int, spans, threads: int) -> tuple[flo
     return ms, labels
 
 
+def read_whole(t: Target, key: str, size: int) -> tuple[float, str]:
+    """`key` read whole in one GET, checked: the wall time (ms) and its X-Cache."""
+    path = f"/{BUCKET}/{key}"
+    if t.presigner is not None:
+        u = urllib.parse.urlsplit(t.presigner.generate_presigned_url(
+            "get_object", Params={"Bucket": BUCKET, "Key": key}, ExpiresIn=3600))
+        path = f"{u.path}?{u.query}"
+    conn = http.client.HTTPConnection(t.host, t.port, timeout=120)
+    conn.connect()
+    t0 = time.perf_counter()
+    conn.request("GET", path)
+    r = conn.getresponse()
+    body = r.read()
+    ms = (time.perf_counter() - t0) * 1000
+    conn.close()
+    if r.status != 200 or body != content(key, size):
+        raise RuntimeError(f"{t.name}: whole read: status {r.status}, {len(body)} bytes, wrong")
+    return ms, r.getheader("x-cache") or "-"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", type=int, default=64, help="object MiB")
     ap.add_argument("--part", type=int, default=8, help="part MiB (at least 5, S3's least)")
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--then-whole", action="store_true", help="read the object whole after the rounds")
     ap.add_argument("--capped", action="store_true",
                     help=f"cap each upstream connection at {S3_CONNECTION_MBPS} MB/s, as S3 does")
     args = ap.parse_args()
@@ -107,6 +129,13 @@ def main():
                 mib = (after["bytes"] - before["bytes"]) / MiB
                 print(f"{t.name:7} round {r + 1}: {ms:8.1f} ms, {len(spans)} parts, upstream {gets} GETs "
                       f"{heads} HEADs {mib:.1f} MiB, x-cache {labels}", flush=True)
+            if args.then_whole:
+                before = bench.settle()
+                ms, label = read_whole(t, key, size)
+                after = bench.settle()
+                print(f"{t.name:7} whole:   {ms:8.1f} ms, upstream {after['gets'] - before['gets']} GETs "
+                      f"{after['heads'] - before['heads']} HEADs {(after['bytes'] - before['bytes']) / MiB:.1f} MiB, "
+                      f"x-cache {label}", flush=True)
     finally:
         bench.stop()
 

@@ -351,8 +351,9 @@ def test_parts_of_a_multipart_upload_come_from_the_cache_from_their_first_read(l
     where the part lies, and its body fills the cache. From then on, while the object keeps that
     ETag, the part is read from the cache and answered as the server answers it, with the part's
     own checksum (boto3 asks for checksums on every read, and checks the part's bytes against
-    it). A first HEAD passes through and is learnt. A write through Larder sends the next read of
-    a part to the upstream again, and the new object's parts are learnt anew."""
+    it). A first HEAD passes through and is learnt. Read whole after its parts, the object costs
+    no GET: the blocks its parts cut are assembled from the pieces. A write through Larder sends
+    the next read of a part to the upstream again, and the new object's parts are learnt anew."""
     from test_headers_errors import checksums, error_of, object_headers
     parts = [payload(5 * MiB, 41), payload(5 * MiB, 42), payload(2 * MiB + 3, 43)]
     multipart(direct, bucket, "mp", parts, ChecksumAlgorithm="CRC32")
@@ -399,10 +400,15 @@ def test_parts_of_a_multipart_upload_come_from_the_cache_from_their_first_read(l
     first_reads("mp")
     for n in (1, 2, 3):
         wait_until(lambda: read("mp", n) == "hit-memory", 10, f"part {n} from memory")
+    # Read whole now: the blocks the parts cut into pieces are assembled from those pieces,
+    # with no GET (they were fetched again before).
     # The object's metadata came with a part's answer, which carried that part's checksum: a
     # whole read is never answered with it (botocore would fail the body against it).
+    gets = len(upstream.seen(None, f"/{bucket}/mp"))
     whole = via.get_object(Bucket=bucket, Key="mp", ChecksumMode="ENABLED")
     assert whole["Body"].read() == b"".join(parts)
+    assert whole["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "hit-memory"
+    assert len(upstream.seen(None, f"/{bucket}/mp")) == gets, upstream.seen(None, f"/{bucket}/mp")[gets:]
     theirs = direct.get_object(Bucket=bucket, Key="mp", ChecksumMode="ENABLED")
     # Read to the end: a body left unread holds MinIO's read lock on the key, and the write
     # below would wait 30 s for it.

@@ -209,6 +209,70 @@ async fn get_part(app: &Arc<AppState>, key: &str, n: u16) -> (StatusCode, Header
     send(app, req).await
 }
 
+/// An object read by its parts, then whole or by ranges: the blocks its parts cut into pieces
+/// are assembled from those pieces, with no GET, and then serve the parts too.
+#[tokio::test]
+async fn blocks_cut_into_pieces_by_parts_are_assembled_from_them() {
+    let data: Bytes = (0..3 * 4096)
+        .map(|i| (i % 251) as u8)
+        .collect::<Vec<u8>>()
+        .into();
+    // 6,000-byte parts cut blocks 0 and 1 into two pieces each (block 2 is covered by parts
+    // 2 and 3 too); 3,500-byte parts cut every block.
+    for part_size in [6000u64, 3500] {
+        let origin = Arc::new(MemoryUpstream::default().with_parts(part_size));
+        origin.put("k", data.clone(), "\"v1\"");
+        let app = app_with(origin.clone(), true);
+        let parts = data.len().div_ceil(part_size as usize) as u16;
+        for n in 1..=parts {
+            assert_eq!(get_part(&app, "k", n).await.0, StatusCode::PARTIAL_CONTENT);
+        }
+        let fetched = origin.gets.load(Ordering::SeqCst);
+        assert_eq!(fetched, parts as usize, "one GET a part");
+        // Whole, then a range in one block and one across two: every byte from the pieces.
+        for range in ["bytes=0-", "bytes=100-200", "bytes=4000-9000"] {
+            let (status, headers, body) = get(&app, range).await;
+            let (first, last) = match range {
+                "bytes=0-" => (0, data.len() - 1),
+                "bytes=100-200" => (100, 200),
+                _ => (4000, 9000),
+            };
+            assert_eq!(status, StatusCode::PARTIAL_CONTENT, "{range}");
+            assert_eq!(
+                &body[..],
+                &data[first..=last],
+                "{range} of parts of {part_size}"
+            );
+            assert_eq!(
+                headers["x-cache"], "hit-memory",
+                "{range} of parts of {part_size}"
+            );
+        }
+        assert_eq!(
+            origin.gets.load(Ordering::SeqCst),
+            fetched,
+            "parts of {part_size}: no GET after the parts"
+        );
+        // The parts again: from the blocks, which took the pieces' place.
+        for n in 1..=parts {
+            let (status, headers, body) = get_part(&app, "k", n).await;
+            let first = (n as usize - 1) * part_size as usize;
+            let end = (first + part_size as usize).min(data.len());
+            assert_eq!(status, StatusCode::PARTIAL_CONTENT);
+            assert_eq!(&body[..], &data[first..end], "part {n} of {part_size}");
+            assert_eq!(headers["x-cache"], "hit-memory");
+        }
+        assert_eq!(origin.gets.load(Ordering::SeqCst), fetched);
+        let memory = app.blocks.memory();
+        memory.sync().await;
+        assert_eq!(
+            memory.stats().entries,
+            3,
+            "parts of {part_size}: the three blocks, no pieces beside them"
+        );
+    }
+}
+
 /// A part read first is one GET of that part: its answer says where the part lies and its body
 /// fills the blocks it covers, so the next read of any part costs the upstream nothing. Parts
 /// on block boundaries (4 KiB) cost one GET each; parts across them (6,000 bytes) fetch the

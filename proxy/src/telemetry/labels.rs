@@ -94,6 +94,9 @@ label! {
         /// Parts of blocks fetched on their own (a cold range much smaller than its block),
         /// in memory or on disk: a miss is a part fetched.
         Part => "part",
+        /// Blocks nothing held whole, assembled from the pieces held here that tile them (an
+        /// object read by its parts, then whole or by ranges): a hit only.
+        Pieces => "pieces",
     }
 }
 

@@ -102,7 +102,13 @@ impl BlockStore {
             // Read as a part of its own when its block is nowhere here (`part`): looked up only
             // then, so a hit costs one lookup.
             if tier.is_none() {
-                if let Some((part, _)) = self.part_instead(object, etag, &id, &slice, purpose) {
+                if let Some(pieces) = self.tiling_pieces(object, etag, &id, &slice) {
+                    // Assembled from the pieces that tile it, with no GET.
+                    let in_memory = pieces.iter().all(|(_, _, t)| *t == Tier::Memory);
+                    tier = Some(if in_memory { Tier::Memory } else { Tier::Disk });
+                } else if let Some((part, _)) =
+                    self.part_instead(object, etag, &id, &slice, purpose)
+                {
                     tier = self.cache.locate(&part);
                     id = part;
                 }

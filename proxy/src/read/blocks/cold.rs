@@ -563,6 +563,7 @@ impl BlockStore {
         match self.cache.join(id) {
             Miss::Fetch { fill, .. } => {
                 if part {
+                    self.note_piece(object, etag, &fetched);
                     self.complete_if_predicted(object, etag, &fetched, purpose);
                 }
                 Some(ColdFill::Whole(Box::new(fill), fetched))

@@ -12,7 +12,7 @@ use futures::stream::StreamExt;
 use crate::cache_key::BlockId;
 use crate::fleet::client::PeerError;
 use crate::model::{BodyStream, ObjectId, UpstreamError};
-use crate::telemetry::labels::WriteDropped;
+use crate::telemetry::labels::{Lookup, WriteDropped};
 use tracing::Instrument;
 
 use super::slots::{Slot, Slots};
@@ -208,7 +208,17 @@ impl BlockStore {
                     return;
                 }
                 Local::StoppedAt(at) => resume_at = at,
-                Local::Absent => {}
+                Local::Absent => {
+                    if let Some(pieces) = self.assemble_pieces(&fill, &object, &etag, &slice).await
+                    {
+                        readers_first(slice.block_len).await;
+                        let id = fill.key().clone();
+                        let block = fill.deliver();
+                        self.cache.memory().insert(id.clone(), block).await;
+                        self.drop_pieces(&id, pieces).await;
+                        return;
+                    }
+                }
             }
         }
         let first = match body {
@@ -341,6 +351,27 @@ impl BlockStore {
             }
             None => Local::Absent,
         }
+    }
+
+    /// Feed `fill` the block `slice` from the pieces here that tile it
+    /// ([`BlockStore::tiling_pieces`]): a block of an object read by its parts, read now as
+    /// a block. The pieces' keys, to drop once the block is cached; `None`, having pushed
+    /// nothing, if they do not tile it, or one could not be read.
+    async fn assemble_pieces(
+        &self,
+        fill: &Fill<BlockId, UpstreamError>,
+        object: &ObjectId,
+        etag: &Arc<str>,
+        slice: &BlockSlice,
+    ) -> Option<Vec<BlockId>> {
+        let pieces = self.tiling_pieces(object, etag, fill.key(), slice)?;
+        let (ids, read) = self.read_pieces(pieces).await?;
+        fill.assemble(slice.block_len as usize);
+        for bytes in read {
+            fill.push(bytes);
+        }
+        self.metrics.lookup(Lookup::Pieces, true);
+        Some(ids)
     }
 
     /// Push the block `disk` streams into `fill` as each piece arrives verified. `Err` with the

@@ -120,6 +120,9 @@ pub struct BlockStore {
     complete_block_after: u32,
     /// Blocks parts of which were fetched recently, with how many.
     parts_fetched: moka::sync::Cache<BlockId, u32>,
+    /// Blocks pieces of which were fetched, with the pieces' spans (`part`): a block read
+    /// whole whose pieces tile it is assembled from them.
+    pieces: moka::sync::Cache<BlockId, Arc<[std::ops::Range<u64>]>>,
     /// The other replicas, when this one is part of a fleet.
     fleet: Option<Arc<Fleet>>,
     /// Blocks being read from the disk tier now: one alone is streamed in pieces.
@@ -283,6 +286,7 @@ impl BlockStore {
                 .max_capacity(part::PARTS_REMEMBERED)
                 .time_to_live(config.prefetch.unused_after)
                 .build(),
+            pieces: moka::sync::Cache::new(part::PARTS_REMEMBERED),
             fleet: config.fleet,
             disk_reads: AtomicUsize::new(0),
             pace: Default::default(),
@@ -738,7 +742,11 @@ impl BlockStore {
         }
         // Nowhere here either, but most of the block from inside it: the block is fetched
         // tail first, the reader reading the tail.
-        if !on_disk && self.tail_first(object, &slice, purpose) && !self.has_copy(&id) {
+        if !on_disk
+            && self.tail_first(object, &slice, purpose)
+            && !self.has_copy(&id)
+            && self.tiling_pieces(object, etag, &id, &slice).is_none()
+        {
             if let Some(opening) = self.open_tail_first(object, etag, &id, &slice) {
                 return opening;
             }

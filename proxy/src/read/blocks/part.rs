@@ -15,7 +15,13 @@
 //! as a block. A multipart upload's part read by `partNumber` ([`Cut::Parts`]) is cut so
 //! wherever it covers a block only in part, and completes no block: its reads ask for the
 //! same spans every time.
+//!
+//! A block nothing holds whole whose pieces here tile it, first byte to last (the parts of an
+//! object read by `partNumber`, then read whole or by ranges), is assembled from them
+//! ([`BlockStore::tiling_pieces`]): no GET for bytes the cache holds. The pieces then give way
+//! to the block, which every later read of them finds first.
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use cache_core::{BlockSlice, Miss, Tier};
@@ -31,6 +37,27 @@ use super::{BlockStore, Cut, OpenBlock, Purpose};
 /// answer.
 pub(super) const PARTS_REMEMBERED: u64 = 65_536;
 
+/// Most pieces noted of one block ([`BlockStore::note_piece`]); a block cut finer is fetched
+/// whole when read whole. Together with [`PARTS_REMEMBERED`] blocks this bounds the notes:
+/// at most some 64 MiB of spans in the worst case, a few hundred KiB for typical parts.
+const PIECES_NOTED: usize = 64;
+
+/// The pieces of `spans` (bytes of a block, any order) that tile `0..len`, in order: from
+/// each end, the longest piece starting there. `None` if they leave a gap.
+fn tiling(spans: &[Range<u64>], len: u64) -> Option<Vec<Range<u64>>> {
+    let mut chain = Vec::new();
+    let mut at = 0;
+    while at < len {
+        let next = spans
+            .iter()
+            .filter(|s| s.start == at && s.end > at && s.end <= len)
+            .max_by_key(|s| s.end)?;
+        chain.push(next.clone());
+        at = next.end;
+    }
+    Some(chain)
+}
+
 /// Whether a slice of `len` bytes, read as `cut`, is fetched on its own rather than as its
 /// block of `block_len`: a range's when the block would bring more than 1.5 times the bytes
 /// asked; a part's whenever it is short of its block (the part's GET brings exactly its
@@ -44,7 +71,8 @@ pub(super) fn fetched_alone(len: u64, block_len: u64, cut: Cut) -> bool {
 
 impl BlockStore {
     /// The part `slice` is read as when its block (`block`, the block's key) is nowhere here:
-    /// not in a tier, not in flight, not copied from its owner ([`BlockStore::part_of`]).
+    /// not in a tier, not in flight, not copied from its owner, not tiled by pieces held here
+    /// ([`BlockStore::part_of`]).
     /// The one rule the read path and `X-Cache` both follow.
     pub(super) fn part_instead(
         &self,
@@ -54,7 +82,10 @@ impl BlockStore {
         slice: &BlockSlice,
         purpose: Purpose,
     ) -> Option<(BlockId, BlockSlice)> {
-        if self.cache.locate(block).is_some() || self.cache.in_flight(block) || self.has_copy(block)
+        if self.cache.locate(block).is_some()
+            || self.cache.in_flight(block)
+            || self.has_copy(block)
+            || self.tiling_pieces(object, etag, block, slice).is_some()
         {
             return None;
         }
@@ -104,6 +135,72 @@ impl BlockStore {
         (self.keys.part(object, etag, slice.index, span), part)
     }
 
+    /// Note that the piece `piece` (a part's slice, as [`BlockStore::part_at`] makes it) of
+    /// `object` at `etag` is cached or being fetched, so that a read of its whole block can
+    /// find the pieces that tile it. Best effort: a note lost or evicted costs a block GET.
+    pub(super) fn note_piece(&self, object: &ObjectId, etag: &Arc<str>, piece: &BlockSlice) {
+        let base = piece.index * self.keys.layout().block_size();
+        let span = piece.block_start - base..piece.block_start - base + piece.block_len;
+        let block = self.id(object, etag, piece.index);
+        let noted = self.pieces.get(&block);
+        let spans = noted.as_deref().unwrap_or(&[]);
+        if spans.contains(&span) || spans.len() >= PIECES_NOTED {
+            return;
+        }
+        let spans: Arc<[Range<u64>]> = spans.iter().cloned().chain([span]).collect();
+        self.pieces.insert(block, spans);
+    }
+
+    /// The pieces held here (in memory or on disk) that tile `slice`'s block (key `block`),
+    /// in order, each with its key, its slice and its tier; `None` unless they tile all of it.
+    pub(super) fn tiling_pieces(
+        &self,
+        object: &ObjectId,
+        etag: &Arc<str>,
+        block: &BlockId,
+        slice: &BlockSlice,
+    ) -> Option<Vec<(BlockId, BlockSlice, Tier)>> {
+        let spans = self.pieces.get(block)?;
+        tiling(&spans, slice.block_len)?
+            .into_iter()
+            .map(|span| {
+                let (id, piece) = self.part_at(object, etag, slice, span);
+                let tier = self.cache.locate(&id)?;
+                Some((id, piece, tier))
+            })
+            .collect()
+    }
+
+    /// The bytes of the pieces that tile a block ([`Self::tiling_pieces`]), each checked, in
+    /// order, with the pieces' keys; `None` if a piece could not be read (gone since).
+    pub(super) async fn read_pieces(
+        &self,
+        pieces: Vec<(BlockId, BlockSlice, Tier)>,
+    ) -> Option<(Vec<BlockId>, Vec<bytes::Bytes>)> {
+        let mut read = Vec::with_capacity(pieces.len());
+        let mut ids = Vec::with_capacity(pieces.len());
+        for (id, piece, _) in pieces {
+            // From disk without promoting it: the block is what memory will hold.
+            let bytes = match self.cache.memory().get(&id).await {
+                Some(bytes) => bytes,
+                None => self.cache.range_on_disk(&id, 0..piece.block_len).await?,
+            };
+            read.push(self.checked(bytes, &piece)?);
+            ids.push(id);
+        }
+        Some((ids, read))
+    }
+
+    /// Drop the pieces `block` was assembled from, once the block is cached: every later read
+    /// of a piece finds the block first, and the pieces would hold its bytes twice. (Dropped
+    /// before the block is cached, a piece read in between would be fetched again.)
+    pub(super) async fn drop_pieces(&self, block: &BlockId, pieces: Vec<BlockId>) {
+        self.pieces.invalidate(block);
+        for id in &pieces {
+            self.cache.remove(id).await;
+        }
+    }
+
     /// Open part `part` (key `id`) of a block: from memory, or joined to its fetch, which
     /// reads the disk first and else GETs exactly the part. Fetching a part of a block another
     /// part of which was fetched recently also fetches the block behind it.
@@ -115,6 +212,7 @@ impl BlockStore {
         part: BlockSlice,
         purpose: Purpose,
     ) -> OpenBlock {
+        self.note_piece(object, etag, &part);
         let in_memory = self.cache.memory().get(&id).await;
         if let Some(bytes) = in_memory.and_then(|b| self.checked(b, &part)) {
             self.metrics.lookup(Lookup::Part, true);
@@ -178,7 +276,7 @@ impl BlockStore {
 
 #[cfg(test)]
 mod tests {
-    use super::fetched_alone;
+    use super::{fetched_alone, tiling};
     use crate::read::blocks::Cut;
 
     #[test]
@@ -194,6 +292,23 @@ mod tests {
         assert!(!alone(2, 3));
         assert!(alone(1, 2));
         assert!(!alone(u64::MAX, u64::MAX));
+    }
+
+    #[test]
+    fn pieces_tile_a_block_only_from_its_first_byte_to_its_last() {
+        // Parts of 5 and 3 bytes in a block of 8, noted in any order.
+        assert_eq!(tiling(&[5..8, 0..5], 8), Some(vec![0..5, 5..8]));
+        // Overlapping pieces: the longest from each end.
+        assert_eq!(tiling(&[0..2, 0..5, 2..8, 5..8], 8), Some(vec![0..5, 5..8]));
+        // A gap, a missing start or end, a piece past the block: no tiling.
+        assert_eq!(tiling(&[0..4, 5..8], 8), None);
+        assert_eq!(tiling(&[1..8, 8..8], 8), None);
+        assert_eq!(tiling(&[0..5, 0..4], 8), None);
+        assert_eq!(tiling(&[0..5, 5..9], 8), None);
+        assert_eq!(tiling(&[], 8), None);
+        // A short last block, all of it one piece.
+        let whole = tiling(&[0..3, 0..2], 3).unwrap();
+        assert_eq!((whole.len(), whole[0].clone()), (1, 0..3));
     }
 
     #[test]

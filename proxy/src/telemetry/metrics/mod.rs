@@ -133,7 +133,7 @@ const OPERATION_BITS: u32 = 6;
 const CACHE_BITS: u32 = 4;
 const STATUS_BITS: u32 = 16;
 const BUCKET_BITS: u32 = 16;
-const TIER_BITS: u32 = 2;
+const TIER_BITS: u32 = 3;
 
 /// The `kind` label of the cost counters.
 #[derive(Clone, Copy)]
