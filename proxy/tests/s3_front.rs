@@ -56,12 +56,17 @@ fn app_with(origin: Arc<MemoryUpstream>, exact_ranges: bool) -> Arc<AppState> {
     })
 }
 
-/// An app over an upstream holding `k`: three 4 KiB blocks of a repeating pattern, at "v1".
-fn three_blocks() -> (Bytes, Arc<MemoryUpstream>, Arc<AppState>) {
-    let data: Bytes = (0..3 * 4096)
+/// `len` bytes of a pattern repeating every 251 bytes: no two blocks or parts alike.
+fn pattern(len: usize) -> Bytes {
+    (0..len)
         .map(|i| (i % 251) as u8)
         .collect::<Vec<u8>>()
-        .into();
+        .into()
+}
+
+/// An app over an upstream holding `k`: three 4 KiB blocks of a repeating pattern, at "v1".
+fn three_blocks() -> (Bytes, Arc<MemoryUpstream>, Arc<AppState>) {
+    let data = pattern(3 * 4096);
     let origin = Arc::new(MemoryUpstream::default());
     origin.put("k", data.clone(), "\"v1\"");
     let app = app(origin.clone());
@@ -209,16 +214,24 @@ async fn get_part(app: &Arc<AppState>, key: &str, n: u16) -> (StatusCode, Header
     send(app, req).await
 }
 
+/// Part `n` of `k` (`data`, uploaded in parts of `part_size` bytes), checked: a 206 with the
+/// part's bytes; its headers.
+async fn read_part(app: &Arc<AppState>, data: &Bytes, part_size: u64, n: u16) -> HeaderMap {
+    let (status, headers, body) = get_part(app, "k", n).await;
+    let first = (n as usize - 1) * part_size as usize;
+    let end = (first + part_size as usize).min(data.len());
+    assert_eq!(status, StatusCode::PARTIAL_CONTENT);
+    assert_eq!(&body[..], &data[first..end], "part {n} of {part_size}");
+    headers
+}
+
 /// An object read by its parts, then whole or by ranges: the blocks its parts cut into pieces
 /// are assembled from those pieces, with no GET, and then serve the parts too.
 #[tokio::test]
 async fn blocks_cut_into_pieces_by_parts_are_assembled_from_them() {
-    let data: Bytes = (0..3 * 4096)
-        .map(|i| (i % 251) as u8)
-        .collect::<Vec<u8>>()
-        .into();
-    // 6,000-byte parts cut blocks 0 and 1 into two pieces each (block 2 is covered by parts
-    // 2 and 3 too); 3,500-byte parts cut every block.
+    let data = pattern(3 * 4096);
+    // 6,000-byte parts cut blocks 1 and 2 into two pieces each (block 0 is part 1's whole);
+    // 3,500-byte parts cut every block.
     for part_size in [6000u64, 3500] {
         let origin = Arc::new(MemoryUpstream::default().with_parts(part_size));
         origin.put("k", data.clone(), "\"v1\"");
@@ -255,11 +268,7 @@ async fn blocks_cut_into_pieces_by_parts_are_assembled_from_them() {
         );
         // The parts again: from the blocks, which took the pieces' place.
         for n in 1..=parts {
-            let (status, headers, body) = get_part(&app, "k", n).await;
-            let first = (n as usize - 1) * part_size as usize;
-            let end = (first + part_size as usize).min(data.len());
-            assert_eq!(status, StatusCode::PARTIAL_CONTENT);
-            assert_eq!(&body[..], &data[first..end], "part {n} of {part_size}");
+            let headers = read_part(&app, &data, part_size, n).await;
             assert_eq!(headers["x-cache"], "hit-memory");
         }
         assert_eq!(origin.gets.load(Ordering::SeqCst), fetched);
@@ -279,10 +288,7 @@ async fn blocks_cut_into_pieces_by_parts_are_assembled_from_them() {
 /// blocks a part's GET did not cover whole, once.
 #[tokio::test]
 async fn a_part_read_first_is_one_get_of_the_part_and_fills_the_cache() {
-    let data: Bytes = (0..3 * 4096)
-        .map(|i| (i % 251) as u8)
-        .collect::<Vec<u8>>()
-        .into();
+    let data = pattern(3 * 4096);
     // Range-first (the default): parts on blocks, parts across them, and parts most of a
     // block long cost one GET a part, whatever their place, the pieces of blocks they cover
     // cached as the parts cut them. Whole blocks only: a part across blocks also fetches the
@@ -301,11 +307,9 @@ async fn a_part_read_first_is_one_get_of_the_part_and_fills_the_cache() {
         let parts = data.len().div_ceil(part_size as usize) as u16;
         for round in 0..2 {
             for n in 1..=parts {
-                let (status, headers, body) = get_part(&app, "k", n).await;
+                let headers = read_part(&app, &data, part_size, n).await;
                 let first = (n as usize - 1) * part_size as usize;
                 let end = (first + part_size as usize).min(data.len());
-                assert_eq!(status, StatusCode::PARTIAL_CONTENT);
-                assert_eq!(&body[..], &data[first..end], "part {n} of {part_size}");
                 let range = format!("bytes {}-{}/{}", first, end - 1, data.len());
                 assert_eq!(headers[header::CONTENT_RANGE], range.as_str());
                 assert_eq!(headers["x-amz-mp-parts-count"], parts.to_string().as_str());
