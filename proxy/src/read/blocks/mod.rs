@@ -286,7 +286,10 @@ impl BlockStore {
                 .max_capacity(part::PARTS_REMEMBERED)
                 .time_to_live(config.prefetch.unused_after)
                 .build(),
-            pieces: moka::sync::Cache::new(part::PARTS_REMEMBERED),
+            pieces: moka::sync::Cache::builder()
+                .max_capacity(part::PIECES_NOTED_IN_ALL)
+                .weigher(|_, spans: &Arc<[std::ops::Range<u64>]>| spans.len() as u32)
+                .build(),
             fleet: config.fleet,
             disk_reads: AtomicUsize::new(0),
             pace: Default::default(),

@@ -38,9 +38,12 @@ use super::{BlockStore, Cut, OpenBlock, Purpose};
 pub(super) const PARTS_REMEMBERED: u64 = 65_536;
 
 /// Most pieces noted of one block ([`BlockStore::note_piece`]); a block cut finer is fetched
-/// whole when read whole. Together with [`PARTS_REMEMBERED`] blocks this bounds the notes:
-/// at most some 64 MiB of spans in the worst case, a few hundred KiB for typical parts.
+/// whole when read whole.
 const PIECES_NOTED: usize = 64;
+
+/// Most pieces noted in all ([`BlockStore::note_piece`]), each a span of 16 bytes: with the
+/// blocks' keys, a few MiB at most.
+pub(super) const PIECES_NOTED_IN_ALL: u64 = 65_536;
 
 /// The pieces of `spans` (bytes of a block, any order) that tile `0..len`, in order: from
 /// each end, the longest piece starting there. `None` if they leave a gap.
