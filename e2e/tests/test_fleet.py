@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 from botocore.exceptions import ClientError
 
-from conftest import FLEET_SECRET, ROOT, FleetOf, fleet_state, free_port, metric, owner
+from conftest import FLEET_SECRET, ROOT, FleetOf, fleet_state, free_port, metric, owner, wait_until
 from threads import run_all
 
 def put_objects(direct, bucket, sizes, seed=1):
@@ -237,6 +237,41 @@ def test_zones_fetch_each_block_once_per_zone_unless_the_scope_is_the_fleet(
     assert len(gets) == fetches_per_block * blocks, f"{len(gets)} GETs for {blocks} blocks, scope {scope}"
 
 
+def test_parts_read_on_every_replica_leave_the_upstream_once_as_parts(make_larder, workdir, upstream, direct, bucket):
+    """A `partNumber` read (the AWS SDK for Java's multipart download) passes through on the
+    first replica to see it, and the upstream's answer says where the part lies. That replica
+    tells the others, so their first reads of the part come from the fleet's blocks: the part
+    is read from the upstream by its number once for the whole fleet, where each replica used
+    to pass its own first read through (three times the object's bytes here, and once more for
+    the blocks)."""
+    from test_reads import multipart, payload
+    fleet = FleetOf(make_larder, workdir, "parts", "--fleet-refresh", "300ms")
+    fleet.start(3)
+    MiB = 1 << 20
+    parts = [payload(5 * MiB, 61), payload(5 * MiB, 62), payload(MiB + 7, 63)]
+    multipart(direct, bucket, "mp", parts, ChecksumAlgorithm="CRC32")
+    size = sum(map(len, parts))
+    upstream.reset()
+    for i, node in enumerate(fleet.nodes):
+        for n, want in enumerate(parts, 1):
+            got = node.client().get_object(Bucket=bucket, Key="mp", PartNumber=n, ChecksumMode="ENABLED")
+            # boto3 checks the part's bytes against the part's own checksum, told with its place.
+            assert got["ResponseMetadata"]["HTTPHeaders"].get("x-amz-checksum-crc32"), (i, n)
+            assert got["Body"].read() == want, (i, n)
+        if i == 0:
+            # The places reach the others by a queue: wait for them before reading there.
+            for other in fleet.nodes[1:]:
+                wait_until(lambda: metric(other, "larder_fleet_notices_total", outcome="received") >= 3, 10,
+                           "the parts' places told")
+    # And a second round everywhere, from the fleet's blocks.
+    for node in fleet.nodes:
+        for n, want in enumerate(parts, 1):
+            assert node.client().get_object(Bucket=bucket, Key="mp", PartNumber=n)["Body"].read() == want
+    by_number = [r for r in upstream.seen("GET", f"/{bucket}/mp") if "partNumber=" in r[1]]
+    assert sorted(r[1].split("partNumber=")[1][:1] for r in by_number) == ["1", "2", "3"], by_number
+    assert upstream.body_bytes <= 2.2 * size, f"{upstream.body_bytes / MiB:.1f} MiB for a {size / MiB:.1f} MiB object"
+
+
 def test_peer_requests_must_be_signed_with_the_fleet_secret(make_larder, workdir, bucket):
     fleet = FleetOf(make_larder, workdir, "auth")
     fleet.start(1)
@@ -253,6 +288,14 @@ def test_peer_requests_must_be_signed_with_the_fleet_secret(make_larder, workdir
     notice = f"http://{fleet.peer(0)}/v1/changed?bucket={bucket}&key=k&event=1"
     for headers in ({}, {"x-larder-peer-auth": f"{int(time.time())}:{'00' * 32}"}):
         forged = urllib.request.Request(notice, method="POST", headers=headers)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(forged, timeout=5)
+        assert refused.value.code == 403
+    # So is a forged place of a part, which would have the replica serve other bytes as it.
+    told = (f"http://{fleet.peer(0)}/v1/part?bucket={bucket}&key=k&bs=65536&part=2&etag=e&size=10"
+            f"&start=0&end=5")
+    for headers in ({}, {"x-larder-peer-auth": f"{int(time.time())}:{'00' * 32}"}):
+        forged = urllib.request.Request(told, method="POST", headers=headers)
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(forged, timeout=5)
         assert refused.value.code == 403

@@ -18,9 +18,10 @@ use larder::fleet::ring::{self, Member, Scope, View};
 use larder::fleet::{CopyLimits, Fleet};
 use larder::freshness::Freshness;
 use larder::front::peer::{self as server, PeerState};
-use larder::model::{ObjectId, UpstreamError};
+use larder::model::{ObjectId, PartNumber, PartSpan, UpstreamError};
 use larder::read::blocks::{BlockStore, BlockStoreConfig};
 use larder::read::metadata::MetadataCache;
+use larder::read::parts::PartLayouts;
 use larder::telemetry::metrics::Metrics;
 use larder::upstream::memory::MemoryUpstream;
 
@@ -55,14 +56,15 @@ async fn collect(s: impl Stream<Item = Result<Bytes, UpstreamError>>) -> Vec<u8>
     out
 }
 
-/// Serve `blocks` to peers on `listener`, as a replica whose id is `id`.
+/// Serve `blocks` to peers on `listener`, as a replica whose id is `id`; the places of parts
+/// it is told.
 fn serve_peers(
     listener: tokio::net::TcpListener,
     blocks: Arc<BlockStore>,
     origin: Arc<MemoryUpstream>,
     metrics: Arc<Metrics>,
     id: u64,
-) {
+) -> PartLayouts {
     let metadata = Arc::new(MetadataCache::new(
         origin,
         Duration::from_secs(60),
@@ -70,10 +72,12 @@ fn serve_peers(
         100,
     ));
     let freshness = Arc::new(Freshness::local(metadata.clone(), metrics.clone()));
+    let parts = PartLayouts::default();
     let state = Arc::new(PeerState {
         blocks,
         metadata,
         freshness,
+        parts: parts.clone(),
         secret: secret(),
         info: Info {
             id,
@@ -83,6 +87,7 @@ fn serve_peers(
         metrics,
     });
     tokio::spawn(async move { axum::serve(listener, server::router(state)).await });
+    parts
 }
 
 /// A replica that owns blocks and serves them on a loopback peer listener; its address and
@@ -356,6 +361,63 @@ async fn unsigned_or_mis_cut_requests_are_refused() {
         got.extend_from_slice(&chunk.unwrap());
     }
     assert_eq!(got, data()[..BLOCK as usize]);
+}
+
+#[tokio::test]
+async fn a_part_told_by_a_peer_is_remembered_and_a_part_that_cannot_be_is_refused() {
+    let origin = Arc::new(MemoryUpstream::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let peer = listener.local_addr().unwrap().to_string();
+    let blocks = Arc::new(BlockStore::new(
+        BlockStoreConfig::for_tests(),
+        origin.clone(),
+        Arc::new(Metrics::default()),
+    ));
+    let metrics = Arc::new(Metrics::default());
+    let parts = serve_peers(listener, blocks, origin, metrics, 7);
+    let told = PeerClient::new(secret(), Duration::from_secs(2), BLOCK);
+    let span = |bytes: std::ops::Range<u64>| PartSpan {
+        etag: "\"e1-3\"".into(),
+        size: 12_000,
+        bytes,
+        parts_count: Some(3),
+        checksums: vec![(
+            http::HeaderName::from_static("x-amz-checksum-crc32"),
+            http::HeaderValue::from_static("AAAAAA=="),
+        )],
+    };
+    let two = PartNumber::parse("2").unwrap();
+    told.part(&peer, &object(), two, &span(5000..10_000))
+        .await
+        .unwrap();
+    assert_eq!(
+        parts.get(&object(), two).as_deref(),
+        Some(&span(5000..10_000))
+    );
+    // Empty, reversed, or past the object's end: refused, and nothing remembered.
+    let three = PartNumber::parse("3").unwrap();
+    for bytes in [10_000..10_000, 11_000..10_000, 10_000..12_001] {
+        let refused = told
+            .part(&peer, &object(), three, &span(bytes.clone()))
+            .await;
+        assert!(refused.is_err(), "{bytes:?}");
+        assert!(parts.get(&object(), three).is_none(), "{bytes:?}");
+    }
+    // From a replica cutting other blocks (whose reads of the part it would not share) or
+    // without the fleet's secret: refused.
+    let other_cut = PeerClient::new(secret(), Duration::from_secs(2), 2 * BLOCK);
+    let impostor = PeerClient::new(
+        PeerSecret::new(b"some-other-fleet-secret").unwrap(),
+        Duration::from_secs(2),
+        BLOCK,
+    );
+    for client in [other_cut, impostor] {
+        assert!(client
+            .part(&peer, &object(), three, &span(10_000..12_000))
+            .await
+            .is_err());
+        assert!(parts.get(&object(), three).is_none());
+    }
 }
 
 /// A replica in a fleet of two with one upstream slot, serving its peer on `listener`.

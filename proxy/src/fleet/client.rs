@@ -19,10 +19,10 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use serde::{Deserialize, Serialize};
 
 use super::auth::{PeerSecret, HEADER};
-use super::notify::Notice;
+use super::notify::ChangeNotice;
 use super::seal;
 use super::wire::{self, FrameError, WireError};
-use crate::model::{BodyStream, ObjectId, ObjectMeta, UpstreamError};
+use crate::model::{BodyStream, ObjectId, ObjectMeta, PartNumber, PartSpan, UpstreamError};
 
 /// A request to `peer` carrying `signature` ([`HEADER`]).
 ///
@@ -269,21 +269,64 @@ impl PeerClient {
         Ok(Some((meta, age, body)))
     }
 
-    /// Tell `peer` of `notice`, so it drops what it holds of the object (or bucket).
-    pub async fn changed(&self, peer: &str, notice: &Notice) -> Result<(), PeerError> {
+    /// Tell `peer` of `change`, so it drops what it holds of the object (or bucket).
+    pub async fn changed(&self, peer: &str, change: &ChangeNotice) -> Result<(), PeerError> {
+        // Finished before the await: the serializer is not `Send`.
         let path = {
             let mut query = form_urlencoded::Serializer::new(String::new());
-            query.append_pair("bucket", &notice.bucket);
-            if let Some(key) = &notice.key {
+            query.append_pair("bucket", &change.bucket);
+            if let Some(key) = &change.key {
                 query.append_pair("key", key);
             }
-            if notice.from_event {
+            if change.from_event {
                 query.append_pair("event", "1");
             }
             format!("/v1/changed?{}", query.finish())
         };
-        let (_, body) = self.send_as(http::Method::POST, peer, path).await?;
-        // The answer is empty; reading it to its end checks its seal.
+        self.post(peer, path).await
+    }
+
+    /// Tell `peer` where part `part` of `object` lies (`span`), so that it reads the part from
+    /// the fleet's blocks instead of passing its first read through.
+    pub async fn part(
+        &self,
+        peer: &str,
+        object: &ObjectId,
+        part: PartNumber,
+        span: &PartSpan,
+    ) -> Result<(), PeerError> {
+        let numbers = [
+            part.get().to_string(),
+            span.size.to_string(),
+            span.bytes.start.to_string(),
+            span.bytes.end.to_string(),
+        ];
+        let count = span.parts_count.map(|c| c.to_string());
+        let mut extra = vec![
+            ("part", numbers[0].as_str()),
+            ("etag", &*span.etag),
+            ("size", &numbers[1]),
+            ("start", &numbers[2]),
+            ("end", &numbers[3]),
+        ];
+        if let Some(count) = &count {
+            extra.push(("count", count));
+        }
+        // Each checksum named as its header is (`x-amz-checksum-crc32=...`).
+        extra.extend(
+            span.checksums
+                .iter()
+                .filter_map(|(name, value)| Some((name.as_str(), value.to_str().ok()?))),
+        );
+        let query = self.query(object, &extra);
+        self.post(peer, format!("/v1/part?{query}")).await
+    }
+
+    /// A POST whose answer is empty; reading it to its end checks its seal.
+    async fn post(&self, peer: &str, path_and_query: String) -> Result<(), PeerError> {
+        let (_, body) = self
+            .send_as(http::Method::POST, peer, path_and_query)
+            .await?;
         let drained = body.try_for_each(|_| async { Ok(()) });
         match tokio::time::timeout(self.deadline, drained).await {
             Ok(Ok(())) => Ok(()),

@@ -1,11 +1,17 @@
-//! Telling the other replicas that an object changed: a write through one replica, or an S3
-//! event received by one, reaches every replica, so none keeps serving what it cached of the
-//! old version for the rest of its TTL.
+//! Telling the other replicas what one learnt:
+//! - that an object changed: a write through one replica, or an S3 event received by one,
+//!   reaches every replica, so none keeps serving what it cached of the old version for the
+//!   rest of its TTL;
+//! - where a part of a multipart upload lies, as the upstream answered one replica's
+//!   pass-through of a `partNumber` read: every replica then reads that part from the fleet's
+//!   blocks, where each would otherwise pass its own first read of it through, the part's bytes
+//!   leaving the upstream once per replica.
 //!
-//! Changes wait in a bounded queue ([`QUEUE`]) and are sent by one task, several at a time;
-//! a change that finds the queue full is dropped and counted (`dropped`), and a peer that
-//! cannot be told is counted (`failed`): either way that peer falls back on its TTLs, the
-//! staleness bound it had before. A peer that restarts has nothing cached to drop.
+//! Notices wait in a bounded queue ([`QUEUE`]) and are sent by one task, several at a time;
+//! a notice that finds the queue full is dropped and counted (`dropped`), and a peer that
+//! cannot be told is counted (`failed`): either way that peer falls back on what it did
+//! before: its TTLs, the staleness bound it had (a change), or its own pass-through of the
+//! part's first read (a part). A peer that restarts has nothing cached to drop.
 
 use std::sync::Arc;
 
@@ -14,17 +20,34 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::Fleet;
+use crate::model::{ObjectId, PartNumber, PartSpan};
 use crate::telemetry::labels::NoticeOutcome;
 
-/// Changes waiting to be told, at most.
+/// Notices waiting to be told, at most.
 pub const QUEUE: usize = 4096;
 
-/// Changes told at once.
+/// Notices told at once.
 const CONCURRENCY: usize = 16;
+
+/// What to tell.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notice {
+    /// An object (or a bucket) changed.
+    Changed(ChangeNotice),
+    /// Where part `part` of `object` lies, as the upstream said.
+    Part {
+        /// The object (and version) the part is of.
+        object: ObjectId,
+        /// The part's number.
+        part: PartNumber,
+        /// Where it lies, in the object of that ETag and size.
+        span: Arc<PartSpan>,
+    },
+}
 
 /// A change to tell.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Notice {
+pub struct ChangeNotice {
     /// The bucket.
     pub bucket: Arc<str>,
     /// The key; `None`: any key of the bucket may have changed.
@@ -75,9 +98,14 @@ impl Fleet {
             .filter(|m| *m.name != *me)
             .map(|m| m.name.clone());
         let sends = peers.map(|peer| async move {
-            let result = self.client.changed(&peer, notice).await;
+            let result = match notice {
+                Notice::Changed(change) => self.client.changed(&peer, change).await,
+                Notice::Part { object, part, span } => {
+                    self.client.part(&peer, object, *part, span).await
+                }
+            };
             if let Err(e) = &result {
-                tracing::debug!(%peer, error = %e, "could not tell a peer of a change");
+                tracing::debug!(%peer, error = %e, "could not tell a peer what this replica learnt");
             }
             self.metrics.notice(match result {
                 Ok(()) => NoticeOutcome::Sent,

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::fleet::notify::Notice;
+use crate::fleet::notify::{ChangeNotice, Notice};
 use crate::fleet::Fleet;
 use crate::model::ObjectId;
 use crate::read::listing::ListingCache;
@@ -136,11 +136,13 @@ impl Freshness {
 
     fn tell(&self, bucket: &str, key: Option<&str>, learnt: Learnt) {
         match (&self.fleet, learnt) {
-            (Some(fleet), Learnt::Write | Learnt::Event) => fleet.notify(Notice {
-                bucket: bucket.into(),
-                key: key.map(Into::into),
-                from_event: learnt == Learnt::Event,
-            }),
+            (Some(fleet), Learnt::Write | Learnt::Event) => {
+                fleet.notify(Notice::Changed(ChangeNotice {
+                    bucket: bucket.into(),
+                    key: key.map(Into::into),
+                    from_event: learnt == Learnt::Event,
+                }))
+            }
             (Some(_), Learnt::Peer) => self.metrics.notice(NoticeOutcome::Received),
             (None, _) => {}
         }

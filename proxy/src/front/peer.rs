@@ -17,6 +17,11 @@
 //!   replica the event stream is alive): drop what is held of it
 //!   ([`crate::fleet::notify`]). A replayed notice (within the signature's five minutes) only
 //!   costs a refetch.
+//! - `POST /v1/part?bucket&key[&version]&bs&part&etag&size&start&end[&count][&x-amz-checksum-*]`:
+//!   where part `part` of an object of that ETag and size lies (bytes `start..end`), as the
+//!   upstream answered the sender: this replica reads that part from the fleet's blocks while
+//!   its object keeps that ETag and size (`read::parts`), instead of passing its first read
+//!   through. Like a block, it is taken on the fleet secret's word.
 //!
 //! Like the S3 front, an answer waits for its first bytes, so a failure is a status and not a
 //! broken body.
@@ -29,16 +34,18 @@ use axum::extract::{Request, State};
 use axum::response::Response;
 use bytes::Bytes;
 use futures::{stream, StreamExt};
-use http::{header, Method, StatusCode};
+use http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 
 use crate::fleet::auth::{PeerSecret, HEADER};
 use crate::fleet::client::Info;
 use crate::fleet::seal;
 use crate::fleet::wire::{self, WireError};
 use crate::freshness::{Freshness, Learnt};
-use crate::model::{ObjectId, UpstreamError};
+use crate::model::{ObjectId, PartNumber, PartSpan, UpstreamError};
 use crate::read::blocks::BlockStore;
 use crate::read::metadata::{MetadataCache, Source};
+use crate::read::parts::PartLayouts;
+use crate::telemetry::labels::NoticeOutcome;
 use crate::telemetry::metrics::Metrics;
 
 /// What the peer listener needs.
@@ -49,6 +56,8 @@ pub struct PeerState {
     pub metadata: Arc<MetadataCache>,
     /// What a change told by another replica drops.
     pub freshness: Arc<Freshness>,
+    /// Where parts of multipart uploads lie, as other replicas tell this one.
+    pub parts: PartLayouts,
     /// The fleet's shared secret.
     pub secret: PeerSecret,
     /// What this replica says about itself.
@@ -112,8 +121,14 @@ async fn answer(peer: &PeerState, req: &http::request::Parts) -> Response {
         .collect();
     match (&req.method, req.uri.path()) {
         (&Method::POST, "/v1/changed") => return changed(peer, &params).await,
+        (&Method::POST, "/v1/part") => return part(peer, &params),
         (&Method::GET, _) => {}
-        _ => return refuse(StatusCode::METHOD_NOT_ALLOWED, "GET, or POST /v1/changed"),
+        _ => {
+            return refuse(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "GET, or POST /v1/changed or /v1/part",
+            )
+        }
     }
     match req.uri.path() {
         "/v1/info" => json(&peer.info),
@@ -153,6 +168,63 @@ async fn changed(peer: &PeerState, params: &Params) -> Response {
         None => peer.freshness.bucket_changed(bucket, Learnt::Peer).await,
     }
     Response::new(Body::empty())
+}
+
+/// Another replica says where a part lies.
+fn part(peer: &PeerState, params: &Params) -> Response {
+    let told = (|| {
+        let object = object(peer, params)?;
+        let part = PartNumber::parse(&text(params, "part")?)
+            .ok_or_else(|| bad("part is not a part number".into()))?;
+        let (size, start, end) = (
+            number(params, "size")?,
+            number(params, "start")?,
+            number(params, "end")?,
+        );
+        if start >= end || end > size {
+            return Err(bad(format!(
+                "no part lies at {start}..{end} of {size} bytes"
+            )));
+        }
+        let parts_count = match params.get("count") {
+            Some(_) => Some(
+                u32::try_from(number(params, "count")?)
+                    .map_err(|_| bad("count is out of range".into()))?,
+            ),
+            None => None,
+        };
+        let span = PartSpan {
+            etag: text(params, "etag")?,
+            size,
+            bytes: start..end,
+            parts_count,
+            checksums: told_checksums(params),
+        };
+        Ok::<_, WireError>((object, part, span))
+    })();
+    match told {
+        Ok((object, part, span)) => {
+            peer.parts.learn_from_peer(object, part, span);
+            peer.metrics.notice(NoticeOutcome::Received);
+            Response::new(Body::empty())
+        }
+        Err(e) => error(&e),
+    }
+}
+
+/// The part's checksums told (each named as its header is), as the S3 front takes them from an
+/// upstream answer: only the checksum headers S3 sends, and only values a header may carry.
+fn told_checksums(params: &Params) -> Vec<(HeaderName, HeaderValue)> {
+    let told: HeaderMap = params
+        .iter()
+        .filter_map(|(name, value)| {
+            Some((
+                HeaderName::from_bytes(name.as_bytes()).ok()?,
+                HeaderValue::from_str(value).ok()?,
+            ))
+        })
+        .collect();
+    crate::s3::headers::checksums(&told)
 }
 
 fn outcome(response: &Response) -> &'static str {
@@ -325,4 +397,38 @@ async fn stream_after_first(
         })
         .filter(|chunk| futures::future::ready(!matches!(chunk, Ok(b) if b.is_empty())));
     Response::new(Body::from_stream(body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_told_part_keeps_only_the_checksums_s3_sends() {
+        let params: Params = [
+            ("x-amz-checksum-crc32", "AAAAAA=="),
+            ("x-amz-checksum-type", "COMPOSITE"),
+            ("x-amz-meta-owner", "someone"),
+            ("x-amz-checksum-sha256", "bad\nvalue"),
+            ("bucket", "b"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let mut told = told_checksums(&params);
+        told.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+        assert_eq!(
+            told,
+            [
+                (
+                    HeaderName::from_static("x-amz-checksum-crc32"),
+                    HeaderValue::from_static("AAAAAA==")
+                ),
+                (
+                    HeaderName::from_static("x-amz-checksum-type"),
+                    HeaderValue::from_static("COMPOSITE")
+                ),
+            ]
+        );
+    }
 }

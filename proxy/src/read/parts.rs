@@ -10,10 +10,17 @@
 //! otherwise it passes through again, and the answer is learnt anew. A span is never trusted
 //! beyond the object it was learnt from, so a layout forgotten or outdated costs one read
 //! passed through, never a wrong byte.
+//!
+//! In a fleet, where a first read of a part passes through, a place learnt from the upstream
+//! is told to the other replicas (`fleet::notify`): each would otherwise pass its own first
+//! read of the part through, and the part's bytes would leave the upstream once per replica
+//! before the fleet's blocks held them once.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::fleet::notify::Notice;
+use crate::fleet::Fleet;
 use crate::model::{ObjectId, PartNumber, PartSpan};
 
 /// Most bytes the places of parts take, counted by [`footprint`]: some 100,000 parts of
@@ -25,13 +32,17 @@ pub const PARTS_BYTES: u64 = 16 << 20;
 const PARTS_IDLE: Duration = Duration::from_secs(3600);
 
 /// The parts learnt, by object (and version) and part number; bounded and evicted by moka.
+/// Clones share the parts.
+#[derive(Clone)]
 pub struct PartLayouts {
     spans: moka::sync::Cache<(ObjectId, PartNumber), Arc<PartSpan>>,
+    /// The other replicas, told of the parts learnt from the upstream, in a fleet.
+    fleet: Option<Arc<Fleet>>,
 }
 
 impl Default for PartLayouts {
     fn default() -> Self {
-        Self::new(PARTS_BYTES)
+        Self::new(PARTS_BYTES, None)
     }
 }
 
@@ -49,9 +60,11 @@ fn footprint(id: &ObjectId, span: &PartSpan) -> u32 {
 }
 
 impl PartLayouts {
-    /// A store of parts taking at most `bytes` ([`footprint`]).
-    pub fn new(bytes: u64) -> Self {
+    /// A store of parts taking at most `bytes` ([`footprint`]), telling `fleet` of the parts
+    /// learnt from the upstream.
+    pub fn new(bytes: u64, fleet: Option<Arc<Fleet>>) -> Self {
         Self {
+            fleet,
             spans: moka::sync::Cache::builder()
                 .max_capacity(bytes)
                 .weigher(|(id, _), span: &Arc<PartSpan>| footprint(id, span))
@@ -66,8 +79,21 @@ impl PartLayouts {
         self.spans.get(&(id.clone(), part))
     }
 
-    /// Remember where the upstream said part `part` of `id` lies.
+    /// Remember where the upstream said part `part` of `id` lies, and tell the fleet.
     pub fn learn(&self, id: ObjectId, part: PartNumber, span: PartSpan) {
+        let span = Arc::new(span);
+        if let Some(fleet) = &self.fleet {
+            fleet.notify(Notice::Part {
+                object: id.clone(),
+                part,
+                span: span.clone(),
+            });
+        }
+        self.spans.insert((id, part), span);
+    }
+
+    /// Remember where another replica said part `part` of `id` lies (told, not to be told on).
+    pub fn learn_from_peer(&self, id: ObjectId, part: PartNumber, span: PartSpan) {
         self.spans.insert((id, part), Arc::new(span));
     }
 
@@ -127,7 +153,7 @@ mod tests {
         assert_eq!(footprint(&short, &span), 1 + 1 + 5 + 100);
         assert_eq!(footprint(&long, &span), 1 + 1024 + 5 + 100);
         // A bound of 20 KiB holds about 180 parts of short keys, and fewer than 20 of long ones.
-        let layouts = PartLayouts::new(20 << 10);
+        let layouts = PartLayouts::new(20 << 10, None);
         let one = PartNumber::parse("1").expect("a part number");
         for i in 0..100 {
             layouts.learn(id(&format!("{i:0>1024}")), one, span.clone());

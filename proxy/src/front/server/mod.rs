@@ -28,6 +28,7 @@ use crate::front::tls::{TlsConfig, TlsError};
 use crate::read::blocks::{BlockStore, BlockStoreConfig};
 use crate::read::listing::ListingCache;
 use crate::read::metadata::MetadataCache;
+use crate::read::parts::{PartLayouts, PARTS_BYTES};
 use crate::read::policy::{Defaults, EventFallback, Policy, Rule};
 use crate::read::prefetch::PrefetchConfig;
 use crate::telemetry::metrics::{FleetGauges, Metrics, MetricsError, MetricsOptions};
@@ -350,13 +351,14 @@ pub async fn start(
             rate: config.warm_rate.0,
         },
     ));
+    let parts = PartLayouts::new(PARTS_BYTES, fleet.as_ref().map(|f| f.fleet.clone()));
     let app = Arc::new(AppState {
         base_domain: config.base_domain.clone(),
         auth,
         forwarder: forwarder.clone(),
         metadata: metadata.clone(),
         blocks: blocks.clone(),
-        parts: Default::default(),
+        parts: parts.clone(),
         listings,
         freshness: freshness.clone(),
         origin,
@@ -430,6 +432,7 @@ pub async fn start(
             blocks: blocks.clone(),
             metadata: metadata.clone(),
             freshness: freshness.clone(),
+            parts,
             secret: joined.secret,
             info: joined.info,
             metrics: metrics.clone(),
