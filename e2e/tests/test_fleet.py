@@ -272,6 +272,35 @@ def test_parts_read_on_every_replica_leave_the_upstream_once_as_parts(make_larde
     assert upstream.body_bytes <= 2.2 * size, f"{upstream.body_bytes / MiB:.1f} MiB for a {size / MiB:.1f} MiB object"
 
 
+def test_an_owner_reads_for_its_own_clients_what_it_fetched_for_the_others(
+        make_larder, workdir, upstream, direct, bucket):
+    """An object read whole on one replica leaves each of its blocks in its owner's cache. An
+    owner fetching a block for another replica learns the object's metadata from that block's
+    GET, so its own clients' first read of a block it holds asks the upstream nothing. It used
+    to keep the block but not the metadata, and ask the upstream again: a read starting in a
+    block it owns is its own to open, and a block cannot be found without the ETag."""
+    fleet = FleetOf(make_larder, workdir, "owners", "--fleet-refresh", "300ms")
+    fleet.start(3)
+    block = 64 * 1024
+    data = random.Random(21).randbytes(12 * block)
+    direct.put_object(Bucket=bucket, Key="whole", Body=data)
+    owners = [owner(fleet.nodes[0], bucket, "whole", i) for i in range(12)]
+    by_peer = {fleet.peer(i): node for i, node in enumerate(fleet.nodes)}
+    opener = by_peer[owners[0]]
+    others = [(peer, node) for peer, node in by_peer.items() if node is not opener]
+    upstream.reset()
+    assert opener.client().get_object(Bucket=bucket, Key="whole")["Body"].read() == data
+    assert len(gets_of(upstream, bucket)) == 12
+    upstream.reset()
+    for peer, node in others:
+        index = owners.index(peer)  # a block it owns (it raises if none: then the test shows it)
+        start = index * block + 5
+        got = node.client().get_object(Bucket=bucket, Key="whole", Range=f"bytes={start}-{start + 99}")
+        assert got["Body"].read() == data[start:start + 100], peer
+        assert got["ResponseMetadata"]["HTTPHeaders"]["x-cache"].startswith("hit"), (peer, index)
+    assert gets_of(upstream, bucket) == [] and upstream.seen("HEAD", f"/{bucket}/") == []
+
+
 def test_peer_requests_must_be_signed_with_the_fleet_secret(make_larder, workdir, bucket):
     fleet = FleetOf(make_larder, workdir, "auth")
     fleet.start(1)

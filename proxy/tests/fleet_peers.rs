@@ -85,6 +85,7 @@ fn serve_peers(
             block_size: BLOCK,
         },
         metrics,
+        opening: Default::default(),
     });
     tokio::spawn(async move { axum::serve(listener, server::router(state)).await });
     parts
@@ -272,6 +273,38 @@ async fn a_cold_object_opens_at_its_owner_with_one_upstream_get() {
         1,
         "metadata and block in one GET"
     );
+    assert_eq!(origin.heads.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn an_owner_learns_the_metadata_of_an_object_from_the_get_of_a_block_asked() {
+    // A distant upstream, so that the requests below overlap.
+    let origin = Arc::new(MemoryUpstream::default().with_round_trip(Duration::from_millis(50)));
+    origin.put("k", data(), "\"e1\"");
+    let (peer, _) = owner_replica(origin.clone()).await;
+    let client = PeerClient::new(secret(), Duration::from_secs(2), BLOCK);
+    let peer = peer.to_string();
+    let (size, id) = (SIZE as u64, object());
+    // Asked at once for block 1 twice (as two replicas may) and block 2, of an object it
+    // knows nothing of: one GET each block. The second ask for block 1 joins the open.
+    let block = |i: u64| client.block(&peer, &id, "\"e1\"", i * BLOCK..(i + 1) * BLOCK, size);
+    let (one, again, two) = tokio::join!(block(1), block(1), block(2));
+    let bytes = |i: u64| data().slice((i * BLOCK) as usize..((i + 1) * BLOCK) as usize);
+    assert_eq!(collect(one.unwrap()).await, bytes(1));
+    assert_eq!(collect(again.unwrap()).await, bytes(1));
+    assert_eq!(collect(two.unwrap()).await, bytes(2));
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 2);
+    // Opened there now (as the owner's own clients' first read is), block 1 comes with the
+    // metadata learnt from its GET, and nothing is asked of the upstream: not the metadata
+    // again, nor the block it holds.
+    let (meta, _, body) = client
+        .open(&peer, &object(), 1, None)
+        .await
+        .unwrap()
+        .expect("found");
+    assert_eq!((&*meta.etag, meta.size), ("\"e1\"", size));
+    assert_eq!(collect(body).await, bytes(1));
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 2);
     assert_eq!(origin.heads.load(Ordering::SeqCst), 0);
 }
 

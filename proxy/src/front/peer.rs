@@ -2,9 +2,10 @@
 //! requests only.
 //!
 //! - `GET /v1/info`: the replica's id, zone and block size (membership probes).
-//! - `GET /v1/block?bucket&key[&version]&etag&start&end&bs`: one block's bytes, read as for a
-//!   client of this replica (memory, disk, single-flight, upstream) but never from a third
-//!   replica.
+//! - `GET /v1/block?bucket&key[&version]&etag&start&end&bs&size`: one block's bytes, read as for
+//!   a client of this replica (memory, disk, single-flight, upstream) but never from a third
+//!   replica. Fetched for an object this replica has no metadata for, it is fetched by a GET
+//!   that brings the metadata too ([`open_with_block`]).
 //! - `GET /v1/open?bucket&key[&version]&index&bs[&changed_us]`: an object this replica's asker
 //!   knows nothing of: its metadata (with its age) and then block `index`, usually from one
 //!   upstream GET that serves every replica asking. `changed_us`: the asker learnt that many
@@ -64,6 +65,39 @@ pub struct PeerState {
     pub info: Info,
     /// Metrics.
     pub metrics: Arc<Metrics>,
+    /// The objects being opened here for peers now, and the block each open fetches.
+    pub opening: Opening,
+}
+
+/// The objects an open for a peer (`/v1/open`, or a block request's [`open_with_block`]) is
+/// learning the metadata of now, each with the block its GET brings. A block request for that
+/// very block joins the open (the block's fetch is joined when its GET answers, so a fetch of
+/// its own would ask the upstream for the block twice); one for another block fetches it
+/// straight away instead of waiting for the metadata. An entry lives as long as the request
+/// that added it.
+#[derive(Default)]
+pub struct Opening(parking_lot::Mutex<HashMap<ObjectId, u64>>);
+
+/// An object in [`Opening`], taken out when dropped (the request answered or gone).
+struct Opened<'a>(&'a Opening, ObjectId);
+
+impl Opening {
+    /// Note that `object` is opened with block `index`; or the block an open under way brings.
+    fn start(&self, object: &ObjectId, index: u64) -> Result<Opened<'_>, u64> {
+        match self.0.lock().entry(object.clone()) {
+            std::collections::hash_map::Entry::Occupied(open) => Err(*open.get()),
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(index);
+                Ok(Opened(self, object.clone()))
+            }
+        }
+    }
+}
+
+impl Drop for Opened<'_> {
+    fn drop(&mut self) {
+        self.0 .0.lock().remove(&self.1);
+    }
 }
 
 /// The peer router.
@@ -325,8 +359,51 @@ async fn block(peer: &PeerState, params: &Params) -> Response {
     if whole != Some(start..end) {
         return error(&bad("not one whole block of an object of that size".into()));
     }
+    let index = start / layout.block_size();
+    if let Err(e) = open_with_block(peer, &object, &etag, index, size).await {
+        return error(&e);
+    }
     let body = peer.blocks.read_for_peer(object, etag, start..end, size);
     stream_after_first(peer, Bytes::new(), body.boxed()).await
+}
+
+/// A block this replica must fetch, of an object it has no metadata for, is fetched as an open
+/// is: by a GET whose answer also brings the metadata, cached here. Otherwise this replica's own
+/// clients' first read of the object, if it starts in a block this replica owns, would ask the
+/// upstream again for what it already holds: that open is its own to make, and a block's key
+/// needs the ETag, so the blocks cannot be found first. The GET is the one the block needed
+/// anyway (one flight with it: the read that follows joins it), without `If-Match`; an answer
+/// of another version (the object changed since the asker learnt it) is cached as that
+/// version's, and the asker told the object changed, as a failed `If-Match` would tell it.
+/// One open at a time ([`Opening`]): the others asked at once fetch their blocks meanwhile.
+async fn open_with_block(
+    peer: &PeerState,
+    object: &ObjectId,
+    etag: &Arc<str>,
+    index: u64,
+    size: u64,
+) -> Result<(), WireError> {
+    if !peer.metadata.is_unknown(object) || !peer.blocks.would_fetch(object, etag, index) {
+        return Ok(());
+    }
+    // The open under way brings this block, or another: joined, or not waited for.
+    let _opening = match peer.opening.start(object, index) {
+        Ok(opening) => Some(opening),
+        Err(opened) if opened == index => None,
+        Err(_) => return Ok(()),
+    };
+    let open = peer.blocks.open_cold_for_peer(object.clone(), index);
+    match peer.metadata.get_or_open_aged(object, open, None).await {
+        Ok((meta, Source::Fetched | Source::Cached, _))
+            if meta.etag != *etag || meta.size != size =>
+        {
+            Err(WireError::Changed)
+        }
+        Err((e, false)) => Err(WireError::from(&e)),
+        // The block's own fetch asks again, and answers for itself: after a HEAD (which has no
+        // error code), or stale metadata served while the upstream fails.
+        _ => Ok(()),
+    }
 }
 
 async fn open(peer: &PeerState, params: &Params) -> Response {
@@ -346,6 +423,9 @@ async fn open(peer: &PeerState, params: &Params) -> Response {
     // block; one known before (or on disk) revalidates with a HEAD.
     let cold = peer.metadata.is_unknown(&id) && !peer.blocks.known_on_disk(&id);
     let opened = if cold {
+        // Noted, so that a block request for this block joins it. Already noted: the open
+        // under way is joined below, whichever block it brings.
+        let _opening = peer.opening.start(&id, index).ok();
         let open = peer.blocks.open_cold_for_peer(id.clone(), index);
         peer.metadata.get_or_open_aged(&id, open, changed_at).await
     } else {

@@ -436,6 +436,7 @@ pub async fn start(
             secret: joined.secret,
             info: joined.info,
             metrics: metrics.clone(),
+            opening: Default::default(),
         });
         // Peers are few and hold long-lived HTTP/2 connections; the cap only stops a runaway.
         let limits = ClientLimits {

@@ -133,6 +133,13 @@ impl BlockStore {
         self.open_cold_as(object, asked, Purpose::Peer, None).await
     }
 
+    /// Whether reading block `index` of `object`'s version `etag` here would ask the upstream:
+    /// it is held in no tier, and no fetch of it is under way to join.
+    pub fn would_fetch(&self, object: &ObjectId, etag: &Arc<str>, index: u64) -> bool {
+        let id = self.id(object, etag, index);
+        self.cache.locate(&id).is_none() && !self.cache.in_flight(&id)
+    }
+
     /// The first read of part `part` of `object` (a multipart upload's) whose place is not
     /// known: one GET of the part ([`Upstream::get_part`](crate::upstream::Upstream::get_part)),
     /// whose answer says where the part lies and brings the object's metadata. Its body fills
