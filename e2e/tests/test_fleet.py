@@ -272,14 +272,19 @@ def test_parts_read_on_every_replica_leave_the_upstream_once_as_parts(make_larde
     assert upstream.body_bytes <= 2.2 * size, f"{upstream.body_bytes / MiB:.1f} MiB for a {size / MiB:.1f} MiB object"
 
 
+@pytest.mark.parametrize("disk", [False, True], ids=["memory", "disk"])
 def test_an_owner_reads_for_its_own_clients_what_it_fetched_for_the_others(
-        make_larder, workdir, upstream, direct, bucket):
+        make_larder, workdir, upstream, direct, bucket, disk):
     """An object read whole on one replica leaves each of its blocks in its owner's cache. An
     owner fetching a block for another replica learns the object's metadata from that block's
     GET, so its own clients' first read of a block it holds asks the upstream nothing. It used
     to keep the block but not the metadata, and ask the upstream again: a read starting in a
-    block it owns is its own to open, and a block cannot be found without the ETag."""
+    block it owns is its own to open, and a block cannot be found without the ETag. (With a
+    disk tier, whose note says it holds blocks of the object, that was a HEAD.)"""
     fleet = FleetOf(make_larder, workdir, "owners", "--fleet-refresh", "300ms")
+    if disk:
+        fleet.extra_for = lambda i: ("--disk-path", str(workdir / f"owners-{i}.cache"),
+                                     "--disk-capacity", "512MiB", "--disk-region-size", "32MiB")
     fleet.start(3)
     block = 64 * 1024
     data = random.Random(21).randbytes(12 * block)
