@@ -12,6 +12,7 @@ import re
 import signal
 import threading
 import time
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -312,9 +313,12 @@ def test_an_owner_reads_for_its_own_clients_what_it_fetched_for_the_others(
     assert gets_of(upstream, bucket) == [] and upstream.seen("HEAD", f"/{bucket}/") == []
 
 
-def test_peer_requests_must_be_signed_with_the_fleet_secret(make_larder, workdir, bucket):
+def test_peer_requests_must_be_signed_with_the_fleet_secret(make_larder, workdir, upstream, direct, bucket):
     fleet = FleetOf(make_larder, workdir, "auth")
     fleet.start(1)
+    direct.put_object(Bucket=bucket, Key="k", Body=b"x" * 1000)
+    etag = direct.head_object(Bucket=bucket, Key="k")["ETag"]
+    upstream.reset()
     url = f"http://{fleet.peer(0)}/v1/info"
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(url, timeout=5)
@@ -340,6 +344,15 @@ def test_peer_requests_must_be_signed_with_the_fleet_secret(make_larder, workdir
             urllib.request.urlopen(forged, timeout=5)
         assert refused.value.code == 403
     assert metric(fleet.nodes[0], "larder_fleet_notices_total", outcome="received") == 0
+    # And a forged block request, which would have the replica fetch from the upstream (and
+    # keep the object's metadata) for anyone who can reach the peer port.
+    block = (f"http://{fleet.peer(0)}/v1/block?bucket={bucket}&key=k&bs=65536"
+             f"&etag={urllib.parse.quote(etag)}&start=0&end=1000&size=1000")
+    for headers in ({}, {"x-larder-peer-auth": f"{int(time.time())}:{'00' * 32}"}):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(block, headers=headers), timeout=5)
+        assert refused.value.code == 403
+    assert upstream.seen("GET", f"/{bucket}/") == [] and upstream.seen("HEAD", f"/{bucket}/") == []
 
 
 def peer_signature(method, path_and_query) -> str:
