@@ -10,7 +10,7 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 
-from conftest import CLIENT_KEY, CLIENT_SECRET, REGION
+from conftest import CLIENT_KEY, CLIENT_SECRET, REGION, metric, wait_until
 
 # Headers that describe the connection or the server, not the object.
 UNCOMPARED = {"date", "server", "x-amz-request-id", "x-amz-id-2", "x-cache", "vary", "strict-transport-security",
@@ -72,6 +72,54 @@ def test_checksums_come_back_as_the_real_server_sends_them(larder, direct, bucke
     plain = larder.client(response_checksum_validation="when_required").get_object(Bucket=bucket, Key="summed")
     assert checksums(plain) == {}
     assert plain["Body"].read() == body
+
+
+@pytest.mark.parametrize("learn", [True, False], ids=["learn", "off"])
+def test_checksums_a_first_get_could_not_bring_are_learnt_behind_a_later_read(make_larder, direct, bucket, upstream,
+                                                                              learn):
+    """An object first read through Larder is opened with a ranged GET, which S3 answers
+    without checksums, so that read gets none. Its next whole read asking for them sends one
+    HEAD behind it (`learn_checksums`), and the whole reads after it get the stored checksum,
+    which boto3 checks as it reads. Ranges asking for them send no HEAD (S3 answers a range
+    without them), and nor does anything with the switch off (the first revalidation brings
+    them then, a `metadata_ttl` later)."""
+    body = bytes(range(256)) * 1200
+    direct.put_object(Bucket=bucket, Key="learnt", Body=body, ChecksumAlgorithm="SHA256")
+    stored = checksums(direct.head_object(Bucket=bucket, Key="learnt", ChecksumMode="ENABLED"))
+    assert "x-amz-checksum-sha256" in stored
+    node = make_larder(*(() if learn else ("--learn-checksums", "false")))
+    via = node.client()
+    upstream.reset()
+    path = f"/{bucket}/learnt"
+
+    def get(**kw):
+        r = via.get_object(Bucket=bucket, Key="learnt", ChecksumMode="ENABLED", **kw)
+        return r, r["ResponseMetadata"]["HTTPHeaders"]["x-cache"], r["Body"].read()
+
+    first, cache, data = get()
+    assert (cache, data, checksums(first)) == ("miss", body, {})
+    for _ in range(2):
+        r, cache, data = get(Range="bytes=0-9")
+        assert (cache, data, checksums(r)) == ("hit-memory", body[:10], {})
+    # Answered from what the GET brought, before its HEAD is sent.
+    second, cache, data = get()
+    assert (cache, data, checksums(second)) == ("hit-memory", body, {})
+    if learn:
+        # Counted once its answer is cached.
+        wait_until(lambda: metric(node, "larder_metadata_refreshes_total", outcome="unchanged"), 10,
+                   "the HEAD learning the checksums")
+    else:
+        time.sleep(1)
+    want = stored if learn else {}
+    for _ in range(3):
+        r, cache, data = get()
+        assert (cache, data, checksums(r)) == ("hit-memory", body, want)
+        # botocore checks the bytes against the checksum as it reads them, and raises if not.
+        assert (type(r["Body"]).__name__ == "StreamingChecksumBody") == learn
+    assert checksums(via.head_object(Bucket=bucket, Key="learnt", ChecksumMode="ENABLED")) == want
+    time.sleep(0.3)
+    assert len(upstream.seen("HEAD", path)) == int(learn)
+    assert len(upstream.seen("GET", path)) == 1
 
 
 def test_response_overrides(larder, direct, bucket):

@@ -27,6 +27,11 @@ struct WireMeta {
     /// The object's checksums, as `headers` (absent from a replica that predates them).
     #[serde(default)]
     checksums: Vec<(String, String)>,
+    /// Whether `checksums` is all the upstream stores (`ObjectMeta::checksums_known`; `false`
+    /// from a replica that predates it, which then costs the asker one HEAD if a client asks
+    /// for them).
+    #[serde(default)]
+    checksums_known: bool,
     age_ms: u64,
 }
 
@@ -45,6 +50,7 @@ pub fn encode_meta(meta: &ObjectMeta, age: Duration) -> Bytes {
         version_id: meta.version_id.clone(),
         headers: encode_headers(&meta.headers),
         checksums: encode_headers(&meta.checksums),
+        checksums_known: meta.checksums_known,
         // Rounded up: an asker must never take metadata for younger than it is (it weighs the
         // age against when it learnt of a change).
         age_ms: u64::try_from(age.as_micros().div_ceil(1000)).unwrap_or(u64::MAX),
@@ -102,6 +108,7 @@ pub fn decode_meta(buf: &mut BytesMut) -> Result<(ObjectMeta, Duration), FrameEr
         version_id: wire.version_id,
         headers,
         checksums,
+        checksums_known: wire.checksums_known,
         response_headers: Default::default(),
     };
     Ok((meta, Duration::from_millis(wire.age_ms)))
@@ -246,6 +253,7 @@ mod tests {
                 HeaderName::from_static("x-amz-checksum-crc32"),
                 HeaderValue::from_static("IKoeIg=="),
             )],
+            checksums_known: true,
             response_headers: Default::default(),
         };
         let mut buf = BytesMut::from(&encode_meta(&meta, Duration::from_millis(1500))[..]);
@@ -263,11 +271,18 @@ mod tests {
         let mut older: serde_json::Value =
             serde_json::from_slice(&encode_meta(&meta, Duration::ZERO)[4..]).unwrap();
         older.as_object_mut().unwrap().remove("checksums").unwrap();
+        older
+            .as_object_mut()
+            .unwrap()
+            .remove("checksums_known")
+            .unwrap();
         let json = serde_json::to_vec(&older).unwrap();
         let mut frame = BytesMut::from(&(json.len() as u32).to_le_bytes()[..]);
         frame.extend_from_slice(&json);
         let (back, _) = decode_meta(&mut frame).unwrap();
         assert!(back.checksums.is_empty());
+        // Nor does it say they are all there are: a client asking costs the asker a HEAD.
+        assert!(!back.checksums_known);
         assert_eq!(back.headers, meta.headers);
         // A part of a millisecond counts as one: never younger than it is.
         let mut buf = BytesMut::from(&encode_meta(&meta, Duration::from_micros(1_500_001))[..]);
@@ -292,6 +307,7 @@ mod tests {
             version_id: None,
             headers: vec![],
             checksums: vec![],
+            checksums_known: false,
             response_headers: Default::default(),
         };
         let json = String::from_utf8(encode_meta(&meta, Duration::ZERO)[4..].to_vec()).unwrap();

@@ -106,6 +106,11 @@ pub struct ObjectMeta {
     /// response sends them back on the same terms: an SDK then checks the bytes Larder served
     /// against what S3 stored. Not among [`Self::headers`], which every response carries.
     pub checksums: Vec<(HeaderName, HeaderValue)>,
+    /// Whether the answer this came from was asked for the checksums, so [`Self::checksums`]
+    /// is all the upstream stores (none, for an object stored without): a HEAD's was. A ranged
+    /// GET's (a cold open's) cannot carry them, so `false` there, and a client asking for them
+    /// gets them once a HEAD has been sent (`learn_checksums`).
+    pub checksums_known: bool,
     /// The response headers made from the fields above, once (`s3::headers::object_headers`).
     /// Empty where an `ObjectMeta` is made: `Default::default()`.
     pub response_headers: ResponseHeaders,

@@ -6,10 +6,14 @@
 //! With refresh-ahead (`metadata_refresh_ahead`), the metadata of an object read often is
 //! revalidated behind the reader that finds it in the last tenth of its TTL: a hot object's
 //! readers never wait for its HEAD, and no metadata is trusted longer than its TTL for it.
+//!
+//! A cold open's metadata comes from a ranged GET, which never carries the object's checksums.
+//! When a client asks for them on a later whole read (`learn_checksums`), a HEAD behind that
+//! reader brings them, once per entry, in the same way.
 
 use std::collections::HashSet;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,12 +31,22 @@ struct Entry {
     meta: Arc<ObjectMeta>,
     fetched: Instant,
     trust: Trust,
-    /// Reads served from it (shared by the cache's clones of it): refresh-ahead is for
-    /// objects read often enough to be read again after it.
-    reads: Arc<AtomicU32>,
+    /// What the cache's clones of it share.
+    shared: Arc<Shared>,
     /// The changes counted when the upstream was asked for it: a reader that joins the fetch
     /// after a change must not take what it brings ([`MetadataCache::lookup`]).
     began: Watch,
+}
+
+/// What the clones of an [`Entry`] share.
+#[derive(Default)]
+struct Shared {
+    /// Reads served from it: refresh-ahead is for objects read often enough to be read again
+    /// after it.
+    reads: AtomicU32,
+    /// Whether a HEAD was sent for its checksums ([`MetadataCache::learn_checksums`]): once
+    /// per entry, so an upstream refusing HEADs is not asked on every read.
+    checksums_asked: AtomicBool,
 }
 
 /// Why [`MetadataCache::lookup_once`] has no entry to give.
@@ -159,6 +173,9 @@ pub struct MetadataCache {
     origin: Arc<dyn Upstream>,
     /// Whether metadata is refreshed ahead of its expiry (`metadata_refresh_ahead`).
     refresh_ahead: bool,
+    /// Whether a client asking for checksums the metadata could not carry sends a HEAD for
+    /// them behind its read (`learn_checksums`).
+    learn_checksums: bool,
     /// Objects being refreshed now: one HEAD per object, and at most [`MAX_REFRESHES`].
     refreshing: parking_lot::Mutex<HashSet<ObjectId>>,
     /// Refreshes by outcome, in [`Refresh::ALL`]'s order.
@@ -389,6 +406,7 @@ impl MetadataCache {
             hasher: Default::default(),
             origin,
             refresh_ahead: false,
+            learn_checksums: false,
             refreshing: Default::default(),
             refreshes: Default::default(),
         }
@@ -398,6 +416,13 @@ impl MetadataCache {
     /// (`metadata_refresh_ahead`) when `on`.
     pub fn refreshing_ahead(mut self, on: bool) -> Self {
         self.refresh_ahead = on;
+        self
+    }
+
+    /// This cache, learning the checksums a cold open's GET could not bring when a client
+    /// asks for them (`learn_checksums`) when `on`.
+    pub fn learning_checksums(mut self, on: bool) -> Self {
+        self.learn_checksums = on;
         self
     }
 
@@ -709,7 +734,7 @@ impl MetadataCache {
                     meta,
                     fetched: at,
                     trust: self.trust(id),
-                    reads: Default::default(),
+                    shared: Default::default(),
                     began,
                 }),
                 Err((e, from_head)) => Err((e, from_head, began)),
@@ -769,6 +794,29 @@ impl MetadataCache {
         answer.map_err(|(e, from_head)| Lookup::Failed(e, from_head))
     }
 
+    /// A client asked for `id`'s checksums with a whole read, answered from metadata that
+    /// could not carry them ([`ObjectMeta::checksums_known`]: a cold open's ranged GET). Sends
+    /// the HEAD that brings them behind the reader, as a refresh-ahead does (one per object at
+    /// a time, counted with the refreshes), once per cached entry; the reads after it are
+    /// answered with them. The read that opened the object does not call this: an object read
+    /// once costs no HEAD.
+    pub async fn learn_checksums(self: &Arc<Self>, id: &ObjectId) {
+        let (true, Some(cache)) = (self.learn_checksums, &self.cache) else {
+            return;
+        };
+        let Some(entry) = cache.get(id).await else {
+            return;
+        };
+        if entry.meta.checksums_known || entry.shared.checksums_asked.swap(true, Ordering::Relaxed)
+        {
+            return;
+        }
+        if !self.refresh_behind(id, &entry.meta.etag) {
+            // No room now ([`Refresh::Busy`]): a later read asks again.
+            entry.shared.checksums_asked.store(false, Ordering::Relaxed);
+        }
+    }
+
     /// Start revalidating `id` behind the reader if `entry` is in the [`refresh_window`] of
     /// what it may be trusted for now, has served [`REFRESH_AFTER_READS`] reads, and no refresh of it
     /// is under way.
@@ -776,7 +824,7 @@ impl MetadataCache {
         if entry.trust.immutable {
             return;
         }
-        let reads = entry.reads.fetch_add(1, Ordering::Relaxed) + 1;
+        let reads = entry.shared.reads.fetch_add(1, Ordering::Relaxed) + 1;
         let max_age = self.policy.max_age(entry.trust);
         if reads < REFRESH_AFTER_READS
             || entry.fetched.elapsed() < max_age - refresh_window(max_age)
@@ -848,7 +896,7 @@ impl MetadataCache {
             meta,
             fetched,
             trust: self.trust(id),
-            reads: Default::default(),
+            shared: Default::default(),
             began: watch,
         };
         for cache in self.cache.iter().chain(&self.stale) {
@@ -1380,6 +1428,55 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         panic!("no refresh ended {outcome:?}");
+    }
+
+    /// Metadata a cold open's GET brought cannot carry the checksums: a client asking for them
+    /// sends one HEAD behind its read (which then brings them), none once they are known, none
+    /// with `learn_checksums` off, and one per entry even when it fails (an upstream refusing
+    /// HEADs is not asked on every read).
+    #[tokio::test]
+    async fn checksums_a_get_could_not_bring_are_learnt_once_behind_a_read() {
+        for on in [true, false] {
+            let (origin, cache, id) =
+                one_object(b"data", "\"e\"", Duration::from_secs(60), Duration::ZERO);
+            let cache = Arc::new(Arc::into_inner(cache).unwrap().learning_checksums(on));
+            let heads = || origin.heads.load(Ordering::SeqCst);
+            // What a ranged GET would have brought.
+            let mut opened = origin.head(&id).await.unwrap();
+            opened.checksums_known = false;
+            let open = async { Ok(Some((opened, Duration::ZERO))) };
+            cache.get_or_open(&id, open).await.unwrap();
+            let before = heads();
+            cache.learn_checksums(&id).await;
+            if on {
+                refresh_ends(&cache, Refresh::Unchanged).await;
+                assert_eq!(heads(), before + 1);
+                assert!(cache.cached(&id).await.unwrap().checksums_known);
+            }
+            cache.learn_checksums(&id).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert_eq!(heads(), before + usize::from(on), "learning on: {on}");
+            assert_eq!(cache.cached(&id).await.unwrap().checksums_known, on);
+        }
+        let (origin, cache, id) =
+            one_object(b"data", "\"e\"", Duration::from_secs(60), Duration::ZERO);
+        let cache = Arc::new(Arc::into_inner(cache).unwrap().learning_checksums(true));
+        let mut opened = origin.head(&id).await.unwrap();
+        opened.checksums_known = false;
+        cache
+            .get_or_open(&id, async { Ok(Some((opened, Duration::ZERO))) })
+            .await
+            .unwrap();
+        origin.outage.store(true, Ordering::SeqCst);
+        let before = origin.heads.load(Ordering::SeqCst);
+        cache.learn_checksums(&id).await;
+        refresh_ends(&cache, Refresh::Failed).await;
+        for _ in 0..5 {
+            cache.learn_checksums(&id).await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(origin.heads.load(Ordering::SeqCst), before + 1);
+        assert!(cache.cached(&id).await.is_some(), "still served");
     }
 
     #[test]

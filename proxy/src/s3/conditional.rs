@@ -97,6 +97,7 @@ mod tests {
             version_id: None,
             headers: vec![],
             checksums: vec![],
+            checksums_known: false,
             response_headers: Default::default(),
         }
     }

@@ -316,6 +316,7 @@ mod tests {
                 ),
             ],
             checksums: vec![],
+            checksums_known: false,
             response_headers: Default::default(),
         };
         let h = object_headers(

@@ -259,7 +259,9 @@ impl Upstream for S3Upstream {
             code: "InternalError".into(),
             message: "upstream HEAD had no Content-Length".into(),
         })?;
-        object_meta(answer.headers(), size, "HEAD")
+        let mut meta = object_meta(answer.headers(), size, "HEAD")?;
+        meta.checksums_known = true;
+        Ok(meta)
     }
 
     async fn get(
@@ -663,6 +665,8 @@ fn object_meta(headers: &HeaderMap, size: u64, op: &str) -> Result<ObjectMeta, U
         version_id: text("x-amz-version-id").map(str::to_owned),
         headers: kept,
         checksums,
+        // Set by the caller that asked for them.
+        checksums_known: false,
         response_headers: Default::default(),
     })
 }
@@ -766,6 +770,8 @@ mod tests {
         assert_eq!(bytes.concat(), b"abc");
         assert_eq!((meta.size, &*meta.etag), (10, "\"e1\""));
         assert_eq!(meta.version_id.as_deref(), Some("v/1"));
+        // A range never brings the checksums: a client asking for them waits for a HEAD.
+        assert!(!meta.checksums_known);
         assert_eq!(
             meta.last_modified,
             Some(SystemTime::UNIX_EPOCH + Duration::from_secs(1_445_412_480))
@@ -822,6 +828,7 @@ mod tests {
             pairs(&meta.headers),
             [("content-type".to_owned(), "text/plain".to_owned())]
         );
+        assert!(meta.checksums_known);
         let request = server.await.unwrap()[0].to_ascii_lowercase();
         assert!(request.starts_with("head /b/k http/1.1\r\n"), "{request}");
         assert!(

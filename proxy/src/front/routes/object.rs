@@ -176,6 +176,18 @@ impl AppState {
                 out.insert(name.clone(), value.clone());
             }
         }
+        // Asked with the whole object, from metadata a cold open's GET brought, which cannot
+        // carry them: a HEAD behind this read brings them for the next. Not on the read that
+        // opened the object (an object read once costs no HEAD), nor for a range, which S3
+        // answers without them. Boxed: a path few hits take.
+        if !meta.checksums_known
+            && part.is_none()
+            && status == StatusCode::OK
+            && source == Source::Cached
+            && wants_checksums(headers)
+        {
+            Box::pin(self.metadata.learn_checksums(id)).await;
+        }
         // Called once, on whichever path answers: the headers move into the response.
         let respond = move |body: Body, cache: XCache| {
             let mut response = Response::new(body);

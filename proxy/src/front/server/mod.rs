@@ -317,7 +317,8 @@ pub async fn start(
             config.serve_stale_on_error.0,
             config.metadata_capacity,
         )
-        .refreshing_ahead(config.metadata_refresh_ahead),
+        .refreshing_ahead(config.metadata_refresh_ahead)
+        .learning_checksums(config.learn_checksums),
     );
     let refreshed = metadata.clone();
     metrics.observe_metadata_refreshes(move || refreshed.refreshes().map(|(r, n)| (r.as_str(), n)));

@@ -88,6 +88,7 @@ impl Upstream for RateLimited {
             version_id: None,
             headers: Vec::new(),
             checksums: Vec::new(),
+            checksums_known: true,
             response_headers: Default::default(),
         })
     }
