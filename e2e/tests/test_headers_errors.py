@@ -81,13 +81,13 @@ def test_checksums_a_first_get_could_not_bring_are_learnt_behind_a_later_read(ma
     without checksums, so that read gets none. Its next whole read asking for them sends one
     HEAD behind it (`learn_checksums`), and the whole reads after it get the stored checksum,
     which boto3 checks as it reads. Ranges asking for them send no HEAD (S3 answers a range
-    without them), and nor does anything with the switch off (the first revalidation brings
-    them then, a `metadata_ttl` later)."""
+    without them), and nor does anything with the switch off, the default (the first
+    revalidation brings them then, a `metadata_ttl` later)."""
     body = bytes(range(256)) * 1200
     direct.put_object(Bucket=bucket, Key="learnt", Body=body, ChecksumAlgorithm="SHA256")
     stored = checksums(direct.head_object(Bucket=bucket, Key="learnt", ChecksumMode="ENABLED"))
     assert "x-amz-checksum-sha256" in stored
-    node = make_larder(*(() if learn else ("--learn-checksums", "false")))
+    node = make_larder(*(("--learn-checksums", "true") if learn else ()))
     via = node.client()
     upstream.reset()
     path = f"/{bucket}/learnt"

@@ -221,12 +221,14 @@ options! {
     /// (`x-amz-checksum-mode: ENABLED`, which current AWS SDKs send on every GetObject, and
     /// with which they check the bytes they get against what S3 stored). An object first read
     /// through Larder is opened with a ranged GET, which never carries them, so until its
-    /// metadata is revalidated it would be answered without them. With this on, a whole read
-    /// (GET or HEAD) asking for them from such metadata sends one HEAD behind the reader, once
-    /// per cached entry; the reads after it get them. The read that opened the object does
-    /// not: an object read once costs no HEAD. `false`: they come with the first revalidation
-    /// (`metadata_ttl`), or never for immutable prefixes. Default: `true`.
-    learn_checksums: bool = true => Switch;
+    /// metadata is revalidated it is answered without them. With this on, a whole read (GET
+    /// or HEAD) asking for them from such metadata sends one HEAD behind the reader, once per
+    /// cached entry; the reads after it get them. The read that opened the object does not: an
+    /// object read once costs no HEAD. Off by default: with the SDKs asking on every read, it
+    /// costs a HEAD for nearly every object read twice, on top of the GETs a cache is there to
+    /// save. Off, they come with the first revalidation (`metadata_ttl`), or never for
+    /// immutable prefixes. Default: `false`.
+    learn_checksums: bool = false => Switch;
     /// How long a 404 for a key (no such key, or no such bucket) is remembered, so a repeated
     /// GET or HEAD of a missing key costs no upstream request. Dropped at once by a write of
     /// the key through Larder, an S3 event or another replica's notice; a write straight to the

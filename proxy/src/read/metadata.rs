@@ -794,6 +794,12 @@ impl MetadataCache {
         answer.map_err(|(e, from_head)| Lookup::Failed(e, from_head))
     }
 
+    /// Whether [`MetadataCache::learn_checksums`] would send a HEAD at all: the caller then
+    /// need not look for what it would ask.
+    pub fn learns_checksums(&self) -> bool {
+        self.learn_checksums && self.cache.is_some()
+    }
+
     /// A client asked for `id`'s checksums with a whole read, answered from metadata that
     /// could not carry them ([`ObjectMeta::checksums_known`]: a cold open's ranged GET). Sends
     /// the HEAD that brings them behind the reader, as a refresh-ahead does (one per object at
@@ -801,7 +807,7 @@ impl MetadataCache {
     /// answered with them. The read that opened the object does not call this: an object read
     /// once costs no HEAD.
     pub async fn learn_checksums(self: &Arc<Self>, id: &ObjectId) {
-        let (true, Some(cache)) = (self.learn_checksums, &self.cache) else {
+        let (true, Some(cache)) = (self.learns_checksums(), &self.cache) else {
             return;
         };
         let Some(entry) = cache.get(id).await else {
