@@ -177,9 +177,9 @@ impl AppState {
             }
         }
         // Asked with the whole object, from metadata a cold open's GET brought, which cannot
-        // carry them: with `learn_checksums`, a HEAD behind this read brings them for the next. Not on the read that
-        // opened the object (an object read once costs no HEAD), nor for a range, which S3
-        // answers without them. Boxed: a path few hits take.
+        // carry them: with `learn_checksums`, a HEAD behind this read brings them for the
+        // next. Not on the read that opened the object (an object read once costs no HEAD),
+        // nor for a range, which S3 answers without them. Boxed: a path few hits take.
         if self.metadata.learns_checksums()
             && !meta.checksums_known
             && part.is_none()
