@@ -87,7 +87,9 @@ fn serve_peers(
         metrics,
         opening: Default::default(),
     });
-    tokio::spawn(async move { axum::serve(listener, server::router(state)).await });
+    let service =
+        axum::ServiceExt::<axum::extract::Request>::into_make_service(server::service(state));
+    tokio::spawn(async move { axum::serve(listener, service).await });
     parts
 }
 

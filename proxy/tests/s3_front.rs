@@ -8,19 +8,20 @@ mod common;
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use bytes::Bytes;
 use http::{header, HeaderMap, StatusCode};
 use http_body_util::BodyExt;
 use larder::auth::Authenticator;
 use larder::freshness::Freshness;
-use larder::front::routes::{handle, AppState};
+use larder::front::routes::{service, AppState};
 use larder::read::blocks::{BlockStore, BlockStoreConfig};
 use larder::read::metadata::MetadataCache;
 use larder::telemetry::metrics::Metrics;
 use larder::upstream::memory::MemoryUpstream;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
+use tower::ServiceExt;
 
 fn app(origin: Arc<MemoryUpstream>) -> Arc<AppState> {
     app_with(origin, false)
@@ -88,7 +89,7 @@ async fn get_key(app: &Arc<AppState>, key: &str, range: &str) -> (StatusCode, He
 
 /// The answer to `req`, its body read whole.
 async fn send(app: &Arc<AppState>, req: Request) -> (StatusCode, HeaderMap, Bytes) {
-    let response = handle(State(app.clone()), req).await;
+    let response = service(app.clone()).oneshot(req).await.unwrap();
     let (parts, body) = response.into_parts();
     (
         parts.status,
@@ -163,7 +164,7 @@ async fn a_cold_get_brings_metadata_and_its_block_in_one_request() {
             req = req.header(header::RANGE, range);
         }
         let req = req.body(Body::empty()).unwrap();
-        let response = handle(State(app.clone()), req).await;
+        let response = service(app.clone()).oneshot(req).await.unwrap();
         let body = response.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(&body[..], want, "{key}");
     }

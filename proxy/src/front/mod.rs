@@ -7,9 +7,12 @@
 //! - [`admin`]: metrics, health, the status page, warm-up and fleet routes.
 //! - [`peer`]: what this replica serves the other replicas of its fleet.
 //! - [`tls`]: certificates for the S3 listener, reloaded as they change.
+//! - [`handler`]: the service that hands each request of the S3 and peer listeners to their
+//!   one handler.
 
 pub mod admin;
 pub mod form_upload;
+pub mod handler;
 pub mod peer;
 pub mod routes;
 pub mod server;

@@ -28,10 +28,11 @@
 //! broken body.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::response::Response;
 use bytes::Bytes;
 use futures::{stream, StreamExt};
@@ -42,6 +43,7 @@ use crate::fleet::client::Info;
 use crate::fleet::seal;
 use crate::fleet::wire::{self, WireError};
 use crate::freshness::{Freshness, Learnt};
+use crate::front::handler::Handler;
 use crate::model::{ObjectId, PartNumber, PartSpan, UpstreamError};
 use crate::read::blocks::BlockStore;
 use crate::read::metadata::{MetadataCache, Source};
@@ -100,14 +102,14 @@ impl Drop for Opened<'_> {
     }
 }
 
-/// The peer router.
-pub fn router(state: Arc<PeerState>) -> axum::Router {
-    axum::Router::new().fallback(handle).with_state(state)
+/// The peer front's service: every request to [`handle`].
+pub fn service(state: Arc<PeerState>) -> Handler<PeerState, impl Future<Output = Response> + Send> {
+    Handler::new(state, handle)
 }
 
 type Params = HashMap<String, String>;
 
-async fn handle(State(peer): State<Arc<PeerState>>, req: Request) -> Response {
+async fn handle(peer: Arc<PeerState>, req: Request) -> Response {
     let path_and_query = req.uri().path_and_query().map_or("/", |p| p.as_str());
     let signature = req
         .headers()

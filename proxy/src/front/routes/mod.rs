@@ -10,11 +10,12 @@
 //! it and dispatches it; `object` answers cached reads, `pass_through` everything else, and
 //! `timed` records each response's duration when its body ends.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::response::Response;
 use http::request::Parts;
 use http::{HeaderValue, Method};
@@ -22,6 +23,7 @@ use tracing::Instrument;
 
 use crate::auth::Authenticator;
 use crate::freshness::Freshness;
+use crate::front::handler::Handler;
 use crate::read::blocks::BlockStore;
 use crate::read::listing::ListingCache;
 use crate::read::metadata::MetadataCache;
@@ -76,13 +78,13 @@ pub struct AppState {
     pub larder_pays: bool,
 }
 
-/// The S3 router.
-pub fn router(state: Arc<AppState>) -> axum::Router {
-    axum::Router::new().fallback(handle).with_state(state)
+/// The S3 front's service: every request to [`handle`].
+pub fn service(state: Arc<AppState>) -> Handler<AppState, impl Future<Output = Response> + Send> {
+    Handler::new(state, handle)
 }
 
 /// Every S3 request lands here.
-pub async fn handle(State(app): State<Arc<AppState>>, req: Request) -> Response {
+async fn handle(app: Arc<AppState>, req: Request) -> Response {
     let started = Instant::now();
     let request_id = RequestId::next();
     let (req, body) = req.into_parts();

@@ -2,6 +2,7 @@
 //! it sends no first request within `client_header_timeout` or moves no bytes for
 //! `client_idle_timeout`, HTTP/1.1 or HTTP/2 (by ALPN under TLS), and drained at shutdown.
 
+use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -51,13 +52,23 @@ impl From<&Config> for ClientLimits {
 /// connection, taken before accepting, so at the cap new clients wait in the backlog), closes
 /// connections whose TLS handshake or first request does not arrive in time or that sit idle
 /// (HTTP/1 and HTTP/2 alike: see [`Activity`]), and terminates TLS.
-pub(super) async fn serve_clients(
+pub(super) async fn serve_clients<S>(
     listener: TcpListener,
-    router: axum::Router,
+    service: S,
     limits: ClientLimits,
     tls: Option<TlsConfig>,
     shutdown: CancellationToken,
-) -> std::io::Result<()> {
+) -> std::io::Result<()>
+where
+    S: tower::Service<
+            http::Request<hyper::body::Incoming>,
+            Response = http::Response<axum::body::Body>,
+            Error = Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let mut http = ConnBuilder::new(TokioExecutor::new());
     http.http1()
@@ -90,13 +101,13 @@ pub(super) async fn serve_clients(
             () = shutdown.cancelled() => break,
         };
         let _ = socket.set_nodelay(true);
-        let (http, router, tls, shutdown) =
-            (http.clone(), router.clone(), tls.clone(), shutdown.clone());
+        let (http, inner, tls, shutdown) =
+            (http.clone(), service.clone(), tls.clone(), shutdown.clone());
         tokio::spawn(async move {
             let activity = Arc::new(Activity::new());
             let seen = activity.clone();
             let service = TowerToHyperService::new(tower::ServiceExt::map_request(
-                router,
+                inner,
                 move |req: http::Request<hyper::body::Incoming>| {
                     seen.requested();
                     req

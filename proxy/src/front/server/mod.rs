@@ -446,7 +446,7 @@ pub async fn start(
         };
         tasks.push(tokio::spawn(serve_clients(
             listener,
-            super::peer::router(state),
+            super::peer::service(state),
             limits,
             None,
             shutdown.clone(),
@@ -458,7 +458,7 @@ pub async fn start(
     tasks.extend([
         tokio::spawn(serve_clients(
             s3_listener,
-            routes::router(app),
+            routes::service(app),
             ClientLimits::from(config),
             tls,
             shutdown.clone(),
