@@ -157,7 +157,7 @@ def test_a_hit_read_late_keeps_its_bytes_though_memory_reused_its_block(make_lar
 def test_http2_reads_get_every_byte_cold_and_warm(larder, direct, bucket, workdir):
     """An HTTP/2 connection's frames are gathered into few large writes: whole objects from 0
     bytes to several blocks, cold and from the cache, and ranges across a block boundary must
-    each get exactly their bytes."""
+    each get exactly their bytes. A HEAD gets the length and no body."""
     sizes = [3 * BLOCK + 12345, 1000, 5 * MiB, 0]
     v4 = larder.client(signature_version="s3v4")
     urls = []
@@ -181,6 +181,21 @@ def test_http2_reads_get_every_byte_cold_and_warm(larder, direct, bucket, workdi
         out = workdir / f"h2-range-{i}"
         assert curl_h2(urls[i], out, "-r", f"{first}-{last}") == ["2", "206"]
         assert out.read_bytes() == payload(sizes[i], 70 + i)[first:last + 1], i
+    # A HEAD over HTTP/2 has the GET's length and no body (curl's HTTP/2 library refuses DATA
+    # on a HEAD's stream); so has a HEAD of a key that is not there, S3's 404.
+    for i, size in enumerate(sizes):
+        head = v4.generate_presigned_url("head_object", Params={"Bucket": bucket, "Key": f"h2/{i}"},
+                                         ExpiresIn=300)
+        out = workdir / f"h2-head-{i}"
+        assert curl_h2(head, out, "-I") == ["2", "200"], i
+        fields = dict(line.split(": ", 1) for line in out.read_text().splitlines()[1:] if ": " in line)
+        assert fields["content-length"] == str(size), (i, fields)
+    missing = v4.generate_presigned_url("head_object", Params={"Bucket": bucket, "Key": "h2/missing"},
+                                        ExpiresIn=300)
+    done = subprocess.run(["curl", "--http2-prior-knowledge", "-sS", "-I", "--max-time", "60", "-w",
+                           "%{http_version} %{http_code}", "-o", os.devnull, missing],
+                          capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout.split()) == (0, ["2", "404"]), done.stderr
 
 
 def in_memory(larder, bucket, key) -> bool:
