@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder as ConnBuilder;
 use hyper_util::service::TowerToHyperService;
 use tokio::sync::Semaphore;
@@ -19,6 +19,7 @@ use crate::config::{Config, SendByReference};
 use crate::front::tls::TlsConfig;
 
 use super::gather::{FlushedAfter, Gathered};
+use super::inline::InlineFirst;
 use super::lend::Lending;
 
 /// What one client may hold of a listener, and how its large bodies are sent.
@@ -70,7 +71,8 @@ where
     S::Future: Send + 'static,
 {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let mut http = ConnBuilder::new(TokioExecutor::new());
+    // HTTP/2 streams done on their first poll stay in the connection's task ([`InlineFirst`]).
+    let mut http = ConnBuilder::new(InlineFirst);
     http.http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout);
@@ -197,7 +199,7 @@ async fn speaks_h2(socket: &tokio::net::TcpStream, within: Duration) -> Option<b
 /// for `idle_timeout`. A connection still open `header_timeout` after being asked to close is
 /// dropped. An HTTP/2 connection's (`h2`) writes are gathered ([`super::gather`]).
 async fn serve_one<I, S>(
-    http: &ConnBuilder<TokioExecutor>,
+    http: &ConnBuilder<InlineFirst>,
     io: I,
     h2: bool,
     service: S,

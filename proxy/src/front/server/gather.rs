@@ -22,6 +22,8 @@ use std::task::{ready, Context, Poll};
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use super::inline::{InPoll, REPOLLS};
+
 /// Most bytes gathered before they are written out: a quarter of a MiB is 16 frames of 16 KiB,
 /// few enough bytes that a write of them seldom finds the socket's buffer full.
 pub(super) const GATHER: usize = 256 * 1024;
@@ -178,6 +180,8 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Gathered<I> {
 pub(super) struct FlushedAfter<C: Future, I> {
     conn: Pin<Box<C>>,
     gather: Option<Arc<Mutex<Gather<I>>>>,
+    /// An HTTP/2 connection's polls, which its own streams wake ([`InPoll`]).
+    in_poll: Option<InPoll>,
     /// The connection's end, held while its last gathered bytes go out.
     ended: Option<C::Output>,
 }
@@ -186,6 +190,7 @@ impl<C: Future, I> FlushedAfter<C, I> {
     pub(super) fn new(conn: C, gather: Option<Arc<Mutex<Gather<I>>>>) -> Self {
         Self {
             conn: Box::pin(conn),
+            in_poll: gather.is_some().then(InPoll::new),
             gather,
             ended: None,
         }
@@ -202,31 +207,53 @@ impl<C: Future, I: AsyncWrite + Unpin> Future for FlushedAfter<C, I> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<C::Output> {
         let this = self.get_mut();
-        if this.ended.is_none() {
-            if let Poll::Ready(out) = this.conn.as_mut().poll(cx) {
-                this.ended = Some(out);
-            }
-        }
-        if let Some(gather) = &this.gather {
-            let mut g = gather.lock();
-            match g.poll_drain(cx) {
-                Poll::Ready(Ok(())) => {}
-                Poll::Ready(Err(e)) => {
-                    // The connection took these bytes as written: it learns otherwise from its
-                    // next read or write, and is polled again to make one.
-                    g.buf.clear();
-                    g.at = 0;
-                    g.failed = Some(e);
-                    cx.waker().wake_by_ref();
+        for round in 1..=REPOLLS {
+            if this.ended.is_none() {
+                let polled = match &this.in_poll {
+                    Some(in_poll) => in_poll.poll(this.conn.as_mut(), cx),
+                    None => this.conn.as_mut().poll(cx),
+                };
+                if let Poll::Ready(out) = polled {
+                    this.ended = Some(out);
                 }
-                // Woken when the socket takes more.
-                Poll::Pending => return Poll::Pending,
+            }
+            // The connection woke itself (a stream it answered in place queued frames).
+            let again = this.in_poll.as_ref().is_some_and(InPoll::woken_in_poll);
+            if let Some(gather) = &this.gather {
+                let mut g = gather.lock();
+                match g.poll_drain(cx) {
+                    Poll::Ready(Ok(())) => {}
+                    Poll::Ready(Err(e)) => {
+                        // The connection took these bytes as written: it learns otherwise from
+                        // its next read or write, and is polled again to make one.
+                        g.buf.clear();
+                        g.at = 0;
+                        g.failed = Some(e);
+                        cx.waker().wake_by_ref();
+                    }
+                    // Woken when the socket takes more; polled again then, if it woke itself.
+                    Poll::Pending => {
+                        if again {
+                            cx.waker().wake_by_ref();
+                        }
+                        return Poll::Pending;
+                    }
+                }
+            }
+            if let Some(out) = this.ended.take() {
+                return Poll::Ready(out);
+            }
+            if !again {
+                return Poll::Pending;
+            }
+            // Polled again here, its frames written out between polls as before; but not past
+            // the rounds or tokio's budget: then the task yields as a self-woken task does.
+            if round == REPOLLS || !tokio::task::coop::has_budget_remaining() {
+                break;
             }
         }
-        match this.ended.take() {
-            Some(out) => Poll::Ready(out),
-            None => Poll::Pending,
-        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
     }
 }
 
@@ -372,6 +399,103 @@ mod tests {
         socket.give(usize::MAX / 2);
         assert!(futures::poll!(&mut conn).is_ready());
         assert_eq!(socket.written(), vec![7; 1000]);
+    }
+
+    /// A connection that writes a frame and wakes its own task on each of its first `selves`
+    /// polls (as `h2` does when a stream answered in place queues frames), then waits.
+    struct SelfWaking {
+        io: Gathered<Socket>,
+        polls: usize,
+        selves: usize,
+    }
+
+    impl Future for SelfWaking {
+        type Output = ();
+
+        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+            self.polls += 1;
+            if self.polls > self.selves {
+                return Poll::Pending;
+            }
+            let frame = [self.polls as u8; 100];
+            assert!(Pin::new(&mut self.io).poll_write(cx, &frame).is_ready());
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    }
+
+    /// Counts the wakes of the task polling [`FlushedAfter`].
+    struct Wakes(AtomicUsize);
+
+    impl std::task::Wake for Wakes {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn poll_counting<F: Future + Unpin>(fut: &mut F) -> (Poll<F::Output>, usize) {
+        let wakes = Arc::new(Wakes(AtomicUsize::new(0)));
+        let waker = std::task::Waker::from(wakes.clone());
+        let polled = Pin::new(fut).poll(&mut Context::from_waker(&waker));
+        (polled, wakes.0.load(Ordering::SeqCst))
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_wakes_itself_is_polled_again_in_place_its_frames_written_between() {
+        let socket = Socket::with_room(usize::MAX / 2);
+        let (io, gather) = Gathered::new(socket.clone(), true);
+        let mut conn = FlushedAfter::new(
+            SelfWaking {
+                io,
+                polls: 0,
+                selves: 2,
+            },
+            gather,
+        );
+        let (polled, wakes) = poll_counting(&mut conn);
+        assert!(polled.is_pending());
+        // Three polls in one: the two self-wakes were answered in place, the task not woken.
+        assert_eq!(wakes, 0);
+        // Each poll's frame went out before the next poll.
+        let writes = socket.writes.lock().clone();
+        assert_eq!(writes, vec![vec![1; 100], vec![2; 100]]);
+    }
+
+    #[tokio::test]
+    async fn a_connection_that_keeps_waking_itself_yields_its_task() {
+        let socket = Socket::with_room(usize::MAX / 2);
+        let (io, gather) = Gathered::new(socket.clone(), true);
+        let mut conn = FlushedAfter::new(
+            SelfWaking {
+                io,
+                polls: 0,
+                selves: usize::MAX,
+            },
+            gather,
+        );
+        let (polled, wakes) = poll_counting(&mut conn);
+        assert!(polled.is_pending());
+        // Polled `REPOLLS` times, then the task is woken to come back after the others.
+        assert_eq!(socket.writes.lock().len(), REPOLLS);
+        assert_eq!(wakes, 1);
+    }
+
+    #[tokio::test]
+    async fn http1_connections_are_polled_once_per_poll_of_their_task() {
+        let socket = Socket::with_room(usize::MAX / 2);
+        let (io, gather) = Gathered::new(socket.clone(), false);
+        let mut conn = FlushedAfter::new(
+            SelfWaking {
+                io,
+                polls: 0,
+                selves: 2,
+            },
+            gather,
+        );
+        let (polled, wakes) = poll_counting(&mut conn);
+        assert!(polled.is_pending());
+        assert_eq!(socket.writes.lock().len(), 1);
+        assert_eq!(wakes, 1);
     }
 
     #[tokio::test]

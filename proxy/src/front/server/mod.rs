@@ -40,6 +40,7 @@ use cache_core::{DiskCache, DiskConfig};
 
 mod connections;
 mod gather;
+mod inline;
 mod lend;
 
 use connections::{serve_clients, ClientLimits};
