@@ -433,6 +433,19 @@ mod tests {
         }
     }
 
+    /// A [`SelfWaking`] connection waking itself `selves` times, HTTP/2 (`h2`) or not, and its
+    /// socket.
+    fn self_waking(h2: bool, selves: usize) -> (Socket, FlushedAfter<SelfWaking, Socket>) {
+        let socket = Socket::with_room(usize::MAX / 2);
+        let (io, gather) = Gathered::new(socket.clone(), h2);
+        let conn = SelfWaking {
+            io,
+            polls: 0,
+            selves,
+        };
+        (socket, FlushedAfter::new(conn, gather))
+    }
+
     fn poll_counting<F: Future + Unpin>(fut: &mut F) -> (Poll<F::Output>, usize) {
         let wakes = Arc::new(Wakes(AtomicUsize::new(0)));
         let waker = std::task::Waker::from(wakes.clone());
@@ -442,16 +455,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_connection_that_wakes_itself_is_polled_again_in_place_its_frames_written_between() {
-        let socket = Socket::with_room(usize::MAX / 2);
-        let (io, gather) = Gathered::new(socket.clone(), true);
-        let mut conn = FlushedAfter::new(
-            SelfWaking {
-                io,
-                polls: 0,
-                selves: 2,
-            },
-            gather,
-        );
+        let (socket, mut conn) = self_waking(true, 2);
         let (polled, wakes) = poll_counting(&mut conn);
         assert!(polled.is_pending());
         // Three polls in one: the two self-wakes were answered in place, the task not woken.
@@ -463,16 +467,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_connection_that_keeps_waking_itself_yields_its_task() {
-        let socket = Socket::with_room(usize::MAX / 2);
-        let (io, gather) = Gathered::new(socket.clone(), true);
-        let mut conn = FlushedAfter::new(
-            SelfWaking {
-                io,
-                polls: 0,
-                selves: usize::MAX,
-            },
-            gather,
-        );
+        let (socket, mut conn) = self_waking(true, usize::MAX);
         let (polled, wakes) = poll_counting(&mut conn);
         assert!(polled.is_pending());
         // Polled `REPOLLS` times, then the task is woken to come back after the others.
@@ -482,16 +477,7 @@ mod tests {
 
     #[tokio::test]
     async fn http1_connections_are_polled_once_per_poll_of_their_task() {
-        let socket = Socket::with_room(usize::MAX / 2);
-        let (io, gather) = Gathered::new(socket.clone(), false);
-        let mut conn = FlushedAfter::new(
-            SelfWaking {
-                io,
-                polls: 0,
-                selves: 2,
-            },
-            gather,
-        );
+        let (socket, mut conn) = self_waking(false, 2);
         let (polled, wakes) = poll_counting(&mut conn);
         assert!(polled.is_pending());
         assert_eq!(socket.writes.lock().len(), 1);
