@@ -26,11 +26,11 @@ use parking_lot::Mutex;
 
 /// Polls a future once in the caller's task; spawns it on tokio only if it is not done.
 ///
-/// The first poll runs with a waker that does nothing. A future that is pending after it has
-/// registered that waker with whatever it waits on; tokio polls a spawned task once at its
-/// start, with the task's own waker, and a future must arrange to wake the waker of its latest
-/// poll, so nothing is lost. A panic in that first poll ends the connection (as a panic in an
-/// HTTP/1.1 request does) rather than the stream's own task.
+/// The first poll runs with a waker that does nothing, and a future still pending after it has
+/// left that waker with whatever it waits on. Nothing is lost: tokio polls a spawned task once
+/// at its start, with the task's own waker, and a future must wake the waker of its latest
+/// poll. A panic in that first poll ends the connection (as a panic in an HTTP/1.1 request
+/// does) rather than the stream's own task.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct InlineFirst;
 
