@@ -29,8 +29,12 @@ use parking_lot::Mutex;
 /// The first poll runs with a waker that does nothing, and a future still pending after it has
 /// left that waker with whatever it waits on. Nothing is lost: tokio polls a spawned task once
 /// at its start, with the task's own waker, and a future must wake the waker of its latest
-/// poll. A panic in that first poll ends the connection (as a panic in an HTTP/1.1 request
-/// does) rather than the stream's own task.
+/// poll.
+///
+/// A panic in that first poll is caught and ends that stream alone, as it did when every
+/// stream was a task of its own (tokio catches a task's panic): the stream's future is dropped,
+/// which resets the stream, and the connection's other streams go on. Left to unwind, it would
+/// end the connection's task and every request the client had in flight on it.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct InlineFirst;
 
@@ -40,12 +44,19 @@ where
 {
     fn execute(&self, fut: F) {
         let mut fut = Box::pin(fut);
-        if fut
-            .as_mut()
-            .poll(&mut Context::from_waker(Waker::noop()))
-            .is_pending()
-        {
-            tokio::spawn(fut);
+        // Unwind safety: on a panic the future is dropped here and nothing it touched is read
+        // again by this code; shared state it holds is behind locks that do not poison
+        // (parking_lot) or is the stream's own, which hyper resets on the drop.
+        let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            fut.as_mut().poll(&mut Context::from_waker(Waker::noop()))
+        }));
+        match first {
+            Ok(Poll::Ready(())) => {}
+            Ok(Poll::Pending) => {
+                tokio::spawn(fut);
+            }
+            // The panic's message went to the panic hook (stderr) as it unwound.
+            Err(_) => tracing::error!("an HTTP/2 request's handler panicked: its stream is reset"),
         }
     }
 }
@@ -167,6 +178,33 @@ mod tests {
             .expect("woken")
             .expect("sent");
         assert_eq!(got, 42);
+    }
+
+    #[tokio::test]
+    async fn a_panic_in_the_first_poll_ends_that_future_alone() {
+        // A stream's handler that panics on its first poll: the panic stops in `execute`,
+        // which would otherwise unwind through the connection's task.
+        let dropped = Arc::new(AtomicUsize::new(0));
+        struct Drops(Arc<AtomicUsize>);
+        impl Drop for Drops {
+            fn drop(&mut self) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let guard = Drops(dropped.clone());
+        InlineFirst.execute(async move {
+            let _held = guard;
+            panic!("a handler's bug");
+        });
+        // Dropped (for hyper, the stream reset), not kept or spawned.
+        assert_eq!(dropped.load(Ordering::SeqCst), 1);
+        // The caller goes on: the next stream of the same connection is served as before.
+        let polls = Arc::new(AtomicUsize::new(0));
+        let seen = polls.clone();
+        InlineFirst.execute(async move {
+            seen.fetch_add(1, Ordering::SeqCst);
+        });
+        assert_eq!(polls.load(Ordering::SeqCst), 1);
     }
 
     /// Wakes itself on each of its first `selves` polls; after that it waits for `rx`.
