@@ -44,9 +44,9 @@ where
 {
     fn execute(&self, fut: F) {
         let mut fut = Box::pin(fut);
-        // Unwind safety: on a panic the future is dropped here and nothing it touched is read
-        // again by this code; shared state it holds is behind locks that do not poison
-        // (parking_lot) or is the stream's own, which hyper resets on the drop.
+        // Unwind safety: after a panic the future is dropped here and never polled again, and
+        // whatever else it shared is left as a panic in a task of its own (which tokio catches)
+        // would leave it: the handling is the same as before streams ran in place.
         let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             fut.as_mut().poll(&mut Context::from_waker(Waker::noop()))
         }));
