@@ -41,11 +41,11 @@ def served(r: dict, size: int) -> tuple[float, float | None]:
     """A hit cell's requests per second and CPU ms per 1,000 requests, counted in whole bodies
     delivered (body bytes / object size) for objects of 1 MiB and up, in responses completed for
     smaller ones. A cell is a few seconds long: with many connections reading large objects it
-    ends with most of them part-way (256 connections reading 64 MiB bodies at 2.5 GB/s finish
-    none of them in 5 s), so completed responses leave out bytes sent while the CPU that sent
-    them stays in, and the server sharing its bandwidth most evenly looks slowest. Smaller
-    objects' cells complete thousands of responses per connection, and their byte counts hold
-    headers too (a tenth of a 4 KiB response), so there the completed count is the right one."""
+    ends with most of them part-way (256 connections reading 64 MiB bodies at 2.5 GB/s, each at
+    the same pace, finish none in 5 s), so completed responses leave out bytes sent while the
+    CPU that sent them stays in, and the server sharing its bandwidth most evenly looks slowest.
+    Smaller objects' cells complete thousands of responses per connection, and their byte counts
+    hold headers too (about 7 % of a 4 KiB response), so there the completed count is the right one."""
     rps, cpu = r["rps"], r.get("cpu_ms_per_1k")
     if size < MiB or not r.get("mib_s") or not rps:
         return rps, cpu
