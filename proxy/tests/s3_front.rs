@@ -15,20 +15,22 @@ use http_body_util::BodyExt;
 use larder::auth::Authenticator;
 use larder::freshness::Freshness;
 use larder::front::routes::{service, AppState};
+use larder::model::{BodyStream, ObjectId, ObjectMeta, UpstreamError};
 use larder::read::blocks::{BlockStore, BlockStoreConfig};
 use larder::read::metadata::MetadataCache;
 use larder::telemetry::metrics::Metrics;
 use larder::upstream::memory::MemoryUpstream;
+use larder::upstream::Upstream;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tower::ServiceExt;
 
-fn app(origin: Arc<MemoryUpstream>) -> Arc<AppState> {
+fn app(origin: Arc<dyn Upstream>) -> Arc<AppState> {
     app_with(origin, false)
 }
 
 /// [`app`], with range-first reads (`cold_ranges = "exact"`, the binary's default) or not.
-fn app_with(origin: Arc<MemoryUpstream>, exact_ranges: bool) -> Arc<AppState> {
+fn app_with(origin: Arc<dyn Upstream>, exact_ranges: bool) -> Arc<AppState> {
     let metrics = Arc::new(Metrics::default());
     let config = BlockStoreConfig {
         read_window: 2,
@@ -205,6 +207,53 @@ async fn errors_are_s3_xml_with_a_request_id() {
     assert!(std::str::from_utf8(&body)
         .unwrap()
         .contains("<Code>NoSuchKey</Code>"));
+}
+
+/// An upstream client with a bug: every call panics.
+struct Panicking;
+
+#[async_trait::async_trait]
+impl Upstream for Panicking {
+    async fn head(&self, _: &ObjectId) -> Result<ObjectMeta, UpstreamError> {
+        panic!("a bug in the upstream client (HEAD)")
+    }
+    async fn get(
+        &self,
+        _: &ObjectId,
+        _: Option<&str>,
+        _: Option<std::ops::Range<u64>>,
+    ) -> Result<BodyStream, UpstreamError> {
+        panic!("a bug in the upstream client (GET)")
+    }
+    async fn list(
+        &self,
+        _: &str,
+        _: &str,
+        _: Option<String>,
+    ) -> Result<(Vec<(String, u64)>, Option<String>), UpstreamError> {
+        panic!("a bug in the upstream client (LIST)")
+    }
+}
+
+#[tokio::test]
+async fn a_handler_that_panics_answers_500_internal_error_and_the_next_request_is_served() {
+    let app = app(Arc::new(Panicking));
+    for _ in 0..2 {
+        // Without the catch, the panic unwinds out of the service and this test fails there.
+        let (status, headers, body) = get(&app, "bytes=0-1").await;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(!headers["x-amz-request-id"].is_empty());
+        assert_eq!(headers["x-cache"], "error");
+        assert!(std::str::from_utf8(&body)
+            .unwrap()
+            .contains("<Code>InternalError</Code>"));
+    }
+    // Counted as any failed request is.
+    let counted = app.metrics.snapshot().sum(
+        "larder_requests_total",
+        &[("status", "500"), ("cache", "error")],
+    );
+    assert_eq!(counted, 2.0);
 }
 
 async fn get_part(app: &Arc<AppState>, key: &str, n: u16) -> (StatusCode, HeaderMap, Bytes) {

@@ -11,12 +11,14 @@
 //! `timed` records each response's duration when its body ends.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::Request;
 use axum::response::Response;
+use futures::FutureExt;
 use http::request::Parts;
 use http::{HeaderValue, Method};
 use tracing::Instrument;
@@ -109,9 +111,25 @@ async fn handle(app: Arc<AppState>, req: Request) -> Response {
     // its box, instead of with each move of this future (axum boxes it, `instrument` wraps
     // it): 1.9 % of a small hit's instructions (docs/benchmarks.md, "One block key per
     // small hit").
-    let (operation, bucket, result) = Box::pin(app.dispatch(req, body, &query, parsed))
-        .instrument(span.clone())
-        .await;
+    let named = parsed.2;
+    let dispatched = AssertUnwindSafe(
+        Box::pin(app.dispatch(req, body, &query, parsed)).instrument(span.clone()),
+    )
+    .catch_unwind()
+    .await;
+    let (operation, bucket, result) = dispatched.unwrap_or_else(|_| {
+        // A bug, not the client's doing. Answered as S3 answers its own faults (500
+        // InternalError, which SDKs retry), counted and logged as any failed request, so the
+        // client gets an answer and its connection goes on; left to unwind, the panic would
+        // end the HTTP/1.1 connection, or reset the HTTP/2 stream, with no answer. Unwind
+        // safety: the dispatch's future is dropped and nothing it held is read here; shared
+        // state is left as a panic in a task of its own would leave it. The message went to
+        // the panic hook (stderr).
+        span.in_scope(
+            || tracing::error!(%method, %resource, %request_id, "the request's handler panicked"),
+        );
+        (named, None, Err(S3Error::InternalError))
+    });
     let (mut response, cache) = match result {
         Ok((response, cache)) => (response, cache),
         Err(e) => {

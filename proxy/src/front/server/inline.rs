@@ -34,7 +34,9 @@ use parking_lot::Mutex;
 /// A panic in that first poll is caught and ends that stream alone, as it did when every
 /// stream was a task of its own (tokio catches a task's panic): the stream's future is dropped,
 /// which resets the stream, and the connection's other streams go on. Left to unwind, it would
-/// end the connection's task and every request the client had in flight on it.
+/// end the connection's task and every request the client had in flight on it. (A handler's
+/// panic is answered 500 before this, in `routes`; what reaches here is a panic while the
+/// response's body is polled.)
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct InlineFirst;
 
