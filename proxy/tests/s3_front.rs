@@ -197,16 +197,25 @@ async fn a_cold_range_across_blocks_is_a_miss_though_its_first_blocks_landed_fir
     assert_eq!(headers["x-cache"], "partial");
 }
 
-#[tokio::test]
-async fn errors_are_s3_xml_with_a_request_id() {
-    let app = app(Arc::new(MemoryUpstream::default()));
-    let (status, headers, body) = get(&app, "bytes=0-1").await;
-    assert_eq!(status, StatusCode::NOT_FOUND);
+/// An S3 error answer: `status`, an XML body naming `code`, a request id, `X-Cache: error`.
+fn assert_s3_error(answer: (StatusCode, HeaderMap, Bytes), status: StatusCode, code: &str) {
+    let (got, headers, body) = answer;
+    assert_eq!(got, status);
     assert!(!headers["x-amz-request-id"].is_empty());
     assert_eq!(headers["x-cache"], "error");
     assert!(std::str::from_utf8(&body)
         .unwrap()
-        .contains("<Code>NoSuchKey</Code>"));
+        .contains(&format!("<Code>{code}</Code>")));
+}
+
+#[tokio::test]
+async fn errors_are_s3_xml_with_a_request_id() {
+    let app = app(Arc::new(MemoryUpstream::default()));
+    assert_s3_error(
+        get(&app, "bytes=0-1").await,
+        StatusCode::NOT_FOUND,
+        "NoSuchKey",
+    );
 }
 
 /// An upstream client with a bug: every call panics.
@@ -240,13 +249,11 @@ async fn a_handler_that_panics_answers_500_internal_error_and_the_next_request_i
     let app = app(Arc::new(Panicking));
     for _ in 0..2 {
         // Without the catch, the panic unwinds out of the service and this test fails there.
-        let (status, headers, body) = get(&app, "bytes=0-1").await;
-        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
-        assert!(!headers["x-amz-request-id"].is_empty());
-        assert_eq!(headers["x-cache"], "error");
-        assert!(std::str::from_utf8(&body)
-            .unwrap()
-            .contains("<Code>InternalError</Code>"));
+        assert_s3_error(
+            get(&app, "bytes=0-1").await,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+        );
     }
     // Counted as any failed request is.
     let counted = app.metrics.snapshot().sum(
