@@ -143,7 +143,7 @@ mod assembly {
             // `Vec` is moved (its heap buffer does not move) and is never grown.
             let at = vec.as_mut_ptr().wrapping_add(start);
             Self {
-                _vec: Recycle::new(vec),
+                _vec: Recycle::new(vec, len),
                 at,
                 len,
             }
@@ -231,8 +231,8 @@ impl AlignedBuf {
     /// The bytes `[from, to)` of the buffer as shared [`Bytes`], without a copy; the buffer
     /// goes back to the pool when the last of them is dropped.
     pub fn freeze(mut self, from: usize, to: usize) -> Bytes {
-        let start = self.start;
-        Bytes::from_owner(Recycle::new(std::mem::take(&mut self.vec)))
+        let (start, len) = (self.start, self.len);
+        Bytes::from_owner(Recycle::new(std::mem::take(&mut self.vec), len))
             .slice(start + from..start + to)
     }
 
@@ -263,13 +263,15 @@ impl Drop for AlignedBuf {
 struct Recycle(Vec<u8>);
 
 impl Recycle {
-    fn new(vec: Vec<u8>) -> Self {
+    /// `vec`, an [`AlignedBuf`]'s, made for a value of `len` bytes.
+    fn new(vec: Vec<u8>, len: usize) -> Self {
         if vec.len() >= RECYCLE_MIN {
             let at = vec.as_ptr() as usize;
             LOANS.lock().insert(
                 at,
                 Loan {
                     end: at + vec.len(),
+                    made_for: len,
                     lent: None,
                     reads: 0,
                 },
@@ -316,6 +318,8 @@ static LOANS: Mutex<BTreeMap<usize, Loan>> = Mutex::new(BTreeMap::new());
 struct Loan {
     /// One past the `Vec`'s last byte.
     end: usize,
+    /// The length of the value the buffer was made for (its `AlignedBuf`'s).
+    made_for: usize,
     /// The addresses lent so far, first to one past the last.
     lent: Option<(usize, usize)>,
     /// Reads of its bytes counted by [`read_again`]: lent from [`LEND_AFTER_READS`] on.
@@ -369,9 +373,13 @@ pub fn lend_into_pipe(pipe: impl std::os::fd::AsFd, bytes: &[u8]) -> std::io::Re
     pages::lend(pipe.as_fd(), &bytes[..len])
 }
 
-/// How many leading bytes of `bytes` [`lend_into_pipe`] would lend, pipe room aside.
-pub fn lendable(bytes: &[u8]) -> usize {
-    loan_of(&mut LOANS.lock(), bytes).map_or(0, |(_, len)| len)
+/// How many leading bytes of `bytes` [`lend_into_pipe`] would lend, pipe room aside, where the
+/// buffer they lie in was made for a value of at most `most` bytes (none otherwise; `usize::MAX`
+/// takes any): a caller may lend the bytes of small values and copy those of large ones.
+pub fn lendable(bytes: &[u8], most: usize) -> usize {
+    loan_of(&mut LOANS.lock(), bytes)
+        .filter(|(loan, _)| loan.made_for <= most)
+        .map_or(0, |(_, len)| len)
 }
 
 /// The loan of the live pooled buffer `bytes` starts in, if it was read again, and how many of
@@ -700,19 +708,36 @@ mod tests {
         // Memory the pool does not own is never lent: its owner may reuse it in place.
         let plain = Bytes::from(vec![7u8; 4 * RECYCLE_MIN]);
         read_often(&plain, LEND_AFTER_READS);
-        assert_eq!(lendable(&plain), 0);
+        assert_eq!(lendable(&plain, usize::MAX), 0);
         let small = AlignedBuf::reused(RECYCLE_MIN / 2).freeze(0, RECYCLE_MIN / 2);
         read_often(&small, LEND_AFTER_READS);
-        assert_eq!(lendable(&small), 0, "buffers too small for the pool");
+        assert_eq!(
+            lendable(&small, usize::MAX),
+            0,
+            "buffers too small for the pool"
+        );
         // A length that ends inside a page: everything up to its last whole page.
         let len = 3 * RECYCLE_MIN + 100;
         let bytes = AlignedBuf::reused(len).freeze(0, len);
-        assert_eq!(lendable(&bytes), 0, "not read yet");
+        assert_eq!(lendable(&bytes, usize::MAX), 0, "not read yet");
         read_often(&bytes, LEND_AFTER_READS);
-        let whole = lendable(&bytes);
+        let whole = lendable(&bytes, usize::MAX);
         assert!(whole >= 3 * RECYCLE_MIN && whole <= len, "{whole}");
-        assert_eq!(lendable(&bytes[ALIGN..]), whole - ALIGN);
-        assert_eq!(lendable(&bytes[..ALIGN]), ALIGN, "no further than asked");
+        assert_eq!(lendable(&bytes[ALIGN..], usize::MAX), whole - ALIGN);
+        assert_eq!(
+            lendable(&bytes[..ALIGN], usize::MAX),
+            ALIGN,
+            "no further than asked"
+        );
+        // Only of buffers made for values up to the length asked, wherever the bytes lie in one.
+        assert_eq!(lendable(&bytes, len), whole);
+        assert_eq!(lendable(&bytes[ALIGN..2 * ALIGN], len), ALIGN);
+        assert_eq!(lendable(&bytes, len - 1), 0, "made for a larger value");
+        assert_eq!(
+            lendable(&bytes[..ALIGN], len - 1),
+            0,
+            "a small slice of it too"
+        );
     }
 
     #[test]

@@ -99,14 +99,17 @@ options! {
     /// throughput, because no idle worker was parked and woken per request
     /// (docs/benchmarks.md). Disk I/O threads are not counted here. Default: `0`.
     worker_threads: usize = 0;
-    /// Which cleartext HTTP/1.1 clients get large bodies of cached bytes by reference (256 KiB
-    /// and up, of a block the memory tier served often: `vmsplice` into a pipe, `splice` to the
-    /// socket, as `sendfile` does) instead of copied into the socket: `remote` (clients on other
-    /// hosts), `always` or `never`. Default: `remote`. By reference the server's copy is gone
-    /// (a third to a half of a large hit's CPU), but a client on this host then copies out of
-    /// the cache's memory instead of out of a copy still in the CPU's caches: on loopback, 8 and
-    /// 64 MiB hits cost the machine 23 to 57 % more CPU that way (the client's rose more than
-    /// the server's fell) and one client got 40 to 58 % less throughput (docs/benchmarks.md).
+    /// Which cleartext HTTP/1.1 clients get bodies of cached bytes by reference (64 KiB and
+    /// up, of a block the memory tier served often: `vmsplice` into a pipe, `splice` to the
+    /// socket, as `sendfile` does) instead of copied into the socket: `auto`, `remote`
+    /// (clients on other hosts only), `always` or `never`. Default: `auto`: clients on other
+    /// hosts get every such body by reference, clients on this host those of blocks of at most
+    /// 256 KiB. By reference the server's copy is gone (a fifth to a half of a hit's CPU), but
+    /// a client on this host then copies out of the cache's memory instead of out of a copy
+    /// still in the CPU's caches: on loopback, one client reading 512 KiB to 64 MiB hits got 15
+    /// to 58 % less throughput that way, and 8 and 64 MiB hits cost the machine 23 to 57 % more
+    /// CPU, while 64 to 256 KiB hits came out even or better for the client and the machine
+    /// alike (docs/benchmarks.md).
     send_by_reference: SendByReference = Default::default();
     /// Longest a client may take to send a request's headers before its connection is closed
     /// (guards against slowloris clients). Default: `10s`.
@@ -478,8 +481,10 @@ pub enum PrefetchMode {
 #[serde(rename_all = "kebab-case")]
 pub enum SendByReference {
     /// To clients whose address is not this host's (not loopback, not the address they
-    /// connected to).
+    /// connected to); to clients on this host only bodies of blocks up to 256 KiB.
     #[default]
+    Auto,
+    /// To clients whose address is not this host's only.
     Remote,
     /// To every cleartext HTTP/1.1 client.
     Always,

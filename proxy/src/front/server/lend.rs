@@ -18,12 +18,14 @@
 //! after hyper was told its bytes were taken is returned by the next write, flush or shutdown,
 //! as a socket's own buffered send would fail.
 //!
-//! Only clients on other hosts are lent to by default (`send_by_reference = "remote"`): a client
-//! on this host copies the body out of its socket on this machine's CPUs, and out of the cache's
-//! pages that copy cost it more than out of the server's fresh copy, more than the server saved
-//! (8 and 64 MiB hits on loopback: the machine's CPU per request up 23 to 57 %, one client's
-//! throughput down 40 to 58 %; docs/benchmarks.md). A client across a network gets the pages from the
-//! network card, which reads them either way.
+//! A client on this host is lent only the bodies of small blocks (`send_by_reference = "auto"`,
+//! the default: at most [`LOCAL_LEND_MAX`]). It copies the body out of its socket on this
+//! machine's CPUs, and out of the cache's pages a large body's copy cost it more than out of the
+//! server's fresh copy, more than the server saved (on loopback, one client reading 512 KiB to
+//! 64 MiB hits: 15 to 58 % less throughput; 8 and 64 MiB hits: the machine's CPU per request up
+//! 23 to 57 %), where 64 to 256 KiB hits came out even or better for client and machine alike
+//! (docs/benchmarks.md). A client across a network gets the pages from the network card, which
+//! reads them either way.
 //!
 //! TLS connections encrypt in user space and HTTP/2's frames are gathered
 //! ([`super::gather`]), so neither lends.
@@ -41,9 +43,16 @@ use tokio::net::TcpStream;
 use crate::config::SendByReference;
 
 /// Bodies (a single `Bytes` of one) shorter than this are copied: a loan's two system calls and
-/// the page references it takes are worth it only for large writes, and a buffer that lent
-/// pages is faulted in afresh when next used.
-const LEND_MIN: usize = 256 * 1024;
+/// the page references it takes are worth it only for larger writes, and a buffer that lent
+/// pages is faulted in afresh when next used. From 64 KiB (the smallest buffers pooled, and
+/// so the smallest lendable), sixteen clients reading hits of that size on loopback cost the
+/// server 23 % less CPU lent than copied, one client as much (docs/benchmarks.md).
+const LEND_MIN: usize = 64 * 1024;
+
+/// The largest blocks whose bytes a client on this host is lent (`send_by_reference = "auto"`):
+/// up to this size, lending measured no worse for one client's throughput nor the machine's
+/// CPU, and better with many clients; from 512 KiB one client's throughput fell.
+const LOCAL_LEND_MAX: usize = 256 * 1024;
 
 /// The pipe's size asked for. Each `splice` from a fuller pipe takes the socket's lock and
 /// wakes the client once for more bytes: one client reading 8 MiB hits cost 1,597 ms of CPU
@@ -58,6 +67,8 @@ const PIPE_SIZE: usize = 1 << 20;
 pub(super) struct Lending {
     socket: TcpStream,
     pipe: Pipe,
+    /// The largest blocks whose bytes are lent.
+    most: usize,
     /// Bytes in the pipe, taken from the connection and not yet in the socket.
     piped: usize,
 }
@@ -69,21 +80,28 @@ enum Pipe {
         read: OwnedFd,
         write: OwnedFd,
     },
-    /// This connection copies: its client is on this host (`send_by_reference`), or the system
+    /// This connection copies: `send_by_reference` says so for its client, or the system
     /// would not make a pipe (out of descriptors), or `vmsplice` failed.
     Off,
 }
 
 impl Lending {
     pub(super) fn new(socket: TcpStream, by_reference: SendByReference) -> Self {
-        let lends = match by_reference {
-            SendByReference::Always => true,
-            SendByReference::Never => false,
-            SendByReference::Remote => !on_this_host(&socket),
+        let most = match by_reference {
+            SendByReference::Always => Some(usize::MAX),
+            SendByReference::Never => None,
+            SendByReference::Remote => (!on_this_host(&socket)).then_some(usize::MAX),
+            SendByReference::Auto if on_this_host(&socket) => Some(LOCAL_LEND_MAX),
+            SendByReference::Auto => Some(usize::MAX),
         };
         Self {
             socket,
-            pipe: if lends { Pipe::Unopened } else { Pipe::Off },
+            pipe: if most.is_some() {
+                Pipe::Unopened
+            } else {
+                Pipe::Off
+            },
+            most: most.unwrap_or(0),
             piped: 0,
         }
     }
@@ -189,9 +207,10 @@ impl AsyncWrite for Lending {
             return Pin::new(&mut this.socket).poll_write_vectored(cx, bufs);
         }
         ready!(this.poll_drain(cx))?;
-        let lendable = bufs
-            .iter()
-            .position(|b| b.len() >= LEND_MIN && cache_core::buffers::lendable(b) >= LEND_MIN);
+        let most = this.most;
+        let lendable = bufs.iter().position(|b| {
+            b.len() >= LEND_MIN && cache_core::buffers::lendable(b, most) >= LEND_MIN
+        });
         let Some(at) = lendable.filter(|_| this.pipe().is_some()) else {
             return Pin::new(&mut this.socket).poll_write_vectored(cx, bufs);
         };
@@ -325,15 +344,20 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_client_on_this_host_gets_copies_unless_told_otherwise() {
-        for (by_reference, lent) in [
-            (SendByReference::Remote, false),
-            (SendByReference::Never, false),
-            (SendByReference::Always, true),
+    async fn a_client_on_this_host_is_lent_small_blocks_only_unless_told_otherwise() {
+        let (small, large) = (LOCAL_LEND_MAX, LOCAL_LEND_MAX + 4096);
+        for (by_reference, len, lent) in [
+            (SendByReference::Auto, LEND_MIN, true),
+            (SendByReference::Auto, small, true),
+            (SendByReference::Auto, large, false),
+            (SendByReference::Remote, small, false),
+            (SendByReference::Never, small, false),
+            (SendByReference::Always, small, true),
+            (SendByReference::Always, large, true),
         ] {
             let (mut server, mut client) = pair_sending(by_reference).await;
             assert!(on_this_host(&server.socket), "loopback is this host");
-            let body = pooled(2 * LEND_MIN, |i| (i % 7) as u8);
+            let body = pooled(len, |i| (i % 7) as u8);
             let reader = tokio::spawn(async move {
                 let mut got = Vec::new();
                 client.read_to_end(&mut got).await.expect("read");
@@ -343,7 +367,7 @@ mod tests {
             assert_eq!(
                 matches!(server.pipe, Pipe::Open { .. }),
                 lent,
-                "{by_reference:?}"
+                "{by_reference:?}, {len} bytes"
             );
             server.shutdown().await.expect("shutdown");
             assert_eq!(reader.await.expect("reader"), [HEAD, &body[..]].concat());
