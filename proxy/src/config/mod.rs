@@ -257,7 +257,8 @@ options! {
     /// Blocks a single response fetches ahead of the one it is sending. Default: `8`: a whole
     /// cold 64 MiB object (eight 8 MiB blocks) is then fetched at once, 3.5 times a single
     /// GET's throughput from an upstream capping each connection as S3 does (4 made it 2.4
-    /// times; docs/benchmarks.md).
+    /// times; docs/benchmarks.md). Where parallel GETs were seen to bring no more than one,
+    /// a cold read's first GET runs on over the whole window instead (`read/blocks/gain.rs`).
     read_window: usize = 8;
     /// How a range of a block nothing here holds is fetched: `exact` (range-first: a range the
     /// whole block would bring more than 1.5 times the bytes of is fetched as asked, and cached

@@ -308,6 +308,8 @@ pub async fn start(
     metrics.observe_buffer_pool();
     let pinned = blocks.clone();
     metrics.observe_response_buffer(move || pinned.response_buffer());
+    let paced = blocks.clone();
+    metrics.observe_parallel_gain(move || paced.parallel_gain());
     let counted = origin.clone();
     metrics.observe_retries(move || counted.retries());
     let policy = Arc::new(freshness_policy(config));

@@ -455,6 +455,8 @@ impl BlockStore {
             if supplier == Supplier::Upstream {
                 supplied = Supplier::Upstream;
             }
+            // The upstream's body counted for what parallel GETs gain (`pace`), until it ends.
+            let mut streaming = None;
             let failure = match attempt {
                 Ok(mut body) => loop {
                     // The upstream's bodies are timed by its resume layer, which continues a
@@ -480,7 +482,11 @@ impl BlockStore {
                             }
                             match supplier {
                                 Supplier::Upstream => {
-                                    self.metrics.upstream_received(chunk.len() as u64)
+                                    self.metrics.upstream_received(chunk.len() as u64);
+                                    match &mut streaming {
+                                        None => streaming = Some(self.pace.gain.started()),
+                                        Some(s) => s.chunk(chunk.len() as u64),
+                                    }
                                 }
                                 Supplier::Peer | Supplier::Mixed => {
                                     elsewhere += chunk.len() as u64;

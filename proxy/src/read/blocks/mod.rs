@@ -45,6 +45,7 @@ mod ahead;
 mod classify;
 mod cold;
 mod fetch;
+mod gain;
 mod pace;
 mod part;
 mod slots;
@@ -598,6 +599,11 @@ impl BlockStore {
         }
         self.metrics.response_buffer_wait();
         self.pinned.acquire_units(turn, units).await
+    }
+
+    /// What parallel GETs gain from the upstream, once measured (`gain`).
+    pub fn parallel_gain(&self) -> Option<f64> {
+        self.pace.gain.gain()
     }
 
     /// Bytes of blocks responses hold now, and the most they may.

@@ -12,6 +12,11 @@
 //! 90 MB/s per connection, for 8 MiB blocks), that is none: every further block has a GET of
 //! its own, all sent at once, as before. An object smaller than the GET asks is simply all of
 //! it (a range past an object's end is cut to it), so asking more costs nothing there.
+//!
+//! That rule assumes the further GETs each bring what one connection does. Where the upstream
+//! was seen to bring less with several bodies at once than that ([`super::gain`]), the run goes
+//! further: past the blocks a round trip brings, a block gets a GET of its own only if the
+//! rest would come sooner that way, and where parallel GETs gained nothing, never.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,20 +28,28 @@ use bytes::Bytes;
 use futures::stream::{Stream, StreamExt};
 use parking_lot::Mutex;
 
+use super::gain::Gain;
 use crate::model::{BodyStream, UpstreamError};
 
 /// Blocks shorter than this do not measure a connection's rate: their bytes arrive in a few
 /// packets, and the time between those says little.
 const MEASURED_FROM: u64 = 1 << 20;
 
+/// Below this gain ([`Gain`]), parallel GETs are taken to bring nothing more than one: a
+/// tenth more is within what one run of the same upstream measures apart from the next.
+const NO_GAIN: f64 = 1.1;
+
 /// The round trip and per-connection rate of the upstream, as cold GETs found them: moving
-/// averages (each new measurement weighs a quarter), 0 until measured.
+/// averages (each new measurement weighs a quarter), 0 until measured; and what it gains from
+/// several bodies at once.
 #[derive(Default)]
 pub(super) struct Pace {
     /// From sending a cold GET to its answer's headers, in microseconds.
     round_trip_us: AtomicU64,
     /// Bytes per second one connection brought a cold GET's first block at, once it started.
     rate: AtomicU64,
+    /// Every upstream body a block fetch reads is counted here.
+    pub(super) gain: Gain,
 }
 
 /// A moving average that falls at once: a lower sample replaces it, a higher one weighs a
@@ -68,26 +81,44 @@ impl Pace {
     }
 
     /// Whether a run whose first block came at `rate` bytes a second goes on for `remaining`
-    /// more blocks of `block_size`: only if they would come within two round trips. A run
-    /// planned on a rate the connection turned out not to have (the upstream got slower, or
-    /// caps each connection as S3 does) stops after the block following its first (whose
-    /// bytes are already on their way), and the rest are asked for at once, each with a GET of
-    /// its own.
+    /// more blocks of `block_size`: only if they would come within twice the [`Pace::horizon`]
+    /// (two round trips where parallel GETs gain fully). A run planned on a rate the
+    /// connection turned out not to have (the upstream got slower, or caps each connection as
+    /// S3 does) stops after the block following its first (whose bytes are already on their
+    /// way), and the rest are asked for at once, each with a GET of its own.
     pub(super) fn keeps(&self, rate: Option<f64>, remaining: u64, block_size: u64) -> bool {
-        let round_trip = self.round_trip_us.load(Ordering::Relaxed) as f64 / 1e6;
         let Some(rate) = rate else {
             return true;
         };
-        (remaining * block_size) as f64 <= 2.0 * round_trip * rate
+        (remaining * block_size) as f64 <= 2.0 * self.horizon(rate) * rate
     }
 
     /// Blocks of `block_size` past its first that a cold GET's connection is expected to bring
-    /// before a GET sent when its answer came would bring its first byte: at most `most`, and
-    /// none until a round trip and a rate were measured.
+    /// within the [`Pace::horizon`]: at most `most`, and none until a round trip and a rate
+    /// were measured.
     pub(super) fn blocks_past(&self, block_size: u64, most: u64) -> u64 {
-        let round_trip = self.round_trip_us.load(Ordering::Relaxed) as f64 / 1e6;
         let rate = self.rate.load(Ordering::Relaxed) as f64;
-        ((round_trip * rate / block_size as f64) as u64).min(most)
+        if rate == 0.0 {
+            return 0;
+        }
+        // An infinite horizon saturates to `u64::MAX`.
+        ((self.horizon(rate) * rate / block_size as f64) as u64).min(most)
+    }
+
+    /// Seconds of a connection's bytes that a run brings as soon as GETs of their own would.
+    /// The rest `R` of a run at `r` bytes a second is whole after `R / r`; asked of parallel
+    /// GETs when the run's answer came, it is whole a round trip later plus `R / (g r)`, where
+    /// `g` is what several bodies bring over one ([`Gain`]). Those GETs are sooner only for
+    /// `R / r` past `round trip × g / (g − 1)`: one round trip where they gain fully (and
+    /// while `g` is not known for a connection at `rate`, as on S3), and never where they
+    /// gain nothing.
+    fn horizon(&self, rate: f64) -> f64 {
+        let round_trip = self.round_trip_us.load(Ordering::Relaxed) as f64 / 1e6;
+        match self.gain.gain_for(rate) {
+            Some(g) if g < NO_GAIN => f64::INFINITY,
+            Some(g) => round_trip * g / (g - 1.0),
+            None => round_trip,
+        }
     }
 
     #[cfg(test)]
@@ -342,5 +373,36 @@ mod tests {
             "S3's 90 MB/s: the rest at once"
         );
         assert!(pace.keeps(None, 4, block), "nothing measured: as planned");
+    }
+
+    #[test]
+    fn runs_go_further_where_parallel_gets_gain_less() {
+        let pace = Pace::default();
+        let block = 8 << 20;
+        // 30 ms and 600 MB/s: 18 MB per round trip, two 8 MiB blocks.
+        pace.set(Duration::from_millis(30), 600_000_000);
+        assert_eq!(pace.blocks_past(block, 7), 2, "gain not known: as on S3");
+        // Eight bodies bring eight times one: the rule as if unknown, within a rounding.
+        pace.gain.set(100e6, 800e6);
+        assert_eq!(pace.blocks_past(block, 7), 2);
+        assert!(!pace.keeps(Some(600e6), 7, block));
+        // Twice one: GETs of their own pay only past two round trips' bytes.
+        pace.gain.set(100e6, 200e6);
+        assert_eq!(pace.blocks_past(block, 7), 4);
+        assert!(pace.keeps(Some(600e6), 8, block), "72 MB in twice that");
+        assert!(!pace.keeps(Some(600e6), 9, block));
+        // Nothing gained (an upstream sharing its cores with the cache, or a full link): the
+        // run takes every block it may, and keeps going at any rate.
+        pace.gain.set(800e6, 760e6);
+        assert_eq!(pace.blocks_past(block, 7), 7);
+        assert!(pace.keeps(Some(600e6), 7, block));
+        assert!(pace.keeps(Some(400e6), 7, block));
+        // A first block at S3's 90 MB/s: not the upstream the gain was measured on, whose one
+        // body brought 800 MB/s; the rest at once, as where the gain is not known.
+        assert!(!pace.keeps(Some(90e6), 7, block));
+        // A rate never measured still plans no run.
+        let unmeasured = Pace::default();
+        unmeasured.gain.set(800e6, 760e6);
+        assert_eq!(unmeasured.blocks_past(block, 7), 0);
     }
 }

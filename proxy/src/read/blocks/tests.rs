@@ -286,6 +286,26 @@ async fn a_cold_read_to_the_end_runs_its_first_get_on_as_far_as_a_round_trip_bri
     }
 }
 
+/// Where parallel GETs were seen to bring no more than one, a cold read to the object's end
+/// asks its first GET for every block of the window, though a round trip brings only the next.
+#[tokio::test]
+async fn a_cold_read_to_the_end_is_one_get_where_parallel_gets_gained_nothing() {
+    let data = crate::upstream::memory::fixtures::data(5 * 4096 + 100);
+    for (gain, gets) in [(None, 5), (Some((150e3, 146e3)), 1)] {
+        let origin = Arc::new(MemoryUpstream::default());
+        let store = cold_store(&origin, &data);
+        // 30 ms and 150 kB/s: 4.5 kB per round trip, one 4 KiB block past the first.
+        store.pace.set(Duration::from_millis(30), 150_000);
+        if let Some((one, several)) = gain {
+            store.pace.gain.set(one, several);
+        }
+        assert_eq!(read_cold_to_end(&store).await.unwrap(), data);
+        assert!(store.settled(Duration::from_secs(5)).await);
+        // Gain unknown: blocks 0 and 1 in one GET, the other four each in its own.
+        assert_eq!(origin.gets.load(Ordering::SeqCst), gets, "gain {gain:?}");
+    }
+}
+
 /// A cold range spanning blocks, where one connection brings several blocks per round trip:
 /// one GET from its first byte to its end, whose body fills its first block's tail (fetched
 /// tail first, the head asked behind it) and each block after, instead of one GET per block.

@@ -71,6 +71,23 @@ impl Metrics {
             .build();
     }
 
+    /// Export what parallel GETs gain: the upstream's bytes per second while several of
+    /// Larder's bodies streamed over those while one did, from `read` (`None` until both were
+    /// measured within the last minute, when none is exported).
+    pub fn observe_parallel_gain(&self, read: impl Fn() -> Option<f64> + Send + Sync + 'static) {
+        self.meter
+            .f64_observable_gauge("larder.upstream.parallel.gain")
+            .with_description(
+                "The upstream's bytes per second while several block GETs streamed, over those while one did (cold reads run one GET over more blocks the lower it is)",
+            )
+            .with_callback(move |o| {
+                if let Some(gain) = read() {
+                    o.observe(gain, &[]);
+                }
+            })
+            .build();
+    }
+
     /// Export how much of the responses' buffer is in use.
     /// `read` says (bytes in use, most allowed).
     pub fn observe_response_buffer(&self, read: impl Fn() -> (u64, u64) + Send + Sync + 'static) {
