@@ -301,7 +301,8 @@ async fn a_cold_read_to_the_end_is_one_get_where_parallel_gets_gained_nothing() 
         }
         assert_eq!(read_cold_to_end(&store).await.unwrap(), data);
         assert!(store.settled(Duration::from_secs(5)).await);
-        // Gain unknown: blocks 0 and 1 in one GET, the other four each in its own.
+        // Gain unknown: blocks 0 and 1 in one GET, the other four each in its own. None
+        // gained: one GET for all six.
         assert_eq!(origin.gets.load(Ordering::SeqCst), gets, "gain {gain:?}");
     }
 }

@@ -72,8 +72,8 @@ impl Metrics {
     }
 
     /// Export what parallel GETs gain: the upstream's bytes per second while several of
-    /// Larder's bodies streamed over those while one did, from `read` (`None` until both were
-    /// measured within the last minute, when none is exported).
+    /// Larder's bodies streamed over those while one did, from `read` (`None`, and nothing
+    /// exported, until both were measured, and again once either has faded).
     pub fn observe_parallel_gain(&self, read: impl Fn() -> Option<f64> + Send + Sync + 'static) {
         self.meter
             .f64_observable_gauge("larder.upstream.parallel.gain")
