@@ -430,6 +430,33 @@ async fn blocks_are_never_completed_from_parts_when_told_so() {
 }
 
 #[tokio::test]
+async fn the_same_range_fetched_again_completes_no_block_but_a_different_one_does() {
+    // A memory tier too small for the 200-byte part, so each read of it fetches it again, as
+    // when a full tier let it go or turned it away.
+    let metrics = Arc::new(Metrics::default());
+    let (store, origin, id, etag) = range_first(&metrics, |c| {
+        read_ahead(c);
+        c.memory_capacity = 150;
+    });
+    let want = data(4 * 4096, 0);
+    for _ in 0..3 {
+        let got = collect(store.read(id.clone(), etag.clone(), 100..300, 4 * 4096)).await;
+        assert_eq!(got.unwrap(), want[100..300]);
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 3);
+    assert_eq!(upstream_bytes(&metrics, 600.0).await, 600.0);
+    // A different range of the block: its part, and the whole block behind it.
+    let got = collect(store.read(id.clone(), etag.clone(), 1000..1100, 4 * 4096)).await;
+    assert_eq!(got.unwrap(), want[1000..1100]);
+    assert_eq!(
+        upstream_bytes(&metrics, 600.0 + 100.0 + 4096.0).await,
+        600.0 + 100.0 + 4096.0
+    );
+    assert_eq!(origin.gets.load(Ordering::SeqCst), 5);
+}
+
+#[tokio::test]
 async fn a_cold_range_spanning_blocks_sends_every_piece_at_once() {
     let metrics = Arc::new(Metrics::default());
     let (store, origin, id, _) = setup_with(

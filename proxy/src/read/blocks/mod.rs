@@ -119,8 +119,9 @@ pub struct BlockStore {
     exact_ranges: bool,
     /// Distinct parts of a block fetched before the block is fetched whole (0: never).
     complete_block_after: u32,
-    /// Blocks parts of which were fetched recently, with how many.
-    parts_fetched: moka::sync::Cache<BlockId, u32>,
+    /// Blocks parts of which were fetched recently, with the parts' spans: each different
+    /// one counts toward `complete_block_after`, the same one fetched again does not.
+    parts_fetched: moka::sync::Cache<BlockId, Arc<[std::ops::Range<u64>]>>,
     /// Blocks pieces of which were fetched, with the pieces' spans (`part`): a block read
     /// whole whose pieces tile it is assembled from them.
     pieces: moka::sync::Cache<BlockId, Arc<[std::ops::Range<u64>]>>,
@@ -285,6 +286,7 @@ impl BlockStore {
             complete_block_after: config.complete_block_after,
             parts_fetched: moka::sync::Cache::builder()
                 .max_capacity(part::PARTS_REMEMBERED)
+                .weigher(|_, spans: &Arc<[std::ops::Range<u64>]>| spans.len() as u32)
                 .time_to_live(config.prefetch.unused_after)
                 .build(),
             pieces: moka::sync::Cache::builder()

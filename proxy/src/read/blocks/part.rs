@@ -32,9 +32,9 @@ use crate::telemetry::labels::{Lookup, Source};
 
 use super::{BlockStore, Cut, OpenBlock, Purpose};
 
-/// Blocks whose parts were fetched recently, remembered to complete the block when another
-/// part of it is fetched. Bounded: a block forgotten costs one more part fetch, not a wrong
-/// answer.
+/// The spans of parts fetched recently, remembered by block to complete the block when a
+/// different part of it is fetched. Bounded: a block forgotten costs one more part fetch, not
+/// a wrong answer.
 pub(super) const PARTS_REMEMBERED: u64 = 65_536;
 
 /// Most pieces noted of one block ([`BlockStore::note_piece`]); a block cut finer is fetched
@@ -142,8 +142,7 @@ impl BlockStore {
     /// `object` at `etag` is cached or being fetched, so that a read of its whole block can
     /// find the pieces that tile it. Best effort: a note lost or evicted costs a block GET.
     pub(super) fn note_piece(&self, object: &ObjectId, etag: &Arc<str>, piece: &BlockSlice) {
-        let base = piece.index * self.keys.layout().block_size();
-        let span = piece.block_start - base..piece.block_start - base + piece.block_len;
+        let span = self.span_in_block(piece);
         let block = self.id(object, etag, piece.index);
         let noted = self.pieces.get(&block);
         let spans = noted.as_deref().unwrap_or(&[]);
@@ -251,10 +250,22 @@ impl BlockStore {
         }
     }
 
+    /// The bytes of its block a piece (a part's slice, as [`BlockStore::part_at`] makes it)
+    /// covers.
+    fn span_in_block(&self, piece: &BlockSlice) -> Range<u64> {
+        let base = piece.index * self.keys.layout().block_size();
+        piece.block_start - base..piece.block_start - base + piece.block_len
+    }
+
     /// A part of a block is being fetched (`part`, a part's slice) for a read of ranges:
-    /// counted per block while remembered; at the `complete_block_after`th, the whole block is
-    /// fetched behind the reader, as read-ahead (counted as such, used or wasted, and only
-    /// with a free upstream slot and read-ahead on). Never for a read of parts ([`Cut`]).
+    /// counted per block while remembered if no part of that span was; at the
+    /// `complete_block_after`th different one, the whole block is fetched behind the reader,
+    /// as read-ahead (counted as such, used or wasted, and only with a free upstream slot and
+    /// read-ahead on). The same range fetched again (the memory tier let it go, or turned it
+    /// away when full) predicts nothing more of its block. Counted again, it did: a Parquet
+    /// query reading its column chunks again through a full memory tier completed their
+    /// blocks, 8 MiB each, which pushed out more of its chunks, and its repeat pass fetched
+    /// 353 MiB for the 90 it read (docs/benchmarks.md). Never for a read of parts ([`Cut`]).
     pub(super) fn complete_if_predicted(
         self: &Arc<Self>,
         object: &ObjectId,
@@ -267,12 +278,18 @@ impl BlockStore {
             return;
         }
         let id = self.id(object, etag, part.index);
-        let fetched = self.parts_fetched.get(&id).unwrap_or(0) + 1;
-        if fetched >= self.complete_block_after {
+        let span = self.span_in_block(part);
+        let seen = self.parts_fetched.get(&id);
+        let spans = seen.as_deref().unwrap_or(&[]);
+        if spans.contains(&span) {
+            return;
+        }
+        if spans.len() as u64 + 1 >= u64::from(self.complete_block_after) {
             self.parts_fetched.invalidate(&id);
             self.prefetch(object, etag, [part.index], part.object_size);
         } else {
-            self.parts_fetched.insert(id, fetched);
+            let spans: Arc<[Range<u64>]> = spans.iter().cloned().chain([span]).collect();
+            self.parts_fetched.insert(id, spans);
         }
     }
 }
