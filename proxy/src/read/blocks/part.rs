@@ -258,14 +258,15 @@ impl BlockStore {
     }
 
     /// A part of a block is being fetched (`part`, a part's slice) for a read of ranges:
-    /// counted per block while remembered if no part of that span was; at the
-    /// `complete_block_after`th different one, the whole block is fetched behind the reader,
-    /// as read-ahead (counted as such, used or wasted, and only with a free upstream slot and
-    /// read-ahead on). The same range fetched again (the memory tier let it go, or turned it
-    /// away when full) predicts nothing more of its block. Counted again, it did: a Parquet
-    /// query reading its column chunks again through a full memory tier completed their
-    /// blocks, 8 MiB each, which pushed out more of its chunks, and its repeat pass fetched
-    /// 353 MiB for the 90 it read (docs/benchmarks.md). Never for a read of parts ([`Cut`]).
+    /// its span is counted for its block while remembered, unless that span already was; at
+    /// the `complete_block_after`th different one, the whole block is fetched behind the
+    /// reader, as read-ahead (counted as such, used or wasted, and only with a free upstream
+    /// slot and read-ahead on). The same range fetched again (the memory tier let it go, or
+    /// turned it away when full) predicts nothing more of its block. Counted again, as it was
+    /// until 2026-12-05, a Parquet query reading its column chunks again through a full
+    /// memory tier had their 8 MiB blocks completed behind it, and its repeat pass fetched
+    /// 353 MiB for the 90 it read, against 32 MiB now (docs/benchmarks.md). Never for a read
+    /// of parts ([`Cut`]).
     pub(super) fn complete_if_predicted(
         self: &Arc<Self>,
         object: &ObjectId,
