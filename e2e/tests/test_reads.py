@@ -495,9 +495,14 @@ def test_version_id_reads_return_that_version_cached_apart(larder, direct, bucke
     body, headers = get()
     assert body == v2 and headers["x-amz-version-id"] == id2
     # Each fetch named its version at the upstream (nothing of v1 was fetched as "the latest").
+    # v1's two blocks came in one GET or in one each: a cold read's first GET runs on over the
+    # blocks its connection is expected to bring (docs/architecture.md, step 2), as far as
+    # what the upstream gains from parallel GETs says.
     gets = upstream.seen("GET", f"/{bucket}/doc")
-    assert sum(f"versionId={id1}" in p for _, p, _ in gets) == 2, gets
-    assert all(f"versionId={id1}" in p for _, p, _ in gets[:2]), gets
+    named = sum(f"versionId={id1}" in p for _, p, _ in gets)
+    assert named in (1, 2), gets
+    assert all(f"versionId={id1}" in p for _, p, _ in gets[:named]), gets
+    assert len(gets) == named + 1 and "versionId" not in gets[-1][1], gets
     # Read again: from cache, still each its own bytes, no further upstream GET.
     for _ in range(2):
         wait_until(lambda: get(VersionId=id1)[1]["x-cache"] == "hit-memory", 5, "v1 from memory")
