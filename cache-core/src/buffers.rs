@@ -370,7 +370,11 @@ pub fn lend_into_pipe(pipe: impl std::os::fd::AsFd, bytes: &[u8]) -> std::io::Re
         .map_or((at, at + len), |(f, t)| (f.min(at), t.max(at + len)));
     loan.lent = Some((from, to));
     drop(loans);
-    pages::lend(pipe.as_fd(), &bytes[..len])
+    let lent = pages::lend(pipe.as_fd(), &bytes[..len])?;
+    RECYCLED
+        .lent_bytes
+        .fetch_add(lent as u64, Ordering::Relaxed);
+    Ok(lent)
 }
 
 /// How many leading bytes of `bytes` [`lend_into_pipe`] would lend, pipe room aside, where the
@@ -467,6 +471,8 @@ pub struct PoolStats {
     /// Buffers whose lent pages the kernel would not take back, left allocated and never
     /// reused (not expected to happen).
     pub stranded: u64,
+    /// Bytes lent into pipes ([`lend_into_pipe`]): sent without a copy.
+    pub lent_bytes: u64,
 }
 
 /// A snapshot of the pool.
@@ -486,6 +492,7 @@ struct Recycler {
     fresh: AtomicU64,
     given_back: AtomicU64,
     stranded: AtomicU64,
+    lent_bytes: AtomicU64,
 }
 
 /// Free buffers, newest last, and their total length (at most the pool's limit).
@@ -513,6 +520,7 @@ impl Recycler {
             fresh: AtomicU64::new(0),
             given_back: AtomicU64::new(0),
             stranded: AtomicU64::new(0),
+            lent_bytes: AtomicU64::new(0),
         }
     }
 
@@ -532,6 +540,7 @@ impl Recycler {
             fresh: self.fresh.load(Ordering::Relaxed),
             given_back: self.given_back.load(Ordering::Relaxed),
             stranded: self.stranded.load(Ordering::Relaxed),
+            lent_bytes: self.lent_bytes.load(Ordering::Relaxed),
         }
     }
 
@@ -678,7 +687,12 @@ mod tests {
             "not read enough"
         );
         read_often(&bytes[ALIGN..], 1);
+        let before = pool_stats().lent_bytes;
         let lent = lend_into_pipe(&write, &bytes[ALIGN..]).expect("vmsplice");
+        assert!(
+            pool_stats().lent_bytes >= before + lent as u64,
+            "lent bytes counted"
+        );
         assert!(lent > 0, "a pooled buffer's whole pages are lent");
         drop(bytes);
         let covered = LOANS

@@ -10,6 +10,7 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import urllib3
 from botocore.exceptions import ClientError
 
 from conftest import CLIENT_KEY, CLIENT_SECRET, REGION, ROOT, binary, metric, wait_until
@@ -153,6 +154,42 @@ def test_a_hit_read_late_keeps_its_bytes_though_memory_reused_its_block(make_lar
     resp = client.get_object(Bucket=bucket, Key=first[0])
     assert resp["Body"].read() == first[1]
     assert resp["ResponseMetadata"]["HTTPHeaders"]["x-cache"] != "hit-memory", "the first block was evicted"
+
+
+def test_a_host_busy_with_large_hits_is_lent_1_mib_bodies_a_lone_client_gets_copied(make_larder, direct, bucket):
+    """Under the default `send_by_reference = "auto"` a client on this host is lent only the
+    bodies of blocks of at most 256 KiB, unless eight or more connections on this host are
+    sending large bodies at once: then blocks of up to 1 MiB too. One connection reading a hot
+    1 MiB object gets every body copied; a dozen reading it at once are lent them (counted in
+    `larder_buffer_pool_lent_bytes_total`), and every client gets the object's bytes."""
+    larder = make_larder("--block-size", "1MiB", "--metadata-ttl", "1h", name="lend-busy")
+    key, data = "lend/busy", payload(MiB, 140)
+    direct.put_object(Bucket=bucket, Key=key, Body=data)
+    client = larder.client()
+    url = client.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=600)
+
+    def read(times: int):
+        pool = urllib3.PoolManager(maxsize=1)
+        for _ in range(times):
+            r = pool.request("GET", url, timeout=30)
+            assert r.status == 200, r.status
+            assert r.headers.get("x-cache") == "hit-memory", r.headers.get("x-cache")
+            assert r.data == data, "a client got other bytes than its object's"
+        pool.clear()
+
+    # Past cache-core's LEND_AFTER_READS (16), one connection at a time: copied.
+    assert client.get_object(Bucket=bucket, Key=key)["Body"].read() == data
+    read(40)
+    assert metric(larder, "larder_buffer_pool_lent_bytes_total") == 0, "a lone client was lent a 1 MiB body"
+    # Twelve connections at once, in bursts until bodies are lent (at most five).
+    for _ in range(5):
+        with ThreadPoolExecutor(12) as pool:
+            for done in [pool.submit(read, 15) for _ in range(12)]:
+                done.result()
+        if metric(larder, "larder_buffer_pool_lent_bytes_total") > 0:
+            break
+    assert metric(larder, "larder_buffer_pool_lent_bytes_total") >= MiB // 2, "twelve busy connections were not lent"
+    assert metric(larder, "larder_buffer_pool_stranded_total") == 0
 
 
 def test_http2_reads_get_every_byte_cold_and_warm(larder, direct, bucket, workdir):

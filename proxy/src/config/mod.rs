@@ -104,12 +104,14 @@ options! {
     /// socket, as `sendfile` does) instead of copied into the socket: `auto`, `remote`
     /// (clients on other hosts only), `always` or `never`. Default: `auto`: clients on other
     /// hosts get every such body by reference, clients on this host those of blocks of at most
-    /// 256 KiB. By reference the server's copy is gone (a fifth to three fifths of a hit's
-    /// CPU), but a client on this host then copies out of the cache's memory instead of out of
-    /// a copy still in the CPU's caches: on loopback, one client reading 512 KiB to 64 MiB hits
-    /// got 15 to 58 % less throughput that way, and 8 and 64 MiB hits cost the machine 23 to
-    /// 57 % more CPU, while 64 to 256 KiB hits came out even or better for the client and the
-    /// machine alike (docs/benchmarks.md).
+    /// 256 KiB, and of at most 1 MiB while eight or more connections on this host are sending
+    /// bodies of 64 KiB and up (within the last 100 to 200 ms). By reference the server's copy
+    /// is gone (a fifth to three fifths of a hit's CPU), but a client on this host then makes
+    /// the only copy itself: on loopback, one client reading 512 KiB to 64 MiB hits got 15 to
+    /// 58 % less throughput that way, and 8 and 64 MiB hits cost the machine 23 to 57 % more
+    /// CPU, while 64 to 256 KiB hits came out even or better for the client and the machine
+    /// alike, and eight to sixty-four connections reading 1 MiB hits got 24 to 33 % more
+    /// throughput for 34 to 46 % less of the server's CPU (docs/benchmarks.md).
     send_by_reference: SendByReference = Default::default();
     /// Longest a client may take to send a request's headers before its connection is closed
     /// (guards against slowloris clients). Default: `10s`.
@@ -482,7 +484,8 @@ pub enum PrefetchMode {
 #[serde(rename_all = "kebab-case")]
 pub enum SendByReference {
     /// To clients whose address is not this host's (not loopback, not the address they
-    /// connected to); to clients on this host only bodies of blocks up to 256 KiB.
+    /// connected to); to clients on this host only bodies of blocks up to 256 KiB, or up to
+    /// 1 MiB while eight connections on this host are sending large bodies.
     #[default]
     Auto,
     /// To clients whose address is not this host's only.

@@ -19,13 +19,16 @@
 //! as a socket's own buffered send would fail.
 //!
 //! A client on this host is lent only the bodies of small blocks (`send_by_reference = "auto"`,
-//! the default: at most [`LOCAL_LEND_MAX`]). It copies the body out of its socket on this
-//! machine's CPUs, and out of the cache's pages a large body's copy cost it more than out of the
-//! server's fresh copy, more than the server saved (on loopback, one client reading 512 KiB to
-//! 64 MiB hits: 15 to 58 % less throughput; 8 and 64 MiB hits: the machine's CPU per request up
-//! 23 to 57 %), where 64 to 256 KiB hits came out even or better for client and machine alike
-//! (docs/benchmarks.md). A client across a network gets the pages from the network card, which
-//! reads them either way.
+//! the default: at most [`LOCAL_LEND_MAX`]), unless many are busy ([`Busy`]: then blocks of up
+//! to [`LOCAL_BUSY_LEND_MAX`]). It copies the body out of its socket on this machine's CPUs: a
+//! lone client reading large hits is held to its own copy's speed, which the server's copy
+//! otherwise ran beside on another core (on loopback, one client reading 512 KiB to 64 MiB
+//! hits: 15 to 58 % less throughput lent; 8 and 64 MiB hits: the machine's CPU per request up
+//! 23 to 57 %), where 64 to 256 KiB hits came out even or better for client and machine alike.
+//! With eight or more connections reading 1 MiB hits the cores are the limit, and the copy a
+//! loan saves is the machine's: 24 to 33 % more throughput at 34 to 46 % less of the server's
+//! CPU and no more of the clients' (docs/benchmarks.md). A client across a network gets the
+//! pages from the network card, which reads them either way.
 //!
 //! TLS connections encrypt in user space and HTTP/2's frames are gathered
 //! ([`super::gather`]), so neither lends.
@@ -33,7 +36,10 @@
 use std::io::{self, IoSlice};
 use std::os::fd::OwnedFd;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::OnceLock;
 use std::task::{ready, Context, Poll};
+use std::time::{Duration, Instant};
 
 use rustix::net::{send, SendFlags};
 use rustix::pipe::{fcntl_setpipe_size, pipe_with, splice, PipeFlags, SpliceFlags};
@@ -54,6 +60,21 @@ const LEND_MIN: usize = 64 * 1024;
 /// CPU, and better with many clients; from 512 KiB one client's throughput fell.
 const LOCAL_LEND_MAX: usize = 256 * 1024;
 
+/// The largest blocks whose bytes a client on this host is lent while [`LOCAL_BUSY_MIN`]
+/// connections on this host are sending large bodies: with eight and more connections reading
+/// 1 MiB hits, lent bodies were better for throughput and for both sides' CPU; with sixteen
+/// reading 4 MiB hits the clients' copies cost the machine 13 % more than the server saved.
+const LOCAL_BUSY_LEND_MAX: usize = 1 << 20;
+
+/// Connections on this host sending large bodies at once from which they are busy: one or two
+/// connections reading 1 MiB hits lost up to a third of their throughput lent, four came out
+/// even, eight gained a quarter (docs/benchmarks.md).
+const LOCAL_BUSY_MIN: usize = 8;
+
+/// How long a connection counts as sending large bodies after it last wrote [`LEND_MIN`] bytes
+/// of one at once: it counts in the span it wrote in and the next.
+const BUSY_SPAN: Duration = Duration::from_millis(100);
+
 /// The pipe's size asked for. Each `splice` from a fuller pipe takes the socket's lock and
 /// wakes the client once for more bytes: one client reading 8 MiB hits cost 1,597 ms of CPU
 /// per 1,000 with 1 MiB pipes and 1,986 with 256 KiB ones (docs/benchmarks.md). What waits in
@@ -68,9 +89,18 @@ pub(super) struct Lending {
     socket: TcpStream,
     pipe: Pipe,
     /// The largest blocks whose bytes are lent.
-    most: usize,
+    most: Most,
     /// Bytes in the pipe, taken from the connection and not yet in the socket.
     piped: usize,
+}
+
+/// Which blocks' bytes a connection lends.
+enum Most {
+    /// Those of blocks of at most this many bytes.
+    Fixed(usize),
+    /// A client on this host under `auto`: [`LOCAL_LEND_MAX`], or [`LOCAL_BUSY_LEND_MAX`] while
+    /// `busy` says the host is busy; `counted` is the span this connection last counted in.
+    Local { busy: &'static Busy, counted: u64 },
 }
 
 enum Pipe {
@@ -87,12 +117,19 @@ enum Pipe {
 
 impl Lending {
     pub(super) fn new(socket: TcpStream, by_reference: SendByReference) -> Self {
+        Self::counted_by(socket, by_reference, &BUSY)
+    }
+
+    /// A connection whose client, if on this host, is counted by `busy`.
+    fn counted_by(socket: TcpStream, by_reference: SendByReference, busy: &'static Busy) -> Self {
         let most = match by_reference {
-            SendByReference::Always => Some(usize::MAX),
+            SendByReference::Always => Some(Most::Fixed(usize::MAX)),
             SendByReference::Never => None,
-            SendByReference::Remote => (!on_this_host(&socket)).then_some(usize::MAX),
-            SendByReference::Auto if on_this_host(&socket) => Some(LOCAL_LEND_MAX),
-            SendByReference::Auto => Some(usize::MAX),
+            SendByReference::Remote => (!on_this_host(&socket)).then_some(Most::Fixed(usize::MAX)),
+            SendByReference::Auto if on_this_host(&socket) => {
+                Some(Most::Local { busy, counted: 0 })
+            }
+            SendByReference::Auto => Some(Most::Fixed(usize::MAX)),
         };
         Self {
             socket,
@@ -101,8 +138,24 @@ impl Lending {
             } else {
                 Pipe::Off
             },
-            most: most.unwrap_or(0),
+            most: most.unwrap_or(Most::Fixed(0)),
             piped: 0,
+        }
+    }
+
+    /// The largest blocks whose bytes this write may lend; a write with a large body in it
+    /// counts this connection as busy.
+    fn most(&mut self, bufs: &[IoSlice<'_>]) -> usize {
+        match &mut self.most {
+            Most::Fixed(most) => *most,
+            Most::Local { busy, counted } => {
+                let large = bufs.iter().any(|b| b.len() >= LEND_MIN);
+                if large && busy.count(counted) >= LOCAL_BUSY_MIN {
+                    LOCAL_BUSY_LEND_MAX
+                } else {
+                    LOCAL_LEND_MAX
+                }
+            }
         }
     }
 
@@ -147,6 +200,63 @@ impl Lending {
             self.piped -= n;
         }
         Poll::Ready(Ok(()))
+    }
+}
+
+/// How many connections on this host are sending large bodies: those that wrote [`LEND_MIN`]
+/// bytes of one at once in this span of [`BUSY_SPAN`] or the one before. A count only steers
+/// how bytes are sent, never which: two connections racing at a span's turn may go uncounted
+/// for it, which costs at most one span of copies.
+struct Busy {
+    /// How long a span is.
+    length: Duration,
+    /// The span `now` counts (spans since the process's first count, from 1).
+    span: AtomicU64,
+    now: AtomicUsize,
+    before: AtomicUsize,
+}
+
+/// The process's count.
+static BUSY: Busy = Busy::new(BUSY_SPAN);
+
+impl Busy {
+    const fn new(length: Duration) -> Self {
+        Self {
+            length,
+            span: AtomicU64::new(0),
+            now: AtomicUsize::new(0),
+            before: AtomicUsize::new(0),
+        }
+    }
+
+    /// Count a connection sending a large body (once per span: `counted` is the span it last
+    /// counted in), and return how many are.
+    fn count(&self, counted: &mut u64) -> usize {
+        static START: OnceLock<Instant> = OnceLock::new();
+        let elapsed = START.get_or_init(Instant::now).elapsed();
+        let span = 1 + (elapsed.as_millis() / self.length.as_millis()) as u64;
+        self.count_in(span, counted)
+    }
+
+    fn count_in(&self, span: u64, counted: &mut u64) -> usize {
+        let seen = self.span.load(Ordering::Acquire);
+        if span > seen
+            && self
+                .span
+                .compare_exchange(seen, span, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            // The first to see a new span moves the count along; after a quiet span, none.
+            let last = self.now.swap(0, Ordering::AcqRel);
+            let before = if span == seen + 1 { last } else { 0 };
+            self.before.store(before, Ordering::Release);
+        }
+        if *counted < span {
+            *counted = span;
+            self.now.fetch_add(1, Ordering::AcqRel);
+        }
+        let now = self.now.load(Ordering::Acquire);
+        now.max(self.before.load(Ordering::Acquire))
     }
 }
 
@@ -207,7 +317,7 @@ impl AsyncWrite for Lending {
             return Pin::new(&mut this.socket).poll_write_vectored(cx, bufs);
         }
         ready!(this.poll_drain(cx))?;
-        let most = this.most;
+        let most = this.most(bufs);
         let lendable = bufs.iter().position(|b| {
             b.len() >= LEND_MIN && cache_core::buffers::lendable(b, most) >= LEND_MIN
         });
@@ -368,6 +478,63 @@ mod tests {
                 matches!(server.pipe, Pipe::Open { .. }),
                 lent,
                 "{by_reference:?}, {len} bytes"
+            );
+            server.shutdown().await.expect("shutdown");
+            assert_eq!(reader.await.expect("reader"), [HEAD, &body[..]].concat());
+        }
+    }
+
+    #[test]
+    fn busy_counts_each_connection_once_a_span_and_forgets_after_a_quiet_one() {
+        let busy = Busy::new(BUSY_SPAN);
+        let mut conns = [0u64; 3];
+        // Span 1: all three, each counted once however often it writes.
+        for _ in 0..4 {
+            for c in &mut conns {
+                busy.count_in(1, c);
+            }
+        }
+        assert_eq!(busy.count_in(1, &mut conns[0]), 3);
+        // Span 2: one so far, but the three of span 1 still count.
+        assert_eq!(busy.count_in(2, &mut conns[0]), 3);
+        assert_eq!(busy.count_in(2, &mut conns[1]), 3);
+        // Span 3: span 2 had two.
+        assert_eq!(busy.count_in(3, &mut conns[0]), 2);
+        // Span 5, after a span with none: only itself.
+        assert_eq!(busy.count_in(5, &mut conns[2]), 1);
+    }
+
+    #[tokio::test]
+    async fn a_client_on_this_host_is_lent_blocks_of_1_mib_while_eight_connections_are_busy() {
+        let block = LOCAL_BUSY_LEND_MAX;
+        for (others, len, lent) in [
+            (0, block, false),
+            (LOCAL_BUSY_MIN - 2, block, false),
+            (LOCAL_BUSY_MIN - 1, block, true),
+            (LOCAL_BUSY_MIN - 1, block + 4096, false),
+        ] {
+            // Spans of an hour: the test never sees one turn.
+            let busy: &'static Busy = Box::leak(Box::new(Busy::new(Duration::from_secs(3600))));
+            for _ in 0..others {
+                busy.count(&mut 0);
+            }
+            let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            let mut client = TcpStream::connect(listener.local_addr().expect("addr"))
+                .await
+                .expect("connect");
+            let (socket, _) = listener.accept().await.expect("accept");
+            let mut server = Lending::counted_by(socket, SendByReference::Auto, busy);
+            let body = pooled(len, |i| (i % 13) as u8);
+            let reader = tokio::spawn(async move {
+                let mut got = Vec::new();
+                client.read_to_end(&mut got).await.expect("read");
+                got
+            });
+            write_all_vectored(&mut server, &[HEAD, &body]).await;
+            assert_eq!(
+                matches!(server.pipe, Pipe::Open { .. }),
+                lent,
+                "{others} other connections busy, {len} bytes"
             );
             server.shutdown().await.expect("shutdown");
             assert_eq!(reader.await.expect("reader"), [HEAD, &body[..]].concat());

@@ -967,6 +967,7 @@ mod tests {
             "larder_buffer_pool_fresh_total",
             "larder_buffer_pool_given_back_total",
             "larder_buffer_pool_stranded_total",
+            "larder_buffer_pool_lent_bytes_total",
         ] {
             assert!(text.contains(name), "{name} missing from\n{text}");
         }

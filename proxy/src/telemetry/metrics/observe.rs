@@ -140,6 +140,13 @@ impl Metrics {
             )
             .with_callback(|o| o.observe(pool_stats().stranded, &[]))
             .build();
+        self.meter
+            .u64_observable_counter("larder.buffer.pool.lent.bytes")
+            .with_description(
+                "Bytes of cached blocks sent to clients by reference (send_by_reference): pages spliced to the socket, not copied",
+            )
+            .with_callback(|o| o.observe(pool_stats().lent_bytes, &[]))
+            .build();
     }
 
     /// Export the background refreshes of metadata (`metadata_refresh_ahead`) by outcome, read
