@@ -110,8 +110,8 @@ options! {
     /// the only copy itself: on loopback, one client reading 512 KiB to 64 MiB hits got 15 to
     /// 58 % less throughput that way, and 8 and 64 MiB hits cost the machine 23 to 57 % more
     /// CPU, while 64 to 256 KiB hits came out even or better for the client and the machine
-    /// alike, and eight to sixty-four connections reading 1 MiB hits got 24 to 33 % more
-    /// throughput for 34 to 46 % less of the server's CPU (docs/benchmarks.md).
+    /// alike, and eight to sixty-four connections reading 1 MiB hits got 27 to 33 % more
+    /// throughput for 39 to 46 % less of the server's CPU (docs/benchmarks.md).
     send_by_reference: SendByReference = Default::default();
     /// Longest a client may take to send a request's headers before its connection is closed
     /// (guards against slowloris clients). Default: `10s`.

@@ -26,7 +26,7 @@
 //! hits: 15 to 58 % less throughput lent; 8 and 64 MiB hits: the machine's CPU per request up
 //! 23 to 57 %), where 64 to 256 KiB hits came out even or better for client and machine alike.
 //! With eight or more connections reading 1 MiB hits the cores are the limit, and the copy a
-//! loan saves is the machine's: 24 to 33 % more throughput at 34 to 46 % less of the server's
+//! loan saves is the machine's: 27 to 33 % more throughput at 39 to 46 % less of the server's
 //! CPU and no more of the clients' (docs/benchmarks.md). A client across a network gets the
 //! pages from the network card, which reads them either way.
 //!
@@ -62,13 +62,14 @@ const LOCAL_LEND_MAX: usize = 256 * 1024;
 
 /// The largest blocks whose bytes a client on this host is lent while [`LOCAL_BUSY_MIN`]
 /// connections on this host are sending large bodies: with eight and more connections reading
-/// 1 MiB hits, lent bodies were better for throughput and for both sides' CPU; with sixteen
-/// reading 4 MiB hits the clients' copies cost the machine 13 % more than the server saved.
+/// 1 MiB hits, lent bodies were better for throughput and for both sides' CPU; with sixteen and
+/// sixty-four reading 2 MiB hits they gained no throughput (−7 to +3 %) and cost the clients
+/// 17 to 33 % more CPU, and 4 MiB hits lost 15 to 17 % of their throughput.
 const LOCAL_BUSY_LEND_MAX: usize = 1 << 20;
 
-/// Connections on this host sending large bodies at once from which they are busy: one or two
-/// connections reading 1 MiB hits lost up to a third of their throughput lent, four came out
-/// even, eight gained a quarter (docs/benchmarks.md).
+/// How many connections on this host sending large bodies at once make it busy: one and two
+/// connections reading 1 MiB hits lost 33 and 9 % of their throughput lent, four came out
+/// even, eight gained 27 % (docs/benchmarks.md).
 const LOCAL_BUSY_MIN: usize = 8;
 
 /// How long a connection counts as sending large bodies after it last wrote [`LEND_MIN`] bytes
