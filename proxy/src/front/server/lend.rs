@@ -392,12 +392,40 @@ mod tests {
     }
 
     async fn pair_sending(by_reference: SendByReference) -> (Lending, TcpStream) {
+        pair_counted(by_reference, quiet()).await
+    }
+
+    /// A count of its own, whose spans last an hour: a test never sees one turn, nor another
+    /// test's connections.
+    fn quiet() -> &'static Busy {
+        Box::leak(Box::new(Busy::new(Duration::from_secs(3600))))
+    }
+
+    async fn pair_counted(
+        by_reference: SendByReference,
+        busy: &'static Busy,
+    ) -> (Lending, TcpStream) {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let client = TcpStream::connect(listener.local_addr().expect("addr"))
             .await
             .expect("connect");
         let (server, _) = listener.accept().await.expect("accept");
-        (Lending::new(server, by_reference), client)
+        (Lending::counted_by(server, by_reference, busy), client)
+    }
+
+    /// Write a response of `body` through `server`: whether its bytes were lent (the pipe
+    /// opened), after checking that the client got the response whole.
+    async fn lends(mut server: Lending, mut client: TcpStream, body: &[u8]) -> bool {
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            client.read_to_end(&mut got).await.expect("read");
+            got
+        });
+        write_all_vectored(&mut server, &[HEAD, body]).await;
+        let lent = matches!(server.pipe, Pipe::Open { .. });
+        server.shutdown().await.expect("shutdown");
+        assert_eq!(reader.await.expect("reader"), [HEAD, body].concat());
+        lent
     }
 
     /// A body in one of cache-core's pooled buffers, read as often as a hot block's.
@@ -466,22 +494,14 @@ mod tests {
             (SendByReference::Always, small, true),
             (SendByReference::Always, large, true),
         ] {
-            let (mut server, mut client) = pair_sending(by_reference).await;
+            let (server, client) = pair_sending(by_reference).await;
             assert!(on_this_host(&server.socket), "loopback is this host");
             let body = pooled(len, |i| (i % 7) as u8);
-            let reader = tokio::spawn(async move {
-                let mut got = Vec::new();
-                client.read_to_end(&mut got).await.expect("read");
-                got
-            });
-            write_all_vectored(&mut server, &[HEAD, &body]).await;
             assert_eq!(
-                matches!(server.pipe, Pipe::Open { .. }),
+                lends(server, client, &body).await,
                 lent,
                 "{by_reference:?}, {len} bytes"
             );
-            server.shutdown().await.expect("shutdown");
-            assert_eq!(reader.await.expect("reader"), [HEAD, &body[..]].concat());
         }
     }
 
@@ -514,31 +534,17 @@ mod tests {
             (LOCAL_BUSY_MIN - 1, block, true),
             (LOCAL_BUSY_MIN - 1, block + 4096, false),
         ] {
-            // Spans of an hour: the test never sees one turn.
-            let busy: &'static Busy = Box::leak(Box::new(Busy::new(Duration::from_secs(3600))));
+            let busy = quiet();
             for _ in 0..others {
                 busy.count(&mut 0);
             }
-            let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-            let mut client = TcpStream::connect(listener.local_addr().expect("addr"))
-                .await
-                .expect("connect");
-            let (socket, _) = listener.accept().await.expect("accept");
-            let mut server = Lending::counted_by(socket, SendByReference::Auto, busy);
+            let (server, client) = pair_counted(SendByReference::Auto, busy).await;
             let body = pooled(len, |i| (i % 13) as u8);
-            let reader = tokio::spawn(async move {
-                let mut got = Vec::new();
-                client.read_to_end(&mut got).await.expect("read");
-                got
-            });
-            write_all_vectored(&mut server, &[HEAD, &body]).await;
             assert_eq!(
-                matches!(server.pipe, Pipe::Open { .. }),
+                lends(server, client, &body).await,
                 lent,
                 "{others} other connections busy, {len} bytes"
             );
-            server.shutdown().await.expect("shutdown");
-            assert_eq!(reader.await.expect("reader"), [HEAD, &body[..]].concat());
         }
     }
 
