@@ -111,6 +111,13 @@ INTERNALS = [
           description="Disk reads and fills the reuse pool had no buffer for: each zeroes and faults in new memory. "
                       "High under steady load: more large reads at once than a quarter of response_buffer covers. "
                       "Given back: buffers whose pages were sent by reference, refaulted on their next use."),
+    panel("Memory-hit bytes sent by reference",
+          [(f'sum(rate(larder_buffer_pool_lent_bytes_total[{RI}])) / sum(rate(larder_served_bytes_total{{tier="memory"}}[{RI}]))',
+            "share sent without a copy")], "percentunit",
+          description="Bytes of memory hits whose pages went to the socket by reference (send_by_reference) rather than "
+                      "copied into it. Clients on other hosts get hot blocks' bodies by reference; under auto, clients "
+                      "on this host get those of blocks up to 256 KiB, and up to 1 MiB while eight connections on this "
+                      "host send large bodies. TLS and HTTP/2 always copy."),
     panel("Lookup hit ratio by tier",
           [(f'sum by (tier) (rate(larder_cache_lookups_total{{result="hit"}}[{RI}])) / sum by (tier) (rate(larder_cache_lookups_total[{RI}]))',
             "{{tier}}")], "percentunit"),
