@@ -177,8 +177,15 @@ def test_a_host_busy_with_large_hits_is_lent_1_mib_bodies_a_lone_client_gets_cop
             assert r.data == data, "a client got other bytes than its object's"
         pool.clear()
 
+    def cached() -> str:
+        r = client.get_object(Bucket=bucket, Key=key)
+        assert r["Body"].read() == data
+        return r["ResponseMetadata"]["HTTPHeaders"]["x-cache"]
+
+    # The first read fetches the block; a read right after it may still join its flight (a
+    # block of 1 MiB is cached once its readers had their bytes), so wait for it in memory.
+    wait_until(lambda: cached() == "hit-memory", 10, "the block in memory")
     # Past cache-core's LEND_AFTER_READS (16), one connection at a time: copied.
-    assert client.get_object(Bucket=bucket, Key=key)["Body"].read() == data
     read(40)
     assert metric(larder, "larder_buffer_pool_lent_bytes_total") == 0, "a lone client was lent a 1 MiB body"
     # Twelve connections at once, in bursts until bodies are lent (at most five).
