@@ -58,12 +58,12 @@ HERE = Path(__file__).resolve().parent
 
 MODES = {
     "quick": dict(seconds=2, clients=[1, 16], ttfb={1 * MiB: 20, 64 * MiB: 4}, herd_objects=2, herd_size=16 * MiB,
-                  disk_sets={1 * MiB: 48, 8 * MiB: 12, 64 * MiB: 3}, zipf_objects=320, zipf_requests=6000,
+                  disk_sets={64 * KiB: 512, 1 * MiB: 48, 8 * MiB: 12, 64 * MiB: 3}, zipf_objects=320, zipf_requests=6000,
                   zipf_region="16MiB", parquet_files=4, parquet_size=64 * MiB, capped={64 * MiB: 3},
                   ranges={64 * KiB: 3, 1 * MiB: 3, 4 * MiB: 3, 16 * MiB: 3},
                   matrix=dict(sizes=[4 * KiB, 1 * MiB], clients=[16], seconds=2)),
     "full": dict(seconds=10, clients=[1, 4, 16, 64], ttfb={1 * MiB: 100, 64 * MiB: 16}, herd_objects=4,
-                 herd_size=16 * MiB, disk_sets={1 * MiB: 128, 8 * MiB: 32, 64 * MiB: 6}, zipf_objects=2048,
+                 herd_size=16 * MiB, disk_sets={64 * KiB: 1024, 1 * MiB: 128, 8 * MiB: 32, 64 * MiB: 6}, zipf_objects=2048,
                  zipf_requests=40000, zipf_region="16MiB", parquet_files=16, parquet_size=64 * MiB,
                  capped={64 * MiB: 8, 256 * MiB: 3, 1 * GiB: 2},
                  ranges={64 * KiB: 10, 256 * KiB: 10, 1 * MiB: 10, 4 * MiB: 10, 16 * MiB: 6},

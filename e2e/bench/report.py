@@ -160,6 +160,13 @@ def matrix_goals(rows) -> list[str]:
     return out
 
 
+def hit_pairs(rows) -> list[tuple[tuple, tuple]]:
+    """Larder's and nginx's `served` figures for each size × clients cell of `rows` both ran."""
+    return [(served(lt, s), served(nx, s))
+            for s in sorted({r["size"] for r in rows}) for c in sorted({r["clients"] for r in rows})
+            if (lt := one(rows, size=s, clients=c, target="Larder")) and (nx := one(rows, size=s, clients=c, target="nginx"))]
+
+
 def goals(res) -> list[str]:
     w = res["workloads"]
     out = []
@@ -172,17 +179,23 @@ def goals(res) -> list[str]:
     faster, lower, both = sum(faster), sum(lower), sum(f and l for f, l in zip(faster, lower))
     out.append(f"- **Memory hits at least as fast as nginx's cache hits, with lower p99**: met in {both} of "
                f"{len(cases)} cases (size × clients); throughput ≥ nginx in {faster}, p99 lower in {lower}.")
-    for tier in ("memory_hits", "disk_hits"):
-        rows = w.get(tier, [])
-        pairs = [(served(lt, s)[1], served(nx, s)[1])
-                 for s in sorted({r["size"] for r in rows}) for c in sorted({r["clients"] for r in rows})
-                 if (lt := one(rows, size=s, clients=c, target="Larder")) and (nx := one(rows, size=s, clients=c, target="nginx"))]
-        pairs = [(lt, nx) for lt, nx in pairs if lt is not None and nx is not None]
-        if pairs:
-            at_most = sum(lt <= nx for lt, nx in pairs)
-            spread = ", ".join(ratio(lt, nx) for lt, nx in pairs)
-            out.append(f"- **{tier.replace('_', ' ').capitalize()}: CPU per request at or below nginx's**: met in "
-                       f"{at_most} of {len(pairs)} cases (Larder / nginx: {spread}).")
+    rows = w.get("memory_hits", [])
+    pairs = [(lt[1], nx[1]) for lt, nx in hit_pairs(rows) if lt[1] is not None and nx[1] is not None]
+    if pairs:
+        at_most = sum(lt <= nx for lt, nx in pairs)
+        spread = ", ".join(ratio(lt, nx) for lt, nx in pairs)
+        out.append(f"- **Memory hits: CPU per request at or below nginx's**: met in "
+                   f"{at_most} of {len(pairs)} cases (Larder / nginx: {spread}).")
+    # Issue 21's goal for disk hits is throughput (nginx's hits are page-cache reads, Larder's
+    # are checked against their CRCs); the CPU each costs is given beside it.
+    pairs = hit_pairs(w.get("disk_hits", []))
+    if pairs:
+        met = sum(lt[0] >= nx[0] for lt, nx in pairs)
+        rps = ", ".join(ratio(lt[0], nx[0]) for lt, nx in pairs)
+        cpu = ", ".join(ratio(lt[1], nx[1]) for lt, nx in pairs if lt[1] is not None and nx[1] is not None)
+        out.append(f"- **Disk hits, 64 KiB and up: throughput at least nginx's, every byte checked**: met in "
+                   f"{met} of {len(pairs)} cases (size × clients; Larder / nginx: {rps}). CPU per request, "
+                   f"Larder / nginx: {cpu}.")
     herd = one(w.get("herd", []), target="Larder")
     if herd:
         # One GET may bring several blocks (a cold read's first GET runs on past its first block,
