@@ -33,6 +33,7 @@ import platform
 import random
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -68,7 +69,7 @@ MODES = {
                  capped={8 * MiB: 8, 64 * MiB: 8, 256 * MiB: 3, 1 * GiB: 2},
                  ranges={64 * KiB: 10, 256 * KiB: 10, 1 * MiB: 10, 4 * MiB: 10, 16 * MiB: 6},
                  matrix=dict(sizes=[4 * KiB, 64 * KiB, 1 * MiB, 8 * MiB, 64 * MiB], clients=[1, 16, 64, 256],
-                             seconds=5)),
+                             seconds=5, rounds=3)),
 }
 # What one S3 connection delivers, roughly (docs/benchmarks.md): the cap the latency proxy puts on
 # each connection for the capped cold reads.
@@ -582,16 +583,24 @@ class Bench:
         for size, key in sorted(keys.items()):
             for clients in m["clients"]:
                 for protocol, ts in targets.items():
-                    for name, signing, t in ts:
-                        if protocol == "h2":
-                            r = self.h2load(t, [key], size, clients, m["seconds"], again.get(id(t)))
-                        else:
-                            r = self.wrk(t, [key], sizes, clients, m["seconds"])
+                    # Each cell `rounds` times, the three servers in turn within each round: a
+                    # single few-second cell moves by a fifth between runs on this machine.
+                    runs = [[] for _ in ts]
+                    for _ in range(m.get("rounds", 1)):
+                        for (name, signing, t), got in zip(ts, runs):
+                            if protocol == "h2":
+                                got.append(self.h2load(t, [key], size, clients, m["seconds"], again.get(id(t))))
+                            else:
+                                got.append(self.wrk(t, [key], sizes, clients, m["seconds"]))
+                    for (name, signing, t), got in zip(ts, runs):
+                        r = medians(got)
                         rows.append({"size": size, "clients": clients, "protocol": protocol, "target": name,
                                      "signing": signing, **r})
                         tail = f", p99 {r['p99_us']:.2f} ms" if "p99_us" in r else ""
+                        each = "".join(f" [{x['rps']:.0f}, {x.get('cpu_ms_per_1k', 0):.1f}]" for x in r.get("rounds", []))
+                        each = f" (medians; rounds:{each})" if each else ""
                         print(f"  {size_name(size)} x{clients} {protocol} {name} ({signing}): {r['rps']:.0f} req/s, "
-                              f"CPU {r.get('cpu_ms_per_1k', 0):.1f} ms per 1k{tail}", flush=True)
+                              f"CPU {r.get('cpu_ms_per_1k', 0):.1f} ms per 1k{tail}{each}", flush=True)
         self.results["workloads"]["hit_matrix"] = rows
 
     def disk_hits(self, nt):
@@ -975,6 +984,19 @@ def h2load(t: Target, keys: list[str], clients: int, streams: int, seconds: int,
             reader.close()
         r["mib_s"] = data / MiB / (done / rps)
     return r
+
+
+def medians(runs: list[dict]) -> dict:
+    """One cell's runs as one row: each figure's median over the runs (so one row's figures may
+    come from different runs), what is not a number from the first, and every run's requests per
+    second and CPU per request beside, for the spread."""
+    row = dict(runs[0])
+    for k, v in runs[0].items():
+        if isinstance(v, (int, float)) and all(isinstance(r.get(k), (int, float)) for r in runs):
+            row[k] = statistics.median(r[k] for r in runs)
+    if len(runs) > 1:
+        row["rounds"] = [{k: r[k] for k in ("rps", "cpu_ms_per_1k") if k in r} for r in runs]
+    return row
 
 
 def post_json(url: str, body: dict) -> dict:

@@ -92,6 +92,15 @@ def hits_table(rows) -> list[str]:
 MATRIX = [("nginx", "none"), ("Larder", "sigv4"), ("Larder", "none")]
 
 
+def rounds_note(rows) -> str:
+    """What a matrix cell's figures are, when each was run more than once."""
+    n = max((len(r.get("rounds", [])) for r in rows), default=0)
+    if n < 2:
+        return ""
+    return (f" Each cell ran {n} times, the three servers in turn in each round; every figure is its median "
+            "over the rounds (results.json holds each round's requests per second and CPU).")
+
+
 def matrix_table(rows) -> list[str]:
     """One line per size × connections × protocol: nginx, Larder verifying SigV4 and Larder with
     `auth = none` side by side, each Larder's figures also as a ratio to nginx's."""
@@ -282,8 +291,8 @@ def markdown(res) -> str:
         out += ["## Memory hits: protocol × signing", "",
                 "The same cached objects through nginx, Larder verifying SigV4 (clients presign) and a second "
                 "Larder with `auth = none` (anonymous URLs, as nginx's clients send), over HTTP/1.1 (wrk) and "
-                "HTTP/2 (h2load); the Larders trust metadata for an hour, as the memory-hit cells do.", "",
-                *matrix_table(w["hit_matrix"]), ""]
+                "HTTP/2 (h2load); the Larders trust metadata for an hour, as the memory-hit cells do."
+                + rounds_note(w["hit_matrix"]), "", *matrix_table(w["hit_matrix"]), ""]
     if "disk_hits" in w:
         setup = res.get("disk_hits_setup", {})
         objs = ", ".join(f"{n} × {size_name(int(s))}" for s, n in setup.get("objects", {}).items())
