@@ -3,7 +3,7 @@
 #
 #   e2e/bench/run.sh [--quick | --full] [--out DIR]
 #
-# --quick (the default, ~5 minutes; the test suite runs it) or --full (~85 minutes, the figures in
+# --quick (the default, ~5 minutes; the test suite runs it) or --full (~97 minutes, the figures in
 # docs/benchmarks.md). --only picks workloads (`replay` is the trace replay, e2e/bench/replay.py).
 # Results (results.md, results.json, PNG plots) go to DIR, by default target/bench/<mode>.
 # Installs what it needs: nginx (with the slice module), wrk and h2load (nghttp2-client) from Debian, matplotlib and
