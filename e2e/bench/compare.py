@@ -544,11 +544,9 @@ class Bench:
                     rows.append({"size": size, "clients": clients, "target": t.name, **r})
                     cpu_note = (f", CPU {r['cpu_ms_per_1k']:.0f} ms per 1k requests (wrk "
                                 f"{r['client_cpu_ms_per_1k']:.0f})" if "cpu_ms_per_1k" in r else "")
-                    each = "".join(f" [{x['rps']:.0f}, {x.get('cpu_ms_per_1k', 0):.1f}]" for x in r.get("rounds", []))
-                    each = f" (medians; rounds:{each})" if each else ""
                     print(f"  {tier} {size_name(size)} x{clients} {t.name}: {r['rps']:.0f} req/s, "
                           f"{r['mib_s']:.0f} MiB/s, p50 {r['p50_us']:.2f} p99 {r['p99_us']:.2f} ms{cpu_note} "
-                          f"{r.get('cache', '')}{each}", flush=True)
+                          f"{r.get('cache', '')}{each_round(r)}", flush=True)
         return rows
 
     def warm_by_reading(self, target: Target, keys: list[str], sizes: dict, want: set, tries: int = 10):
@@ -633,10 +631,8 @@ class Bench:
                         rows.append({"size": size, "clients": clients, "protocol": protocol, "target": name,
                                      "signing": signing, **r})
                         tail = f", p99 {r['p99_us']:.2f} ms" if "p99_us" in r else ""
-                        each = "".join(f" [{x['rps']:.0f}, {x.get('cpu_ms_per_1k', 0):.1f}]" for x in r.get("rounds", []))
-                        each = f" (medians; rounds:{each})" if each else ""
                         print(f"  {size_name(size)} x{clients} {protocol} {name} ({signing}): {r['rps']:.0f} req/s, "
-                              f"CPU {r.get('cpu_ms_per_1k', 0):.1f} ms per 1k{tail}{each}", flush=True)
+                              f"CPU {r.get('cpu_ms_per_1k', 0):.1f} ms per 1k{tail}{each_round(r)}", flush=True)
         self.results["workloads"]["hit_matrix"] = rows
 
     def disk_hits(self, nt):
@@ -1037,6 +1033,12 @@ def medians(runs: list[dict]) -> dict:
     if len(runs) > 1:
         row["rounds"] = [{k: r[k] for k in ("rps", "cpu_ms_per_1k") if k in r} for r in runs]
     return row
+
+
+def each_round(row: dict) -> str:
+    """A row of `medians`' rounds for the step's output: each round's req/s and CPU per 1,000."""
+    each = "".join(f" [{x['rps']:.0f}, {x.get('cpu_ms_per_1k', 0):.1f}]" for x in row.get("rounds", []))
+    return f" (medians; rounds:{each})" if each else ""
 
 
 def post_json(url: str, body: dict) -> dict:

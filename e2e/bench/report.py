@@ -97,7 +97,7 @@ def rounds_note(rows) -> str:
     n = max((len(r.get("rounds", [])) for r in rows), default=0)
     if n < 2:
         return ""
-    return (f" Each cell ran {n} times, the three servers in turn in each round; every figure is its median "
+    return (f" Each cell ran {n} times, the targets in turn in each round; every figure is its median "
             "over the rounds (results.json holds each round's requests per second and CPU).")
 
 
