@@ -528,15 +528,13 @@ class Bench:
         rows = []
         for size, keys in sorted(keys_by_size.items()):
             for clients in self.cfg["clients"]:
-                runs = [[] for _ in targets]
-                for _ in range(rounds):
-                    for t, got in zip(targets, runs):
-                        before = metric_sum(larder.metrics(), "larder_requests_total", "cache") if t.name == "Larder" else None
-                        r = self.wrk(t, keys, {k: size for k in keys}, clients, seconds)
-                        if before is not None:
-                            r["cache"] = delta(metric_sum(larder.metrics(), "larder_requests_total", "cache"), before)
-                        got.append(r)
-                for t, got in zip(targets, runs):
+                def one_run(t: Target) -> dict:
+                    before = metric_sum(larder.metrics(), "larder_requests_total", "cache") if t.name == "Larder" else None
+                    r = self.wrk(t, keys, {k: size for k in keys}, clients, seconds)
+                    if before is not None:
+                        r["cache"] = delta(metric_sum(larder.metrics(), "larder_requests_total", "cache"), before)
+                    return r
+                for t, got in zip(targets, in_rounds(targets, rounds, one_run)):
                     r = medians(got)
                     if "cache" in r:
                         r["cache"] = {k: sum(g["cache"].get(k, 0) for g in got)
@@ -619,14 +617,12 @@ class Bench:
                 for protocol, ts in targets.items():
                     # Each cell `rounds` times, the three servers in turn within each round: a
                     # single few-second cell moves by a fifth between runs on this machine.
-                    runs = [[] for _ in ts]
-                    for _ in range(m.get("rounds", 1)):
-                        for (name, signing, t), got in zip(ts, runs):
-                            if protocol == "h2":
-                                got.append(self.h2load(t, [key], size, clients, m["seconds"], again.get(id(t))))
-                            else:
-                                got.append(self.wrk(t, [key], sizes, clients, m["seconds"]))
-                    for (name, signing, t), got in zip(ts, runs):
+                    def one_run(target: tuple) -> dict:
+                        t = target[2]
+                        if protocol == "h2":
+                            return self.h2load(t, [key], size, clients, m["seconds"], again.get(id(t)))
+                        return self.wrk(t, [key], sizes, clients, m["seconds"])
+                    for (name, signing, t), got in zip(ts, in_rounds(ts, m.get("rounds", 1), one_run)):
                         r = medians(got)
                         rows.append({"size": size, "clients": clients, "protocol": protocol, "target": name,
                                      "signing": signing, **r})
@@ -1020,6 +1016,16 @@ def h2load(t: Target, keys: list[str], clients: int, streams: int, seconds: int,
             reader.close()
         r["mib_s"] = data / MiB / (done / rps)
     return r
+
+
+def in_rounds(targets: list, rounds: int, run) -> list[list[dict]]:
+    """`run(target)` for each of `targets` in turn, `rounds` times over: each target's runs, for
+    `medians`. Taking turns within a round puts the machine's slow spells on every target alike."""
+    runs: list[list[dict]] = [[] for _ in targets]
+    for _ in range(rounds):
+        for target, got in zip(targets, runs):
+            got.append(run(target))
+    return runs
 
 
 def medians(runs: list[dict]) -> dict:
