@@ -98,9 +98,13 @@ COST = [
 ]
 
 INTERNALS = [
-    panel("Memory tier", [("larder_memory_used_bytes", "used"), ("larder_memory_capacity_bytes", "capacity")], "bytes"),
+    panel("Memory tier", [("larder_memory_used_bytes", "used"), ("larder_memory_capacity_bytes", "capacity"),
+                          ("larder_memory_recent_bytes", "of used: blocks let go, kept a little longer")], "bytes"),
     panel("Memory entries and evictions", [("larder_memory_entries", "entries"),
-                                           (f"rate(larder_memory_evictions_total[{RI}])", "evictions/s")]),
+                                           (f"rate(larder_memory_evictions_total[{RI}])", "evictions/s"),
+                                           (f"rate(larder_memory_recent_hits_total[{RI}])", "reads of blocks let go/s")],
+          description="Evictions include blocks TinyLFU admission turned away; the reads of blocks let go are reads "
+                      "the tier's recent share served (each would otherwise have gone to disk or upstream)."),
     panel("Buffers beyond the memory tier",
           [("larder_response_buffer_bytes", "held by responses"), ("larder_response_buffer_limit_bytes", "response_buffer"),
            ("larder_buffer_pool_bytes", "idle, kept for reuse"), ("larder_buffer_pool_limit_bytes", "reuse pool limit")],

@@ -200,7 +200,9 @@ options! {
     /// account's cost, whether or not it says it pays. S3 ignores the header on other buckets.
     /// Default: `false`.
     upstream_requester_pays: bool = false => Switch;
-    /// Bytes of block data the memory tier holds. Default: `512MiB`.
+    /// Bytes of block data the memory tier holds. From 256 MiB up, a sixteenth of them holds
+    /// the blocks its admission turned away or its eviction let go, for the readers that come
+    /// just after (a herd's stragglers). Default: `512MiB`.
     memory_capacity: ByteSize = ByteSize(512 << 20);
     /// Size of the blocks objects are cut into. Default: `8MiB`.
     block_size: ByteSize = ByteSize(8 << 20);

@@ -14,10 +14,12 @@ impl Config {
         if self.block_size.0 < 4096 || self.block_size.0 > (1 << 30) {
             return invalid("block_size", "must be between 4KiB and 1GiB");
         }
-        if self.memory_capacity.0 < self.block_size.0 {
+        // From 256 MiB up, a sixteenth of the tier holds blocks its main part let go, and the
+        // rest must hold a block.
+        if cache_core::MemoryTier::<()>::largest_value(self.memory_capacity.0) < self.block_size.0 {
             return invalid(
                 "memory_capacity",
-                "must hold at least one block (block_size)",
+                "must hold at least one block (block_size), in fifteen sixteenths of it from 256MiB up",
             );
         }
         if self.read_window == 0 || self.read_window > 64 {

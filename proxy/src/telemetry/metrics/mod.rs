@@ -961,6 +961,8 @@ mod tests {
             "larder_request_ttfb_seconds_bucket",
             "larder_memory_capacity_bytes 1048576",
             "larder_memory_evictions_total",
+            "larder_memory_recent_bytes 0",
+            "larder_memory_recent_hits_total 0",
             "larder_memory_promotions_total{outcome=\"skipped\"} 0",
             "larder_buffer_pool_bytes",
             "larder_buffer_pool_limit_bytes",

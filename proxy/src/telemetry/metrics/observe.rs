@@ -174,7 +174,7 @@ impl Metrics {
         K: std::hash::Hash + Eq + Send + Sync + Clone + 'static,
     {
         type Read<K> = fn(&MemoryTier<K>) -> u64;
-        let gauges: [(&'static str, &'static str, Read<K>); 3] = [
+        let gauges: [(&'static str, &'static str, Read<K>); 4] = [
             (
                 "larder.memory.capacity.bytes",
                 "Memory tier capacity",
@@ -186,6 +186,11 @@ impl Metrics {
             ("larder.memory.entries", "Memory tier entries held", |t| {
                 t.stats().entries
             }),
+            (
+                "larder.memory.recent.bytes",
+                "Memory tier bytes of blocks its main part let go, kept a little longer",
+                |t| t.stats().recent_bytes,
+            ),
         ];
         for (name, help, read) in gauges {
             let tier = tier.clone();
@@ -195,6 +200,14 @@ impl Metrics {
                 .with_callback(move |o| o.observe(read(&tier), &[]))
                 .build();
         }
+        let recent = tier.clone();
+        self.meter
+            .u64_observable_counter("larder.memory.recent_hits")
+            .with_description(
+                "Memory tier reads served from blocks its main part let go (evicted or turned away)",
+            )
+            .with_callback(move |o| o.observe(recent.stats().recent_hits, &[]))
+            .build();
         let evicted = tier.clone();
         self.meter
             .u64_observable_counter("larder.memory.evictions")

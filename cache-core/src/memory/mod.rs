@@ -1,4 +1,11 @@
 //! The memory tier: a byte-weighted cache of immutable blocks.
+//!
+//! Two parts share its bytes: the main part (moka: TinyLFU admission, LRU eviction) and, from
+//! tiers of [`RECENT_FROM`] up, a sixteenth kept for the values the main part let go
+//! ([`recent`]), so that a block turned away by admission is still found by the readers that
+//! come just after its fetch.
+
+mod recent;
 
 use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -8,8 +15,10 @@ use bytes::Bytes;
 use moka::future::Cache;
 use moka::notification::RemovalCause;
 
-/// Called with each value the memory tier evicts for size (or turns away when it is full), and
-/// whether that value was read again while held.
+use recent::Recent;
+
+/// Called with each value the memory tier's main part evicts for size (or turns away when it
+/// is full), and whether that value was read again while held.
 pub type EvictionHook<K> = Arc<dyn Fn(&K, &Bytes, bool) + Send + Sync>;
 
 /// A held value and whether it was read since it was inserted: what S3-FIFO calls a hit in the
@@ -29,12 +38,24 @@ const PROMOTE_ALWAYS_FROM: usize = 1 << 20;
 /// `PROMOTE_ALWAYS_FROM / len` (a 64 KiB one in 16, a 512 KiB one in 2), at most this many.
 const PROMOTE_AT_MOST_ONE_IN: usize = 16;
 
-/// A byte-weighted in-memory cache on moka (TinyLFU admission, LRU eviction).
+/// Tiers of at least this many bytes keep [`1 / RECENT_SHARE`](RECENT_SHARE) of them for
+/// values the main part let go. Smaller tiers keep none: a sixteenth of them would hold less
+/// than two 8 MiB blocks, and a tier sized to hold just one block must still hold it whole.
+const RECENT_FROM: u64 = 256 << 20;
+/// The share of a tier's bytes kept for values its main part let go (one in this many). A
+/// herd over a full 2 GiB tier needs its 8 MiB blocks held until its stragglers came: a
+/// sixteenth of the tier (128 MiB) held them (docs/benchmarks.md, "The herd after a full
+/// tier"); the trace replay's hit ratios with it are in the same document.
+const RECENT_SHARE: u64 = 16;
+
+/// A byte-weighted in-memory cache: moka (TinyLFU admission, LRU eviction), and the values it
+/// let go kept a little longer in a share of the same bytes.
 ///
 /// Values are immutable [`Bytes`]: a hit hands out a reference-counted view, never a copy.
 #[derive(Clone)]
 pub struct MemoryTier<K> {
     cache: Cache<K, Held>,
+    recent: Arc<Recent<K>>,
     evictions: Arc<AtomicU64>,
     capacity: u64,
     /// Copies offered from the disk tier: stored, skipped, and draws of the sampling.
@@ -48,12 +69,20 @@ pub struct MemoryTier<K> {
 pub struct MemoryTierStats {
     /// Configured capacity in bytes.
     pub capacity_bytes: u64,
-    /// Bytes held (moka's weighted size; updated lazily by moka's housekeeping).
+    /// Bytes held (moka's weighted size, updated lazily by moka's housekeeping, plus the
+    /// recent share's).
     pub used_bytes: u64,
-    /// Entries held.
+    /// Entries held (a value the main part holds again may also still be in the recent
+    /// share, and is then counted twice).
     pub entries: u64,
-    /// Entries evicted for size since start.
+    /// Entries the main part evicted for size, or turned away, since start.
     pub evictions: u64,
+    /// Of `used_bytes`, those of values the main part let go and the recent share keeps
+    /// (each weighed with 128 bytes of bookkeeping).
+    pub recent_bytes: u64,
+    /// Reads served from the recent share since start: each a miss of the main part that
+    /// would otherwise have gone to disk or upstream.
+    pub recent_hits: u64,
     /// Values read from the disk tier and copied up here since start.
     pub promotions: u64,
     /// Values read from the disk tier and not copied up (see [`MemoryTier::insert_copy`]).
@@ -79,15 +108,25 @@ where
         Self::build(capacity_bytes, Some(hook))
     }
 
+    /// The largest value a tier of `capacity_bytes` stores: what its main part holds.
+    pub fn largest_value(capacity_bytes: u64) -> u64 {
+        capacity_bytes - recent_share(capacity_bytes)
+    }
+
     fn build(capacity_bytes: u64, hook: Option<EvictionHook<K>>) -> Self {
         let evictions = Arc::new(AtomicU64::new(0));
         let counter = evictions.clone();
+        let recent = Arc::new(Recent::new(recent_share(capacity_bytes)));
+        let let_go = recent.clone();
         let cache = Cache::builder()
-            .max_capacity(capacity_bytes)
+            .max_capacity(Self::largest_value(capacity_bytes))
             .weigher(|_k: &K, v: &Held| u32::try_from(v.bytes.len()).unwrap_or(u32::MAX))
             .eviction_listener(move |k: Arc<K>, v: Held, cause| {
                 if cause == RemovalCause::Size {
                     counter.fetch_add(1, Ordering::Relaxed);
+                    // Kept before the hook runs: the value left moka's table just before this
+                    // call, and a reader looking now should find it again soon.
+                    let_go.push(K::clone(&k), v.bytes.clone());
                     if let Some(hook) = &hook {
                         hook(&k, &v.bytes, v.read.load(Ordering::Relaxed));
                     }
@@ -96,6 +135,7 @@ where
             .build();
         Self {
             cache,
+            recent,
             evictions,
             capacity: capacity_bytes,
             promoted: Arc::default(),
@@ -116,24 +156,46 @@ where
     }
 
     async fn get_counted(&self, key: &K, again: bool) -> Option<Bytes> {
-        let held = self.cache.get(key).await?;
-        // Load first: a hot value's flag is set once, not written by every reader.
-        if again && !held.read.load(Ordering::Relaxed) {
-            held.read.store(true, Ordering::Relaxed);
-        }
+        let bytes = match self.cache.get(key).await {
+            Some(held) => {
+                // Load first: a hot value's flag is set once, not written by every reader.
+                if again && !held.read.load(Ordering::Relaxed) {
+                    held.read.store(true, Ordering::Relaxed);
+                }
+                held.bytes
+            }
+            None => {
+                // moka counted this miss in its frequencies, so the value stands a better
+                // chance offered again on its first read here. Turned away again, it comes
+                // back to the recent share as its newest value: read at least once a cycle,
+                // it stays in memory.
+                let found = self.recent.get(key, again)?;
+                if found.first_read {
+                    let held = Held {
+                        bytes: found.bytes.clone(),
+                        read: Arc::new(AtomicBool::new(true)),
+                    };
+                    self.cache.insert(key.clone(), held).await;
+                }
+                found.bytes
+            }
+        };
         // Counted toward lending its bytes to sockets (`buffers`; small values return at once).
-        crate::buffers::read_again(&held.bytes);
-        Some(held.bytes)
+        crate::buffers::read_again(&bytes);
+        Some(bytes)
     }
 
     /// Whether `key` is held, without counting as an access.
     pub fn contains(&self, key: &K) -> bool {
-        self.cache.contains_key(key)
+        self.cache.contains_key(key) || self.recent.contains(key)
     }
 
-    /// Store `value` under `key`. Values larger than the whole capacity are not stored.
+    /// Store `value` under `key`. Values larger than [`largest_value`](Self::largest_value)
+    /// are not stored.
     pub async fn insert(&self, key: K, value: Bytes) {
-        if value.len() as u64 > self.capacity || u32::try_from(value.len()).is_err() {
+        if value.len() as u64 > Self::largest_value(self.capacity)
+            || u32::try_from(value.len()).is_err()
+        {
             return;
         }
         let held = Held {
@@ -165,7 +227,8 @@ where
     }
 
     fn promotes(&self, len: usize) -> bool {
-        let room = self.cache.weighted_size().saturating_add(len as u64) <= self.capacity;
+        let room = self.cache.weighted_size().saturating_add(len as u64)
+            <= Self::largest_value(self.capacity);
         if room || len >= PROMOTE_ALWAYS_FROM {
             return true;
         }
@@ -173,24 +236,35 @@ where
         splitmix64(self.draws.fetch_add(1, Ordering::Relaxed)).is_multiple_of(one_in)
     }
 
-    /// Drop `key`, if held.
+    /// Drop `key`, if held. (Keys name immutable values, so this frees memory and is not
+    /// needed for correctness: a value moka evicts for size while this runs may still reach
+    /// the recent share after it.)
     pub async fn remove(&self, key: &K) {
         self.cache.invalidate(key).await;
+        self.recent.remove(key);
     }
 
-    /// Every entry held now (a snapshot taken as it goes; entries inserted meanwhile may or
-    /// may not appear).
+    /// Every entry held now (a snapshot of the main part taken as it goes, entries inserted
+    /// meanwhile may or may not appear; then the recent share's, where a key may come again).
     pub fn entries(&self) -> impl Iterator<Item = (Arc<K>, Bytes)> + '_ {
-        self.cache.iter().map(|(k, v)| (k, v.bytes))
+        let recent = self
+            .recent
+            .snapshot()
+            .into_iter()
+            .map(|(k, v)| (Arc::new(k), v));
+        self.cache.iter().map(|(k, v)| (k, v.bytes)).chain(recent)
     }
 
     /// Current counters.
     pub fn stats(&self) -> MemoryTierStats {
+        let (recent_bytes, recent_entries, recent_hits) = self.recent.stats();
         MemoryTierStats {
             capacity_bytes: self.capacity,
-            used_bytes: self.cache.weighted_size(),
-            entries: self.cache.entry_count(),
+            used_bytes: self.cache.weighted_size() + recent_bytes,
+            entries: self.cache.entry_count() + recent_entries,
             evictions: self.evictions.load(Ordering::Relaxed),
+            recent_bytes,
+            recent_hits,
             promotions: self.promoted.load(Ordering::Relaxed),
             promotions_skipped: self.promotions_skipped.load(Ordering::Relaxed),
         }
@@ -200,6 +274,15 @@ where
     /// metrics scrapes; never needed for correctness.
     pub async fn sync(&self) {
         self.cache.run_pending_tasks().await;
+    }
+}
+
+/// Bytes of a tier of `capacity` kept for values its main part let go.
+fn recent_share(capacity: u64) -> u64 {
+    if capacity >= RECENT_FROM {
+        capacity / RECENT_SHARE
+    } else {
+        0
     }
 }
 
@@ -343,6 +426,68 @@ mod tests {
         assert!(
             sampled >= always - 0.02,
             "memory hits {sampled} sampled against {always} always"
+        );
+    }
+
+    /// A tier whose main part is full of small values each read three times, and a large
+    /// block `readers` missed while it was fetched, then inserted (the herd of
+    /// docs/benchmarks.md, "The herd after a full tier").
+    async fn full_of_small_values_then_a_missed_block(readers: usize) -> MemoryTier<u32> {
+        const SMALL: usize = 16 << 10;
+        let tier = MemoryTier::new(RECENT_FROM);
+        let small = (MemoryTier::<u32>::largest_value(RECENT_FROM) / SMALL as u64) as u32;
+        for k in 0..small {
+            tier.insert(k, Bytes::from(vec![1u8; SMALL])).await;
+        }
+        for _ in 0..3 {
+            for k in 0..small {
+                tier.get(&k).await;
+            }
+        }
+        tier.sync().await;
+        for _ in 0..readers {
+            assert!(tier.get(&u32::MAX).await.is_none());
+        }
+        tier.insert(u32::MAX, Bytes::from(vec![2u8; 8 << 20])).await;
+        tier.sync().await;
+        tier
+    }
+
+    #[tokio::test]
+    async fn a_block_admission_turned_away_is_still_found_by_the_readers_after_its_fetch() {
+        let tier = full_of_small_values_then_a_missed_block(20).await;
+        for straggler in 0..20 {
+            let got = tier.get(&u32::MAX).await;
+            assert_eq!(got.map(|b| b.len()), Some(8 << 20), "straggler {straggler}");
+            tier.sync().await;
+        }
+        let stats = tier.stats();
+        // Served by the recent share: moka's admission did turn the block away (the sum of
+        // the small values' counts beats any one count), so the main part alone would miss.
+        assert!(stats.recent_hits >= 1, "{stats:?}");
+        assert!(stats.used_bytes <= stats.capacity_bytes, "{stats:?}");
+    }
+
+    #[tokio::test]
+    async fn the_recent_share_is_carved_out_of_the_capacity() {
+        let tier = MemoryTier::new(RECENT_FROM);
+        let largest = MemoryTier::<u32>::largest_value(RECENT_FROM);
+        assert_eq!(largest, RECENT_FROM - RECENT_FROM / RECENT_SHARE);
+        tier.insert(0u32, Bytes::from(vec![0u8; largest as usize + 1]))
+            .await;
+        assert!(!tier.contains(&0), "larger than the main part");
+        for k in 1..100u32 {
+            tier.insert(k, Bytes::from(vec![0u8; 8 << 20])).await;
+            tier.get(&k).await;
+            tier.sync().await;
+        }
+        let stats = tier.stats();
+        assert!(stats.recent_bytes > 0, "{stats:?}");
+        assert!(stats.used_bytes <= stats.capacity_bytes, "{stats:?}");
+        // Below the threshold, the whole tier is the main part.
+        assert_eq!(
+            MemoryTier::<u32>::largest_value(RECENT_FROM - 1),
+            RECENT_FROM - 1
         );
     }
 
