@@ -43,9 +43,10 @@ const PROMOTE_AT_MOST_ONE_IN: usize = 16;
 /// than two 8 MiB blocks, and a tier sized to hold just one block must still hold it whole.
 const RECENT_FROM: u64 = 256 << 20;
 /// The share of a tier's bytes kept for values its main part let go (one in this many). A
-/// herd over a full 2 GiB tier needs its 8 MiB blocks held until its stragglers came: a
-/// sixteenth of the tier (128 MiB) held them (docs/benchmarks.md, "The herd after a full
-/// tier"); the trace replay's hit ratios with it are in the same document.
+/// herd over a full 2 GiB tier needs its 8 MiB blocks held until its late readers came: a
+/// sixteenth of the tier (128 MiB) held them. It cost single-client trace replays 0.2 to 0.3
+/// points of hit ratio, for a main part a sixteenth smaller (docs/benchmarks.md, "Fixed: the
+/// memory tier keeps what moka let go").
 const RECENT_SHARE: u64 = 16;
 
 /// A byte-weighted in-memory cache: moka (TinyLFU admission, LRU eviction), and the values it
