@@ -3,8 +3,8 @@
 //!
 //! Why it exists: the main part is moka, whose TinyLFU admission has no window. A new value is
 //! weighed against the **sum** of the estimated frequencies of the values it would evict, so a
-//! large block whose way in needs many small, often-read values evicted is turned away however
-//! many readers missed it. Its fetch still served every reader that joined it, but readers
+//! large block is turned away however many readers missed it whenever the values at the tier's
+//! old end were read more (one value whose count is saturated is enough). Its fetch still served every reader that joined it, but readers
 //! that came after the fetch ended (a herd's stragglers, a query run again) fetched it again:
 //! 9 upstream GETs for 8 blocks in the full benchmark (docs/benchmarks.md, "The herd after a
 //! full tier"). W-TinyLFU gives new values a window before admission; this gives the values
