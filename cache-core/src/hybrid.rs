@@ -159,11 +159,16 @@ impl<K: CacheKey, E: Clone + From<Abandoned>> Fill<K, E> {
     }
 
     /// The value is complete: the waiters get its end, and it is stored as
-    /// [`HybridCache::insert`] stores. Until this returns, callers joining the key find the
-    /// finished value instead of starting a second fetch.
+    /// [`HybridCache::insert`] stores, counted as read again if more than one reader read it
+    /// as it came (a herd's block: the disk's `second-hit` admission then takes it when memory
+    /// lets it go, where it would have turned away a block read once). Until this returns,
+    /// callers joining the key find the finished value instead of starting a second fetch.
     pub async fn commit(mut self) -> Bytes {
         let value = self.writer.finish();
-        self.cache.insert(self.key.clone(), value.clone()).await;
+        let read_again = self.writer.readers() > 1;
+        self.cache
+            .store(self.key.clone(), value.clone(), read_again)
+            .await;
         value
     }
 
@@ -328,12 +333,23 @@ impl<K: CacheKey, E: Clone + From<Abandoned>> HybridCache<K, E> {
 
     /// Store `value` in memory and, under [`WritePolicy::OnInsert`], offer it to disk.
     pub async fn insert(&self, key: K, value: Bytes) {
+        self.store(key, value, false).await;
+    }
+
+    /// [`insert`](Self::insert), for a value `read_again` already (by more than one reader of
+    /// its fetch): the disk's admission takes it as it takes a value memory saw read again.
+    async fn store(&self, key: K, value: Bytes, read_again: bool) {
         if self.policy == WritePolicy::OnInsert {
             if let Some(p) = self.partition(&key) {
-                let _ = p.insert(&key.disk_key(), value.clone());
+                let disk_key = key.disk_key();
+                let _ = if read_again {
+                    p.insert_proven(&disk_key, value.clone())
+                } else {
+                    p.insert(&disk_key, value.clone())
+                };
             }
         }
-        self.memory.insert(key, value).await;
+        self.memory.store(key, value, read_again).await;
     }
 
     /// Store `value` where it does not displace the hot set: in the disk tier if there is one
@@ -636,6 +652,59 @@ mod tests {
             "fetched once, never read again: refused"
         );
         assert!(part.stats().dropped(crate::disk::DropReason::Admission) >= 1);
+    }
+
+    #[tokio::test]
+    async fn second_hit_writes_a_value_two_readers_read_as_it_was_fetched() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cfg = DiskConfig::new(dir.path().join("c"), 9 << 20);
+        cfg.region_size = 1 << 20;
+        cfg.admission = crate::disk::Admission::SecondHit;
+        let d = DiskCache::open(cfg).await.expect("open");
+        let part = d.partition("default").unwrap();
+        let mut i = 1000;
+        while part.stats().free_regions > 2 {
+            part.insert(&K(i).disk_key(), Bytes::from(vec![0u8; 60_000]))
+                .expect("admitted");
+            part.flush().await;
+            i += 1;
+        }
+        let cache = HybridCache::<K>::new(200_000, Some(d.clone()), WritePolicy::OnEvict);
+        let value = |i: u32| Bytes::from(vec![i as u8; 60_000]);
+        // K(0): a herd's value, its fetch read by its leader and a follower. K(1): read by its
+        // leader alone. Neither is read from memory afterwards.
+        for (key, readers) in [(K(0), 2), (K(1), 1)] {
+            let Miss::Fetch { fill, reader } = cache.join(key.clone()) else {
+                panic!("nobody fetches it yet");
+            };
+            let mut readers: Vec<_> = std::iter::once(reader)
+                .chain((1..readers).map(|_| match cache.join(key.clone()) {
+                    Miss::Joined(r) => r,
+                    Miss::Fetch { .. } => panic!("the fetch is running"),
+                }))
+                .collect();
+            fill.push(value(key.0));
+            for r in &mut readers {
+                assert_eq!(r.next_chunk().await.unwrap().unwrap(), value(key.0));
+            }
+            fill.commit().await;
+        }
+        for _ in 0..5 {
+            for i in 2..12 {
+                if cache.get(&K(i)).await.is_none() {
+                    cache.insert(K(i), value(i)).await;
+                }
+                cache.get(&K(i)).await;
+            }
+        }
+        cache.memory().sync().await;
+        d.flush().await;
+        assert!(!cache.memory().contains(&K(0)) && !cache.memory().contains(&K(1)));
+        assert!(
+            part.contains(&K(0).disk_key()),
+            "read by two as it was fetched: written"
+        );
+        assert!(!part.contains(&K(1).disk_key()), "read by one: refused");
     }
 
     #[tokio::test]

@@ -60,6 +60,9 @@ struct Flight<E> {
 struct State<E> {
     chunks: Vec<Bytes>,
     outcome: Option<Result<(), Failure<E>>>,
+    /// Readers that took the first chunk: who read the value as it was fetched, not who merely
+    /// joined (a read-ahead's leader and a caller that only checks for a flight read nothing).
+    readers: u32,
 }
 
 // `Drop` cannot require `E: From<Abandoned>` without putting the bound on the struct, so an
@@ -106,6 +109,7 @@ where
             state: Mutex::new(State {
                 chunks: Vec::new(),
                 outcome: None,
+                readers: 0,
             }),
             progress: Notify::new(),
         });
@@ -228,6 +232,12 @@ impl<K: Hash + Eq, E: Clone> FlightWriter<K, E> {
         }
     }
 
+    /// How many readers have read the flight so far (took its first chunk): more than one, and
+    /// the value was wanted again while it was fetched, as a herd's block is.
+    pub fn readers(&self) -> u32 {
+        self.flight.state.lock().readers
+    }
+
     /// Complete the flight without building its bytes into one buffer: for a value that is
     /// not cached, whose readers have the chunks.
     pub fn end(&mut self) {
@@ -308,10 +318,13 @@ impl<E: Clone + From<Abandoned>> FlightReader<E> {
             // Register before looking, so a push between the look and the await is not missed.
             notified.as_mut().enable();
             {
-                let state = self.flight.state.lock();
-                if let Some(chunk) = state.chunks.get(self.next) {
+                let mut state = self.flight.state.lock();
+                if let Some(chunk) = state.chunks.get(self.next).cloned() {
+                    if self.next == 0 {
+                        state.readers = state.readers.saturating_add(1);
+                    }
                     self.next += 1;
-                    return Some(Ok(chunk.clone()));
+                    return Some(Ok(chunk));
                 }
                 match &state.outcome {
                     Some(Ok(())) => return None,
@@ -658,5 +671,37 @@ mod tests {
             writer.push(c.clone());
         }
         assert_eq!(&writer.finish()[..], &whole[..]);
+    }
+
+    #[tokio::test]
+    async fn a_flight_counts_the_readers_that_read_it_not_those_that_only_joined() {
+        let table = Table::new();
+        let Joined::Leader {
+            mut writer,
+            reader: leader,
+        } = table.join("k")
+        else {
+            panic!("first caller leads");
+        };
+        let Joined::Follower(mut follower) = table.join("k") else {
+            panic!("second caller follows");
+        };
+        // Joined and gone without reading (a caller that only checked for a flight).
+        let Joined::Follower(idle) = table.join("k") else {
+            panic!("third caller follows");
+        };
+        drop(idle);
+        assert_eq!(writer.readers(), 0);
+        writer.push(Bytes::from_static(b"ab"));
+        writer.push(Bytes::from_static(b"cd"));
+        follower.next_chunk().await.unwrap().unwrap();
+        follower.next_chunk().await.unwrap().unwrap();
+        // Counted once, on its first chunk.
+        assert_eq!(writer.readers(), 1);
+        // The leader's own reader counts when it reads, as any other.
+        let leader = tokio::spawn(read_all(leader));
+        writer.finish();
+        assert_eq!(leader.await.unwrap().unwrap(), b"abcd");
+        assert_eq!(writer.readers(), 2);
     }
 }

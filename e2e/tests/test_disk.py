@@ -7,6 +7,7 @@ import random
 import re
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from conftest import wait_until
 
@@ -268,6 +269,51 @@ def test_second_hit_admission_writes_only_reused_blocks_once_the_disk_is_full(wo
                          "--disk-admission", "always", name="admission-always")
     read_all(always, bucket, objects)
     wait_until(lambda: metric(always, "disk_writes") >= 10, 5, "blocks written on evict")
+
+
+def test_a_herds_blocks_reach_a_full_disk_that_turns_away_blocks_read_once(workdir, make_larder, direct, bucket,
+                                                                          upstream):
+    """`second-hit` writes a block memory lets go only if it was read again. Eight readers of
+    a herd read each block through one fetch: that is read again, though none of them read it
+    from memory, and the block must reach the disk, so that a reader after memory let it go
+    finds it there instead of fetching it a second time. A block one reader fetched is turned
+    away, as before."""
+    fill = put_blocks(direct, bucket, "fill/", 34, seed=20)
+    once = put_blocks(direct, bucket, "once/", 4, seed=26)
+    herd = put_blocks(direct, bucket, "herd/", 4, seed=25)
+    push = put_blocks(direct, bucket, "push/", 4, seed=27)
+    args = ("--block-size", "1MiB", "--memory-capacity", "2MiB", "--disk-path", str(workdir / "herd.cache"),
+            "--disk-capacity", "49MiB", "--disk-region-size", "4MiB", "--disk-write-rate", "0")
+    larder = make_larder(*args, "--disk-admission", "second-hit", name="herd-admission")
+    read_all(larder, bucket, fill)
+    wait_until(lambda: metric(larder, "disk_free_regions") <= 2 and metric(larder, "disk_inflight_entries") == 0, 10,
+               "the disk filled")
+    read_all(larder, bucket, once)
+    # Each herd object's GET answers after 0.3 s: its eight readers all join the one fetch.
+    upstream.delay = 0.3
+    clients = [larder.client() for _ in range(8)]
+    for key, data in herd.items():
+        barrier = threading.Barrier(8)
+
+        def read(client, key=key, barrier=barrier):
+            barrier.wait(timeout=60)
+            return client.get_object(Bucket=bucket, Key=key)["Body"].read()
+
+        with ThreadPoolExecutor(8) as pool:
+            assert all(b == data for b in pool.map(read, clients)), key
+    upstream.delay = 0.0
+    assert len(upstream.seen("GET", f"/{bucket}/herd/")) == 4
+    # Memory (two blocks) lets the herd's blocks go for blocks read more often than their eight
+    # readers did (its admission weighs reads).
+    for _ in range(12):
+        read_all(larder, bucket, push)
+    wait_until(lambda: metric(larder, "disk_inflight_entries") == 0, 10, "the disk's writes landed")
+    upstream.reset()
+    served = read_all(larder, bucket, herd)
+    assert upstream.seen("GET", f"/{bucket}/herd/") == []
+    assert served == {"hit-disk": 4}, served
+    # Blocks one reader fetched were turned away: fetched again.
+    assert read_all(larder, bucket, once) == {"miss": 4}
 
 
 def test_write_on_evict_writes_only_what_memory_lets_go(workdir, make_larder, direct, bucket, upstream):

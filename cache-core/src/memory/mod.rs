@@ -194,6 +194,12 @@ where
     /// Store `value` under `key`. Values larger than [`largest_value`](Self::largest_value)
     /// are not stored.
     pub async fn insert(&self, key: K, value: Bytes) {
+        self.store(key, value, false).await;
+    }
+
+    /// [`insert`](Self::insert), saying whether the value was read again already (by more than
+    /// one reader of its fetch): the eviction hook's flag starts as that.
+    pub(crate) async fn store(&self, key: K, value: Bytes, read_again: bool) {
         if value.len() as u64 > Self::largest_value(self.capacity)
             || u32::try_from(value.len()).is_err()
         {
@@ -201,7 +207,7 @@ where
         }
         let held = Held {
             bytes: value,
-            read: Arc::new(AtomicBool::new(false)),
+            read: Arc::new(AtomicBool::new(read_again)),
         };
         self.cache.insert(key, held).await;
     }
