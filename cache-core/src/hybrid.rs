@@ -138,6 +138,8 @@ pub struct Fill<K: CacheKey, E> {
     key: K,
     writer: FlightWriter<K, E>,
     cache: HybridCache<K, E>,
+    /// Another reader is known to want the value after its fetch ([`Fill::wanted_again`]).
+    wanted_again: bool,
 }
 
 impl<K: CacheKey, E: Clone + From<Abandoned>> Fill<K, E> {
@@ -158,14 +160,22 @@ impl<K: CacheKey, E: Clone + From<Abandoned>> Fill<K, E> {
         self.writer.assemble(len);
     }
 
+    /// Another reader is known to want the value once it is fetched (one coming behind the
+    /// readers of its fetch): it is committed as read again, as a value more than one reader
+    /// read as it came is.
+    pub fn wanted_again(&mut self) {
+        self.wanted_again = true;
+    }
+
     /// The value is complete: the waiters get its end, and it is stored as
     /// [`HybridCache::insert`] stores, counted as read again if more than one reader read it
-    /// as it came (a herd's block: the disk's `second-hit` admission then takes it when memory
-    /// lets it go, where it would have turned away a block read once). Until this returns,
-    /// callers joining the key find the finished value instead of starting a second fetch.
+    /// as it came or [`wanted_again`](Self::wanted_again) was called (a herd's block: the
+    /// disk's `second-hit` admission then takes it when memory lets it go, where it would have
+    /// turned away a block read once). Until this returns, callers joining the key find the
+    /// finished value instead of starting a second fetch.
     pub async fn commit(mut self) -> Bytes {
         let value = self.writer.finish();
-        let read_again = self.writer.readers() > 1;
+        let read_again = self.wanted_again || self.writer.readers() > 1;
         self.cache
             .store(self.key.clone(), value.clone(), read_again)
             .await;
@@ -395,6 +405,7 @@ impl<K: CacheKey, E: Clone + From<Abandoned>> HybridCache<K, E> {
                     key,
                     writer,
                     cache: self.clone(),
+                    wanted_again: false,
                 },
                 reader,
             },

@@ -316,6 +316,41 @@ def test_a_herds_blocks_reach_a_full_disk_that_turns_away_blocks_read_once(workd
     assert read_all(larder, bucket, once) == {"miss": 4}
 
 
+def test_a_block_one_reader_fetched_reaches_a_full_disk_when_a_reader_behind_will_read_it(workdir, make_larder,
+                                                                                          direct, bucket, upstream):
+    """A herd whose readers come one after another shares no fetch with the readers behind: a
+    block is fetched for the first and read by the next once memory let it go. A response in
+    progress over the block (the reader behind) makes it read again for `second-hit`, which
+    must write it, so that the reader behind finds it on disk instead of fetching it again."""
+    fill = put_blocks(direct, bucket, "fill/", 34, seed=20)
+    size = 16 * MiB - 100
+    data = random.Random(28).randbytes(size)
+    direct.put_object(Bucket=bucket, Key="ckpt.bin", Body=data)
+    # One block opened ahead per response: the reader behind opens no block of the first's.
+    args = ("--block-size", "1MiB", "--memory-capacity", "2MiB", "--disk-path", str(workdir / "behind.cache"),
+            "--disk-capacity", "49MiB", "--disk-region-size", "4MiB", "--disk-write-rate", "0",
+            "--read-window", "1", "--prefetch", "off")
+    larder = make_larder(*args, "--disk-admission", "second-hit", name="behind")
+    read_all(larder, bucket, fill)
+    wait_until(lambda: metric(larder, "disk_free_regions") <= 2 and metric(larder, "disk_inflight_entries") == 0, 10,
+               "the disk filled")
+    upstream.reset()
+    # The reader behind asks for the whole object and reads its first bytes only, for now.
+    behind = larder.client().get_object(Bucket=bucket, Key="ckpt.bin")["Body"]
+    head = behind.read(1024)
+    # The first reader reads the second half, each block fetched for it alone.
+    second_half = larder.client().get_object(Bucket=bucket, Key="ckpt.bin", Range=f"bytes={8 * MiB}-")
+    assert second_half["Body"].read() == data[8 * MiB:]
+    wait_until(lambda: metric(larder, "disk_inflight_entries") == 0, 10, "the disk's writes landed")
+    fetched = len(upstream.seen("GET", "/" + bucket + "/ckpt.bin"))
+    # The reader behind reads on: the second half comes from disk (or the two blocks memory
+    # holds), not from the upstream again.
+    assert head + behind.read() == data
+    gets = upstream.seen_with_headers("GET", "/" + bucket + "/ckpt.bin")
+    again = [h.get("range") for _, _, h in gets[fetched:] if int(h["range"].split("=")[1].split("-")[0]) >= 8 * MiB]
+    assert again == [], again
+
+
 def test_write_on_evict_writes_only_what_memory_lets_go(workdir, make_larder, direct, bucket, upstream):
     objects = put_blocks(direct, bucket, "e/", 40, seed=22)
     first = dict(list(objects.items())[:4])

@@ -245,16 +245,17 @@ impl BlockStore {
         if result.is_ok() {
             readers_first(slice.block_len).await;
         }
-        self.settle(fill, result, &object, &slice, purpose).await;
+        self.settle(fill, result, (&object, &etag), &slice, purpose)
+            .await;
     }
 
     /// End the fetch of block `slice` of `object` into `fill` as `result` and `purpose` say:
     /// cached here, cold, only kept as a brief copy (a peer's block), or failed.
     pub(super) async fn settle(
         &self,
-        fill: Fill<BlockId, UpstreamError>,
+        mut fill: Fill<BlockId, UpstreamError>,
         result: Result<Supplier, UpstreamError>,
-        object: &ObjectId,
+        (object, etag): (&ObjectId, &Arc<str>),
         slice: &BlockSlice,
         purpose: Purpose,
     ) {
@@ -277,6 +278,11 @@ impl BlockStore {
                 // Noted while the fetch is still running, so a shutdown that waits for running
                 // fetches (`BlockStore::fetches`) finds the note offered to disk with the block.
                 self.remember(object);
+                // Another response in progress reads this block too, after this fetch: it is
+                // read again, though only one reader may have read it as it came.
+                if self.reading.shared(object, etag, index) {
+                    fill.wanted_again();
+                }
                 match purpose {
                     // A large block is cached in a task of its own: where it was not assembled
                     // as it came, joining it is a copy of all of it, which the next block of the

@@ -15,7 +15,9 @@
 //! - `part`: range-first: a cold range much smaller than its block fetched exactly;
 //! - `ahead`: read-ahead and warm-up, fetches nobody is waiting for yet.
 //! - `slots`: the upstream fetch budget, in which a response's first block goes before the
-//!   blocks responses open ahead.
+//!   blocks responses open ahead;
+//! - `reading`: which blocks responses are reading now, so that a block fetched for one reader
+//!   and wanted by others behind it counts as read again.
 
 use std::ops::Range;
 use std::sync::atomic::AtomicUsize;
@@ -48,6 +50,7 @@ mod fetch;
 mod gain;
 mod pace;
 mod part;
+mod reading;
 mod slots;
 mod split;
 #[cfg(test)]
@@ -131,6 +134,9 @@ pub struct BlockStore {
     disk_reads: AtomicUsize,
     /// How far a cold read's first GET runs past its first block.
     pace: pace::Pace,
+    /// Which blocks responses of more than one block are reading now: a block another of
+    /// them will read too is committed as read again.
+    reading: Arc<reading::Reading>,
     metrics: Arc<Metrics>,
 }
 
@@ -296,6 +302,7 @@ impl BlockStore {
             fleet: config.fleet,
             disk_reads: AtomicUsize::new(0),
             pace: Default::default(),
+            reading: Default::default(),
             metrics,
         }
     }
@@ -492,6 +499,15 @@ impl BlockStore {
         } else {
             (None, None)
         };
+        // Held as long as the response's stream: the blocks it covers are read by it.
+        let entered = match (slices.first(), slices.last()) {
+            (Some(first), Some(last)) if first.index != last.index => Some(self.reading.enter(
+                &object,
+                &etag,
+                first.index..last.index + 1,
+            )),
+            _ => None,
+        };
         stream::iter(slices)
             .enumerate()
             .map(move |(i, slice)| {
@@ -549,6 +565,7 @@ impl BlockStore {
                     }
                     // The room is given back when the block's slice has been sent.
                     Ok(Ok((i, slice, open, permit))) => {
+                        let _reading = &entered;
                         if let Some(sending) = &sending {
                             sending.send_replace(i);
                         }

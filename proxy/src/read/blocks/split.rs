@@ -238,7 +238,7 @@ impl BlockStore {
             self.settle(
                 block,
                 result,
-                &object,
+                (&object, &etag),
                 &slice,
                 Purpose::Demand(Turn::First, Cut::Ranges),
             )
