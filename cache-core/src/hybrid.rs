@@ -488,6 +488,40 @@ mod tests {
         DiskCache::open(cfg).await.expect("open")
     }
 
+    /// A disk tier of nine 1 MiB regions with `second-hit` admission, its never-used space
+    /// filled first (until then everything is admitted), and its default partition.
+    async fn full_second_hit_disk(dir: &std::path::Path) -> (DiskCache, crate::disk::Partition) {
+        let mut cfg = DiskConfig::new(dir.join("c"), 9 << 20);
+        cfg.region_size = 1 << 20;
+        cfg.admission = crate::disk::Admission::SecondHit;
+        let d = DiskCache::open(cfg).await.expect("open");
+        let part = d.partition("default").unwrap();
+        let mut i = 1000;
+        while part.stats().free_regions > 2 {
+            part.insert(&K(i).disk_key(), Bytes::from(vec![0u8; 60_000]))
+                .expect("admitted");
+            part.flush().await;
+            i += 1;
+        }
+        (d, part)
+    }
+
+    /// Values read more often push K(0) and K(1) out of `cache`'s memory (its admission is by
+    /// frequency: it takes a few rounds), and what memory let go reaches the disk.
+    async fn push_out_k0_and_k1(cache: &HybridCache<K>, d: &DiskCache) {
+        let value = |i: u32| Bytes::from(vec![i as u8; 60_000]);
+        for _ in 0..5 {
+            for i in 2..12 {
+                if cache.get(&K(i)).await.is_none() {
+                    cache.insert(K(i), value(i)).await;
+                }
+                cache.get(&K(i)).await;
+            }
+        }
+        cache.memory().sync().await;
+        d.flush().await;
+    }
+
     #[tokio::test]
     async fn memory_then_disk_then_fetch_once() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -623,36 +657,13 @@ mod tests {
     #[tokio::test]
     async fn second_hit_writes_what_memory_saw_read_again_and_refuses_one_offs() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut cfg = DiskConfig::new(dir.path().join("c"), 9 << 20);
-        cfg.region_size = 1 << 20;
-        cfg.admission = crate::disk::Admission::SecondHit;
-        let d = DiskCache::open(cfg).await.expect("open");
-        let part = d.partition("default").unwrap();
-        // Fill the never-used space first: until then everything is admitted.
-        let mut i = 1000;
-        while part.stats().free_regions > 2 {
-            part.insert(&K(i).disk_key(), Bytes::from(vec![0u8; 60_000]))
-                .expect("admitted");
-            part.flush().await;
-            i += 1;
-        }
+        let (d, part) = full_second_hit_disk(dir.path()).await;
         let cache = HybridCache::<K>::new(200_000, Some(d.clone()), WritePolicy::OnEvict);
         let value = |i: u32| Bytes::from(vec![i as u8; 60_000]);
         cache.insert(K(0), value(0)).await;
         cache.insert(K(1), value(1)).await;
         assert!(cache.get(&K(1)).await.is_some(), "read again in memory");
-        // Values read more often push K(0) and K(1) out of memory (its admission is by
-        // frequency: it takes a few rounds).
-        for _ in 0..5 {
-            for i in 2..12 {
-                if cache.get(&K(i)).await.is_none() {
-                    cache.insert(K(i), value(i)).await;
-                }
-                cache.get(&K(i)).await;
-            }
-        }
-        cache.memory().sync().await;
-        d.flush().await;
+        push_out_k0_and_k1(&cache, &d).await;
         assert!(!cache.memory().contains(&K(0)) && !cache.memory().contains(&K(1)));
         assert!(
             part.contains(&K(1).disk_key()),
@@ -668,18 +679,7 @@ mod tests {
     #[tokio::test]
     async fn second_hit_writes_a_value_two_readers_read_as_it_was_fetched() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut cfg = DiskConfig::new(dir.path().join("c"), 9 << 20);
-        cfg.region_size = 1 << 20;
-        cfg.admission = crate::disk::Admission::SecondHit;
-        let d = DiskCache::open(cfg).await.expect("open");
-        let part = d.partition("default").unwrap();
-        let mut i = 1000;
-        while part.stats().free_regions > 2 {
-            part.insert(&K(i).disk_key(), Bytes::from(vec![0u8; 60_000]))
-                .expect("admitted");
-            part.flush().await;
-            i += 1;
-        }
+        let (d, part) = full_second_hit_disk(dir.path()).await;
         let cache = HybridCache::<K>::new(200_000, Some(d.clone()), WritePolicy::OnEvict);
         let value = |i: u32| Bytes::from(vec![i as u8; 60_000]);
         // K(0): a herd's value, its fetch read by its leader and a follower. K(1): read by its
@@ -700,16 +700,7 @@ mod tests {
             }
             fill.commit().await;
         }
-        for _ in 0..5 {
-            for i in 2..12 {
-                if cache.get(&K(i)).await.is_none() {
-                    cache.insert(K(i), value(i)).await;
-                }
-                cache.get(&K(i)).await;
-            }
-        }
-        cache.memory().sync().await;
-        d.flush().await;
+        push_out_k0_and_k1(&cache, &d).await;
         assert!(!cache.memory().contains(&K(0)) && !cache.memory().contains(&K(1)));
         assert!(
             part.contains(&K(0).disk_key()),

@@ -26,6 +26,16 @@ impl ObjectId {
             ..self.clone()
         }
     }
+
+    /// The current version of `key` in bucket `b`: the object unit tests name.
+    #[cfg(test)]
+    pub(crate) fn in_test_bucket(key: &str) -> ObjectId {
+        ObjectId {
+            bucket: "b".into(),
+            key: key.into(),
+            version_id: None,
+        }
+    }
 }
 
 impl fmt::Display for ObjectId {

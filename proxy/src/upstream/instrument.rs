@@ -139,24 +139,19 @@ mod tests {
     use super::*;
     use crate::upstream::memory::MemoryUpstream;
 
-    fn object(key: &str) -> ObjectId {
-        ObjectId {
-            bucket: "b".into(),
-            key: key.into(),
-            version_id: None,
-        }
-    }
-
     #[tokio::test]
     async fn every_request_is_one_sample_with_its_outcome() {
         let fake = Arc::new(MemoryUpstream::default());
         fake.put("k", bytes::Bytes::from_static(b"0123456789"), "\"e\"");
         let metrics = Arc::new(Metrics::default());
         let upstream = Instrumented::new(fake.clone(), metrics.clone());
-        upstream.head(&object("k")).await.unwrap();
-        upstream.head(&object("missing")).await.unwrap_err();
+        upstream.head(&ObjectId::in_test_bucket("k")).await.unwrap();
+        upstream
+            .head(&ObjectId::in_test_bucket("missing"))
+            .await
+            .unwrap_err();
         let _body = upstream
-            .get(&object("k"), Some("\"e\""), Some(0..4))
+            .get(&ObjectId::in_test_bucket("k"), Some("\"e\""), Some(0..4))
             .await
             .unwrap();
         upstream.list("b", "", None).await.unwrap();
@@ -175,7 +170,10 @@ mod tests {
         // A missing key is an answer, not the upstream failing.
         assert!(metrics.upstream_health().last_error.is_none());
         fake.outage.store(true, std::sync::atomic::Ordering::SeqCst);
-        upstream.head(&object("k")).await.unwrap_err();
+        upstream
+            .head(&ObjectId::in_test_bucket("k"))
+            .await
+            .unwrap_err();
         assert!(metrics.upstream_health().last_error.is_some());
     }
 }

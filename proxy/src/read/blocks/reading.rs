@@ -96,25 +96,17 @@ impl Drop for Entered {
 mod tests {
     use super::*;
 
-    fn object(key: &str) -> ObjectId {
-        ObjectId {
-            bucket: "b".into(),
-            key: key.into(),
-            version_id: None,
-        }
-    }
-
     #[test]
     fn a_block_is_shared_while_two_responses_of_its_version_cover_it() {
         let reading = Arc::new(Reading::default());
-        let (ckpt, etag) = (object("ckpt"), Arc::<str>::from("e1"));
+        let (ckpt, etag) = (ObjectId::in_test_bucket("ckpt"), Arc::<str>::from("e1"));
         let first = reading.enter(&ckpt, &etag, 0..64);
         assert!(!reading.shared(&ckpt, &etag, 10), "one reader");
         let second = reading.enter(&ckpt, &etag, 0..64);
         assert!(reading.shared(&ckpt, &etag, 10));
         // Another version, another object, a block neither covers: not shared.
         assert!(!reading.shared(&ckpt, &Arc::from("e2"), 10));
-        assert!(!reading.shared(&object("other"), &etag, 10));
+        assert!(!reading.shared(&ObjectId::in_test_bucket("other"), &etag, 10));
         assert!(!reading.shared(&ckpt, &etag, 64));
         // Two ranges that do not overlap (two queries' column chunks) share nothing.
         drop(second);

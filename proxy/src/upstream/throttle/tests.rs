@@ -112,14 +112,6 @@ impl Upstream for RateLimited {
     }
 }
 
-fn object(key: &str) -> ObjectId {
-    ObjectId {
-        bucket: "b".into(),
-        key: key.into(),
-        version_id: None,
-    }
-}
-
 fn throttled(fake: &Arc<RateLimited>, max_attempts: u32) -> (Arc<Throttled>, Arc<Metrics>) {
     let metrics = Arc::new(Metrics::default());
     let layer = Throttled::new(fake.clone(), max_attempts, metrics.clone());
@@ -136,7 +128,11 @@ async fn load(upstream: Arc<dyn Upstream>, prefix: &str, readers: usize, each: u
                 let mut failed = 0;
                 for i in 0..each {
                     let key = format!("{prefix}/r{r}-{i}");
-                    if upstream.head(&object(&key)).await.is_err() {
+                    if upstream
+                        .head(&ObjectId::in_test_bucket(&key))
+                        .await
+                        .is_err()
+                    {
                         failed += 1;
                     }
                 }
@@ -205,7 +201,7 @@ async fn other_prefixes_keep_their_pace() {
     );
     // Flat keys share their bucket's prefix, which is neither.
     let started = Instant::now();
-    layer.head(&object("flat")).await.unwrap();
+    layer.head(&ObjectId::in_test_bucket("flat")).await.unwrap();
     assert_eq!(started.elapsed(), fake.latency);
     hot.abort();
 }
@@ -215,12 +211,18 @@ async fn a_request_throttled_on_every_attempt_answers_slowdown_after_its_attempt
     // The first send, before the prefix was paced, found the limit; then three paced attempts.
     let fake = RateLimited::failing(503);
     let (layer, _) = throttled(&fake, 3);
-    let err = layer.head(&object("k/1")).await.unwrap_err();
+    let err = layer
+        .head(&ObjectId::in_test_bucket("k/1"))
+        .await
+        .unwrap_err();
     assert!(err.is_throttled(), "{err:?}");
     assert_eq!(fake.counts().1, 4, "attempts sent");
     assert_eq!(layer.retries(), 3);
     // Once the prefix is paced, every send counts.
-    let err = layer.head(&object("k/2")).await.unwrap_err();
+    let err = layer
+        .head(&ObjectId::in_test_bucket("k/2"))
+        .await
+        .unwrap_err();
     assert!(err.is_throttled(), "{err:?}");
     assert_eq!(fake.counts().1, 7, "three more attempts");
 }
@@ -231,7 +233,10 @@ async fn other_failures_are_answered_at_once_and_never_pace() {
     let (layer, metrics) = throttled(&fake, 3);
     for _ in 0..5 {
         let started = Instant::now();
-        layer.head(&object("k/1")).await.unwrap_err();
+        layer
+            .head(&ObjectId::in_test_bucket("k/1"))
+            .await
+            .unwrap_err();
         assert_eq!(started.elapsed(), fake.latency);
     }
     assert_eq!(fake.counts().1, 5, "one attempt each");
