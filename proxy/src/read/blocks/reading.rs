@@ -23,6 +23,7 @@ use parking_lot::Mutex;
 
 use crate::model::ObjectId;
 
+/// An object version: the object and its ETag.
 type Version = (ObjectId, Arc<str>);
 /// Each response's id and the blocks (indexes) it covers.
 type Covering = Vec<(u64, Range<u64>)>;
@@ -68,7 +69,8 @@ impl Reading {
     /// the block is read again, whichever of them it was fetched for.
     pub(super) fn shared(&self, object: &ObjectId, etag: &Arc<str>, index: u64) -> bool {
         let responses = self.responses.lock();
-        // Looked up by reference: a cheap clone of three `Arc`s, not worth a borrowed key type.
+        // The key is cloned to look it up (three `Arc`s and the ETag's): cheaper to write than
+        // a borrowed key type, and paid once per block fetched, not per hit.
         let Some(readers) = responses.get(&(object.clone(), etag.clone())) else {
             return false;
         };
