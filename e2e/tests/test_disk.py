@@ -342,11 +342,11 @@ def test_a_block_one_reader_fetched_reaches_a_full_disk_when_a_reader_behind_wil
     second_half = larder.client().get_object(Bucket=bucket, Key="ckpt.bin", Range=f"bytes={8 * MiB}-")
     assert second_half["Body"].read() == data[8 * MiB:]
     wait_until(lambda: metric(larder, "disk_inflight_entries") == 0, 10, "the disk's writes landed")
-    fetched = len(upstream.seen("GET", "/" + bucket + "/ckpt.bin"))
+    fetched = len(upstream.seen("GET", f"/{bucket}/ckpt.bin"))
     # The reader behind reads on: the second half comes from disk (or the two blocks memory
     # holds), not from the upstream again.
     assert head + behind.read() == data
-    gets = upstream.seen_with_headers("GET", "/" + bucket + "/ckpt.bin")
+    gets = upstream.seen_with_headers("GET", f"/{bucket}/ckpt.bin")
     again = [h.get("range") for _, _, h in gets[fetched:] if int(h["range"].split("=")[1].split("-")[0]) >= 8 * MiB]
     assert again == [], again
 
