@@ -11,7 +11,8 @@ through that proxy, and drives all three targets with the same workloads:
 - memory hits of 4 KiB / 1 / 8 / 64 MiB objects and disk hits of 1 / 8 / 64 MiB objects at 1-64
   connections (wrk), with each server's CPU time per request;
 - memory hits across protocol and signing (`matrix`): HTTP/1.1 (wrk) and HTTP/2 (h2load), Larder
-  verifying SigV4 and Larder with `auth = none`, at 1-256 connections, against nginx;
+  verifying SigV4 and Larder with `auth = none`, at 1-256 connections, against nginx; and what
+  verifying costs a 1 MiB hit, profiled with perf in the verifying Larder;
 - cold misses: time to first byte, one request at a time, over direct;
 - a thundering herd of 64 clients on the same cold objects: upstream GETs and bytes;
 - Zipf reads over a working set 10x Larder's memory and 2x its disk, nginx given the same
@@ -33,6 +34,7 @@ import platform
 import random
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -624,11 +626,19 @@ class Bench:
                         return self.wrk(t, [key], sizes, clients, m["seconds"])
                     for (name, signing, t), got in zip(ts, in_rounds(ts, m.get("rounds", 1), one_run)):
                         r = medians(got)
+                        if signing == "sigv4" and size == MiB:
+                            # Issue 21's bound on what verifying costs a 1 MiB hit, measured in
+                            # the verifying Larder itself: one more run of the cell under perf.
+                            _, shares = profiled(t.pid, self.work, lambda: one_run((name, signing, t)),
+                                                 SIGV4_SYMBOLS)
+                            if shares is not None:
+                                r["sigv4_share"] = sum(shares.values()) / 100
                         rows.append({"size": size, "clients": clients, "protocol": protocol, "target": name,
                                      "signing": signing, **r})
                         tail = f", p99 {r['p99_us']:.2f} ms" if "p99_us" in r else ""
+                        verify = f", SigV4 {r['sigv4_share']:.1%} of its CPU" if "sigv4_share" in r else ""
                         print(f"  {size_name(size)} x{clients} {protocol} {name} ({signing}): {r['rps']:.0f} req/s, "
-                              f"CPU {r.get('cpu_ms_per_1k', 0):.1f} ms per 1k{tail}{each_round(r)}", flush=True)
+                              f"CPU {r.get('cpu_ms_per_1k', 0):.1f} ms per 1k{tail}{verify}{each_round(r)}", flush=True)
         self.results["workloads"]["hit_matrix"] = rows
 
     def disk_hits(self, nt):
@@ -1026,6 +1036,50 @@ def in_rounds(targets: list, rounds: int, run) -> list[list[dict]]:
         for target, got in zip(targets, runs):
             got.append(run(target))
     return runs
+
+
+# What verifying a SigV4 request runs: the authenticator (the signature, its canonical request,
+# the signing key's lookup) and the parse of the request's query, which a presigned URL fills
+# and an anonymous URL leaves empty. The first must show in a profile, or it measured nothing.
+SIGV4_SYMBOLS = ("larder::auth::Authenticator::authenticate", "larder::s3::query::Query::parse")
+
+
+def profiled(pid: int, work: Path, run, symbols: tuple[str, ...]) -> tuple[dict, dict | None]:
+    """`run()`'s result, and the share of process `pid`'s CPU samples spent in each of `symbols`
+    and all they call while it ran (perf's inclusive `--children` share, call graphs unwound by
+    DWARF). A function's cost measured inside one process, where the difference of two processes'
+    CPU per request (a signed Larder against an unsigned one) moves by a tenth between runs on
+    this machine. The shares are None where perf is missing or the kernel refuses it, or where
+    the first of `symbols` never showed (renamed, or not run): a share of nothing is not a
+    finding. The run's own figures carry perf's sampling cost, so they are not for the tables."""
+    if not shutil.which("perf"):
+        return run(), None
+    data = work / f"perf-{pid}.data"
+    perf = subprocess.Popen(["perf", "record", "-q", "-F", "999", "--call-graph", "dwarf", "-o", str(data),
+                             "-p", str(pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.5)  # perf attaches to every thread before the load starts
+    try:
+        got = run()
+    finally:
+        perf.send_signal(signal.SIGINT)
+        perf.wait(timeout=120)
+    # --no-inline: symbols as compiled, so an inlined callee counts in its caller (and the report
+    # takes a second where resolving inlined frames through addr2line takes half a minute).
+    report = subprocess.run(["perf", "report", "-i", str(data), "--no-inline", "--children", "--stdio",
+                             "--sort", "sym", "-g", "none", "--percent-limit", "0"],
+                            capture_output=True, text=True)
+    data.unlink(missing_ok=True)
+    if perf.returncode not in (0, -2) or report.returncode != 0:
+        return got, None
+    shares: dict[str, float] = {}
+    for line in report.stdout.splitlines():
+        m = re.match(r"\s+([\d.]+)%\s+[\d.]+%\s+\[\.\]\s+(\S+)\s*$", line)
+        if m and m.group(2) in symbols:
+            # Two instances of one generic function are two lines; neither runs inside the other.
+            shares[m.group(2)] = shares.get(m.group(2), 0.0) + float(m.group(1))
+    if symbols[0] not in shares:
+        return got, None
+    return got, {s: shares.get(s, 0.0) for s in symbols}
 
 
 def medians(runs: list[dict]) -> dict:

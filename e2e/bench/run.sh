@@ -32,6 +32,8 @@ command -v nginx >/dev/null || missing+=(nginx-light)
 command -v wrk >/dev/null || missing+=(wrk)
 # h2load, for the memory hits over HTTP/2 (compare.py's `matrix` step).
 command -v h2load >/dev/null || missing+=(nghttp2-client)
+# perf, for what SigV4 verification costs a 1 MiB hit, profiled in the verifying Larder (`matrix`).
+command -v perf >/dev/null || missing+=(linux-perf)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "bench: installing ${missing[*]} from apt"
   sudo_if_needed apt-get install -y -q --no-install-recommends "${missing[@]}" \
