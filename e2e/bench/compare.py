@@ -629,8 +629,7 @@ class Bench:
                         if signing == "sigv4" and size == MiB:
                             # Issue 21's bound on what verifying costs a 1 MiB hit, measured in
                             # the verifying Larder itself: one more run of the cell under perf.
-                            _, shares = profiled(t.pid, self.work, lambda: one_run((name, signing, t)),
-                                                 SIGV4_SYMBOLS)
+                            shares = profiled(t.pid, self.work, lambda: one_run((name, signing, t)), SIGV4_SYMBOLS)
                             if shares is not None:
                                 r["sigv4_share"] = sum(shares.values()) / 100
                         rows.append({"size": size, "clients": clients, "protocol": protocol, "target": name,
@@ -1044,22 +1043,22 @@ def in_rounds(targets: list, rounds: int, run) -> list[list[dict]]:
 SIGV4_SYMBOLS = ("larder::auth::Authenticator::authenticate", "larder::s3::query::Query::parse")
 
 
-def profiled(pid: int, work: Path, run, symbols: tuple[str, ...]) -> tuple[dict, dict | None]:
-    """`run()`'s result, and the share of process `pid`'s CPU samples spent in each of `symbols`
-    and all they call while it ran (perf's inclusive `--children` share, call graphs unwound by
-    DWARF). A function's cost measured inside one process, where the difference of two processes'
-    CPU per request (a signed Larder against an unsigned one) moves by a tenth between runs on
-    this machine. The shares are None where perf is missing or the kernel refuses it, or where
-    the first of `symbols` never showed (renamed, or not run): a share of nothing is not a
-    finding. The run's own figures carry perf's sampling cost, so they are not for the tables."""
+def profiled(pid: int, work: Path, run, symbols: tuple[str, ...]) -> dict | None:
+    """The share (%) of process `pid`'s CPU samples spent in each of `symbols` and all they call
+    while `run()` ran (perf's inclusive `--children` share, call graphs unwound by DWARF): a
+    function's cost measured inside one process, where the difference of two processes' CPU per
+    request (a signed Larder against an unsigned one) moves by a tenth between runs on this
+    machine. None where perf is missing or the kernel refuses it, or where the first of
+    `symbols` never showed (renamed, or not run): a share of nothing is not a finding. What
+    `run()` returns is dropped: its figures carry perf's sampling cost."""
     if not shutil.which("perf"):
-        return run(), None
+        return None
     data = work / f"perf-{pid}.data"
     perf = subprocess.Popen(["perf", "record", "-q", "-F", "999", "--call-graph", "dwarf", "-o", str(data),
                              "-p", str(pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(0.5)  # perf attaches to every thread before the load starts
     try:
-        got = run()
+        run()
     finally:
         perf.send_signal(signal.SIGINT)
         perf.wait(timeout=120)
@@ -1070,7 +1069,7 @@ def profiled(pid: int, work: Path, run, symbols: tuple[str, ...]) -> tuple[dict,
                             capture_output=True, text=True)
     data.unlink(missing_ok=True)
     if perf.returncode not in (0, -2) or report.returncode != 0:
-        return got, None
+        return None
     shares: dict[str, float] = {}
     for line in report.stdout.splitlines():
         m = re.match(r"\s+([\d.]+)%\s+[\d.]+%\s+\[\.\]\s+(\S+)\s*$", line)
@@ -1078,8 +1077,8 @@ def profiled(pid: int, work: Path, run, symbols: tuple[str, ...]) -> tuple[dict,
             # Two instances of one generic function are two lines; neither runs inside the other.
             shares[m.group(2)] = shares.get(m.group(2), 0.0) + float(m.group(1))
     if symbols[0] not in shares:
-        return got, None
-    return got, {s: shares.get(s, 0.0) for s in symbols}
+        return None
+    return {s: shares.get(s, 0.0) for s in symbols}
 
 
 def medians(runs: list[dict]) -> dict:
