@@ -318,8 +318,8 @@ def markdown(res) -> str:
                 "check)." + rounds_note(w["disk_hits"]), "", *hits_table(w["disk_hits"]), ""]
     if "cold_ttfb" in w:
         out += ["## Cold misses: time to first byte", "",
-                "One request at a time on a kept-alive connection, each for an object that target has not seen; "
-                "time to the first body byte, and to the last.", "",
+                "One request at a time on a kept-alive connection per target, each for an object that target has "
+                "not seen, the targets taking turns read by read; time to the first body byte, and to the last.", "",
                 "| object | target | requests | TTFB p50 ms | p90 ms | p99 ms | whole object p50 ms | answered as |",
                 "|---|---|---|---|---|---|---|---|"]
         rows = w["cold_ttfb"]
