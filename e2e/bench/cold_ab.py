@@ -13,9 +13,10 @@ of Larder's gap to `direct` is the upstream answering several GETs at once.
 Each variant is NAME:PROFILE[:ENV=V,...[:ARG;ARG...]] as in hit_cpu.py. The upstream is the
 latency proxy with `--delay` ms (default 30, as compare.py's cold steps) before every answer. Each round reads
 `--objects` new objects of `--size` MiB through every variant in turn, and as many straight
-from the upstream, one at a time, each on a new connection opened beforehand, every body
-checked. Prints each read's first byte and quarter marks (ms), and per variant the p50 of the
-first byte, the whole read, and the last quarter (from the 3/4 mark to the end), the
+from the upstream, one at a time, each on a new connection opened beforehand (with
+`--keep-alive`, on one connection per target kept from read to read, as compare.py's cold
+steps and the SDKs read), every body checked. Prints each read's first byte and quarter marks
+(ms), and per variant the p50 of the first byte, the whole read, and the last quarter (from the 3/4 mark to the end), the
 upstream GETs per read (counted at the latency proxy as each read ends), the machine's busy
 CPU per read from request to last byte (every process: upstream, proxy, Larder, this client)
 with the share of the machine's CPU time that was busy, and each Larder's own CPU per read
@@ -46,11 +47,21 @@ from compare import (  # noqa: E402
 from hit_cpu import variant, variant_bench  # noqa: E402
 
 
-def read(t: Target, key: str, size: int, span: tuple[int, int] | None = None) -> tuple[float, list[float]]:
+# With `--keep-alive`: each target's one connection (by endpoint), kept from read to read.
+KEPT: dict[str, http.client.HTTPConnection] = {}
+
+
+def read(t: Target, key: str, size: int, span: tuple[int, int] | None = None,
+         keep: bool = False) -> tuple[float, list[float]]:
     """First byte and the times the body's quarters were complete, ms after the request; of the
-    bytes `span` (first, length) of the object when given."""
-    conn = http.client.HTTPConnection(t.host, t.port, timeout=120)
-    conn.connect()
+    bytes `span` (first, length) of the object when given. On a new connection opened
+    beforehand, or with `keep` on the target's connection kept from its last read."""
+    conn = KEPT.get(t.endpoint) if keep else None
+    if conn is None:
+        conn = http.client.HTTPConnection(t.host, t.port, timeout=120)
+        conn.connect()
+        if keep:
+            KEPT[t.endpoint] = conn
     expected = content(key, size)
     if span:
         expected = expected[span[0]:span[0] + span[1]]
@@ -74,7 +85,8 @@ def read(t: Target, key: str, size: int, span: tuple[int, int] | None = None) ->
             marks.append((time.perf_counter() - t0) * 1000)
     cpu1 = machine_busy()
     LAST_BUSY[:] = [cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]]
-    conn.close()
+    if not keep:
+        conn.close()
     if resp.status not in (200, 206) or b"".join(parts) != expected:
         raise RuntimeError(f"{t.name} {key}: status {resp.status}, {got} bytes, expected {size}")
     return t_first, marks
@@ -169,6 +181,9 @@ def main():
     ap.add_argument("--known", action="store_true",
                     help="read each object's last 64 KiB first, untimed, so its size and version are known "
                          "when the range is read (as a Parquet reader's footer read does)")
+    ap.add_argument("--keep-alive", action="store_true",
+                    help="read on one connection per target kept from read to read, as compare.py's "
+                         "cold steps and most SDKs do, instead of a new one per read")
     ap.add_argument("--out", type=Path, default=Path("target/bench/cold-ab"))
     ap.add_argument("variants", nargs="+", type=variant)
     args = ap.parse_args()
@@ -210,13 +225,14 @@ def main():
             for name in names:
                 for key in keys[name][r * args.objects:(r + 1) * args.objects]:
                     how = read_in_pieces if name == "direct-pieces" else read
+                    keep = {} if how is read_in_pieces else {"keep": args.keep_alive}
                     if args.known:
-                        read(targets[name], key, size, (size - 64 * 1024, 64 * 1024))
+                        read(targets[name], key, size, (size - 64 * 1024, 64 * 1024), args.keep_alive)
                     bench.proxy.control("reset")
                     own = targets[name].cpu_seconds()
                     if name in pending and own is not None:
                         larder_cpu[name] += own - pending.pop(name)
-                    first, marks = how(targets[name], key, size, spans[key])
+                    first, marks = how(targets[name], key, size, spans[key], **keep)
                     if own is not None:
                         # Larder's own, to the start of the next read: what it does after the
                         # last byte (caching the block) is its cost of this read too.
