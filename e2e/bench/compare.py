@@ -35,6 +35,7 @@ import random
 import re
 import shutil
 import signal
+import ssl
 import statistics
 import subprocess
 import sys
@@ -95,6 +96,16 @@ def children_cpu_seconds() -> float:
     """User + system CPU time of this process's finished children (the load generators)."""
     t = os.times()
     return t.children_user + t.children_system
+
+
+def self_signed(work: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key (ECDSA P-256, as most servers now get), made with
+    the `openssl` tool under `work`: for benchmarks over TLS, whose clients do not check it."""
+    cert, key = work / "tls-cert.pem", work / "tls-key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+                    "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    return cert, key
 
 
 def size_name(n: int) -> str:
@@ -202,7 +213,8 @@ http {{
 
 
 class Nginx:
-    def __init__(self, workdir: Path, upstream_port: int, max_size: int, name: str = "nginx", http2: bool = False):
+    def __init__(self, workdir: Path, upstream_port: int, max_size: int, name: str = "nginx", http2: bool = False,
+                 tls: tuple[Path, Path] | None = None):
         self.work = workdir / name
         self.work.mkdir()
         self.port = free_port()
@@ -213,6 +225,11 @@ class Nginx:
         # 368 req/s against 5,333 for 16 connections reading a 4 KiB file.
         self.h2_port = free_port() if http2 else None
         listen = f"\n        listen 127.0.0.1:{self.h2_port} http2;" if http2 else ""
+        # `tls` (certificate, key): HTTPS on a port of its own too (`tls_endpoint`), HTTP/1.1.
+        self.tls_port = free_port() if tls else None
+        if tls:
+            listen += (f"\n        listen 127.0.0.1:{self.tls_port} ssl;"
+                       f"\n        ssl_certificate {tls[0]};\n        ssl_certificate_key {tls[1]};")
         conf.write_text(NGINX_CONF.format(work=self.work, upstream=upstream_port, port=self.port,
                                           max_size=f"{max_size // MiB}m", listen=listen,
                                           sendfile="off" if http2 else "on"))
@@ -221,6 +238,7 @@ class Nginx:
                                      stdout=self.log, stderr=subprocess.STDOUT)
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.h2_endpoint = f"http://127.0.0.1:{self.h2_port}" if http2 else None
+        self.tls_endpoint = f"https://127.0.0.1:{self.tls_port}" if tls else None
         deadline = time.monotonic() + 20
         while True:
             try:
@@ -247,6 +265,7 @@ class Target:
         self.endpoint = endpoint
         u = urllib.parse.urlsplit(endpoint)
         self.host, self.port = u.hostname, u.port
+        self.tls = u.scheme == "https"
         self.presigner = presigner
         # The server's process (with its children: nginx's workers), whose CPU time is counted.
         self.pid = pid
@@ -286,7 +305,12 @@ class Reader:
 
     def __init__(self, target: Target):
         self.target = target
-        self.conn = http.client.HTTPConnection(target.host, target.port, timeout=120)
+        if target.tls:
+            # The benchmarks' own self-signed certificate (`self_signed`): not checked.
+            self.conn = http.client.HTTPSConnection(target.host, target.port, timeout=120,
+                                                    context=ssl._create_unverified_context())
+        else:
+            self.conn = http.client.HTTPConnection(target.host, target.port, timeout=120)
 
     def get(self, key: str, expected: bytes, range_: str | None = None, path: str | None = None):
         path = path or self.target.path(key)
@@ -447,8 +471,9 @@ class Bench:
         presigner = s3_client(l.endpoint, CLIENT_KEY, CLIENT_SECRET, signature_version="s3v4")
         return l, Target("Larder", l.endpoint, presigner, pid=l.proc.pid)
 
-    def nginx(self, name: str, max_size: int, http2: bool = False) -> tuple[Nginx, Target]:
-        n = Nginx(self.work, self.proxy.port, max_size, name, http2)
+    def nginx(self, name: str, max_size: int, http2: bool = False,
+              tls: tuple[Path, Path] | None = None) -> tuple[Nginx, Target]:
+        n = Nginx(self.work, self.proxy.port, max_size, name, http2, tls)
         self.stoppers.append(n.stop)
         return n, Target("nginx", n.endpoint, pid=n.proc.pid)
 

@@ -36,6 +36,11 @@ way: the output gives its worker count).
 one stream at a time per connection unless `--streams`; nginx listens with `http2`). h2load
 checks statuses, not bodies (the warm-up reads check those), and reports no percentiles: its
 lines give the mean and standard deviation of the time per request.
+
+`--tls` reads over HTTPS (HTTP/1.1, wrk): every Larder with `--tls-cert` and `--tls-key`, and
+nginx on a port with `ssl`, both with one self-signed ECDSA P-256 certificate made for the run.
+nginx cannot `sendfile` under TLS: it reads its cache file and encrypts, as Larder encrypts its
+cached block.
 """
 
 import argparse
@@ -46,7 +51,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import CLIENT_KEY, CLIENT_SECRET, Bench, Larder, Target, h2load, s3_client  # noqa: E402
+from compare import CLIENT_KEY, CLIENT_SECRET, Bench, Larder, Target, h2load, s3_client, self_signed  # noqa: E402
 
 
 def context_switches(pid: int) -> int:
@@ -93,6 +98,7 @@ def main():
     ap.add_argument("--disk", type=int, default=0, metavar="N",
                     help="disk hits of N objects (8 MiB memory tier) instead of memory hits of one")
     ap.add_argument("--h2", action="store_true", help="HTTP/2 (h2load) instead of HTTP/1.1 (wrk)")
+    ap.add_argument("--tls", action="store_true", help="HTTPS (HTTP/1.1, wrk) to every server")
     ap.add_argument("--streams", type=int, default=1, help="with --h2: concurrent streams per connection")
     ap.add_argument("--pin", action="store_true",
                     help="servers on the first core, the load generator on the others")
@@ -115,10 +121,15 @@ def main():
             os.sched_setaffinity(0, cores[:1])
         # nginx is warmed first: 1,024 cold reads through it take longer than Larder's
         # metadata_ttl, and Larders warmed before it would start round 0 revalidating every key.
-        nginx, nt = bench.nginx("nginx", 1 << 30, http2=args.h2)
+        if args.tls and args.h2:
+            raise SystemExit("--tls reads over HTTP/1.1: not with --h2")
+        tls = self_signed(bench.work) if args.tls else None
+        nginx, nt = bench.nginx("nginx", 1 << 30, http2=args.h2, tls=tls)
         bench.warm_by_reading(nt, keys, sizes, {"HIT"})
         if args.h2:
             nt = Target("nginx", nginx.h2_endpoint, pid=nt.pid)
+        if tls:
+            nt = Target("nginx", nginx.tls_endpoint, pid=nt.pid)
         targets, larders = [], {}
         for name, profile, env, extra in args.variants:
             os.environ["LARDER_E2E_PROFILE"] = profile
@@ -127,13 +138,16 @@ def main():
                          "--disk-capacity", f"{max(512, 2 * args.disk * args.size >> 20)}MiB")
             else:
                 tiers = ("--memory-capacity", "1GiB")
+            if tls:
+                tiers += ("--tls-cert", str(tls[0]), "--tls-key", str(tls[1]))
             larder = Larder(bench.work, bench.proxy.endpoint, *tiers, *extra, name=name, env=env)
             bench.stoppers.append(larder.stop)
             # A Larder with `--auth none` is read as nginx is, with anonymous URLs.
             unsigned = "none" in (extra[i + 1] for i, a in enumerate(extra[:-1]) if a == "--auth")
             presigner = None if unsigned else s3_client(larder.endpoint, CLIENT_KEY, CLIENT_SECRET,
                                                         signature_version="s3v4")
-            t = Target("Larder", larder.endpoint, presigner, pid=larder.proc.pid)
+            endpoint = larder.endpoint.replace("http://", "https://") if tls else larder.endpoint
+            t = Target("Larder", endpoint, presigner, pid=larder.proc.pid)
             if args.disk:
                 bench.warm_prefix(larder, "hit-cpu/disk/")
             else:
