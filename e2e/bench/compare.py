@@ -13,6 +13,7 @@ through that proxy, and drives all three targets with the same workloads:
 - memory hits across protocol and signing (`matrix`): HTTP/1.1 (wrk) and HTTP/2 (h2load), Larder
   verifying SigV4 and Larder with `auth = none`, at 1-256 connections, against nginx; and what
   verifying costs a 1 MiB hit, profiled with perf in the verifying Larder;
+- the same over HTTPS (`tls`: HTTP/1.1, wrk), every server with one self-signed certificate;
 - cold misses: time to first byte, one request at a time, over direct;
 - a thundering herd of 64 clients on the same cold objects: upstream GETs and bytes;
 - Zipf reads over a working set 10x Larder's memory and 2x its disk, nginx given the same
@@ -66,7 +67,8 @@ MODES = {
                   disk_sets={64 * KiB: 512, 1 * MiB: 48, 8 * MiB: 12, 64 * MiB: 3}, zipf_objects=320, zipf_requests=6000,
                   zipf_region="16MiB", parquet_files=4, parquet_size=64 * MiB, capped={8 * MiB: 3, 64 * MiB: 3},
                   ranges={64 * KiB: 3, 1 * MiB: 3, 4 * MiB: 3, 16 * MiB: 3},
-                  matrix=dict(sizes=[4 * KiB, 1 * MiB], clients=[16], seconds=2)),
+                  matrix=dict(sizes=[4 * KiB, 1 * MiB], clients=[16], seconds=2),
+                  tls=dict(sizes=[4 * KiB, 1 * MiB], clients=[16], seconds=2)),
     "full": dict(seconds=10, clients=[1, 4, 16, 64], ttfb={1 * MiB: 100, 8 * MiB: 16, 64 * MiB: 16, 256 * MiB: 3},
                  herd_objects=4, herd_size=16 * MiB, disk_sets={64 * KiB: 1024, 1 * MiB: 128, 8 * MiB: 32, 64 * MiB: 6},
                  zipf_objects=2048, zipf_requests=40000, zipf_region="16MiB", parquet_files=16, parquet_size=64 * MiB,
@@ -75,7 +77,8 @@ MODES = {
                  matrix=dict(sizes=[4 * KiB, 64 * KiB, 1 * MiB, 8 * MiB, 64 * MiB], clients=[1, 16, 64, 256],
                              seconds=5, rounds=3),
                  # Disk-hit cells near 1.0x nginx's flip between runs of one 10 s cell: three of 5 s.
-                 disk=dict(seconds=5, rounds=3)),
+                 disk=dict(seconds=5, rounds=3),
+                 tls=dict(sizes=[4 * KiB, 64 * KiB, 1 * MiB, 8 * MiB], clients=[1, 16, 64], seconds=4, rounds=3)),
 }
 # What one S3 connection delivers, roughly (docs/benchmarks.md): the cap the latency proxy puts on
 # each connection for the capped cold reads.
@@ -463,13 +466,18 @@ class Bench:
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(put, keys_sizes))
 
-    def larder(self, name: str, *extra: str) -> tuple[Larder, Target]:
+    def larder(self, name: str, *extra: str, tls: tuple[Path, Path] | None = None) -> tuple[Larder, Target]:
+        """A Larder in front of the upstream, and its target; with `tls` (certificate, key), its S3
+        port serves HTTPS."""
+        if tls:
+            extra += ("--tls-cert", str(tls[0]), "--tls-key", str(tls[1]))
         l = Larder(self.work, self.proxy.endpoint, *extra, *self.larder_args, name=name)
         self.stoppers.append(l.stop)
         # SigV4 presigned URLs: boto3 presigns with SigV2 unless told otherwise, and what the hit
         # benchmarks must measure is the verification every current SDK's requests get.
         presigner = s3_client(l.endpoint, CLIENT_KEY, CLIENT_SECRET, signature_version="s3v4")
-        return l, Target("Larder", l.endpoint, presigner, pid=l.proc.pid)
+        endpoint = l.endpoint.replace("http://", "https://") if tls else l.endpoint
+        return l, Target("Larder", endpoint, presigner, pid=l.proc.pid)
 
     def nginx(self, name: str, max_size: int, http2: bool = False,
               tls: tuple[Path, Path] | None = None) -> tuple[Nginx, Target]:
@@ -664,6 +672,41 @@ class Bench:
                         print(f"  {size_name(size)} x{clients} {protocol} {name} ({signing}): {r['rps']:.0f} req/s, "
                               f"CPU {r.get('cpu_ms_per_1k', 0):.1f} ms per 1k{tail}{verify}{each_round(r)}", flush=True)
         self.results["workloads"]["hit_matrix"] = rows
+
+    def tls_hits(self):
+        """Memory hits over HTTPS (HTTP/1.1, wrk) of each size at each connection count, through
+        nginx with `ssl`, a Larder verifying SigV4 and one with `auth = none`, all serving one
+        self-signed certificate: what the matrix's cleartext cells leave out, for clients on other
+        hosts or on an `https://` endpoint. nginx cannot `sendfile` under TLS, nor Larder lend
+        its pages: both encrypt in user space."""
+        section("memory hits over TLS")
+        m = self.cfg["tls"]
+        keys = {s: f"hot/{s}" for s in m["sizes"]}
+        sizes = {k: s for s, k in keys.items()}
+        self.upload(sizes.items())
+        cert = self_signed(self.work)
+        common = ("--memory-capacity", "2GiB", "--metadata-ttl", "1h")
+        _, st = self.larder("larder-tls", *common, tls=cert)
+        _, ut = self.larder("larder-tls-unsigned", "--auth", "none", *common, tls=cert)
+        ut.presigner = None
+        n, nt = self.nginx("nginx-tls", 8 * GiB, tls=cert)
+        nt = Target("nginx", n.tls_endpoint, pid=nt.pid)
+        for t, want in ((st, {"hit-memory"}), (ut, {"hit-memory"}), (nt, {"HIT"})):
+            self.warm_by_reading(t, list(sizes), sizes, want)
+        targets = [("nginx", "none", nt), ("Larder", "sigv4", st), ("Larder", "none", ut)]
+        rows = []
+        for size, key in sorted(keys.items()):
+            for clients in m["clients"]:
+                runs = in_rounds(targets, m.get("rounds", 1),
+                                 lambda target: self.wrk(target[2], [key], sizes, clients, m["seconds"]))
+                for (name, signing, _), got in zip(targets, runs):
+                    r = medians(got)
+                    rows.append({"size": size, "clients": clients, "protocol": "https", "target": name,
+                                 "signing": signing, **r})
+                    print(f"  {size_name(size)} x{clients} https {name} ({signing}): {r['rps']:.0f} req/s, "
+                          f"CPU {r.get('cpu_ms_per_1k', 0):.1f} ms per 1k, p99 {r['p99_us']:.2f} ms{each_round(r)}",
+                          flush=True)
+        self.results["workloads"]["tls_hits"] = rows
 
     def disk_hits(self, nt):
         section("disk hits")
@@ -1032,7 +1075,7 @@ class Bench:
                  ("capped", lambda: self.cold_capped(lt, nt)), ("ranges", lambda: self.cold_ranges(lt, nt)),
                  ("herd", lambda: self.herd(lt, nt)), ("parquet", lambda: self.parquet(larder, lt, nt)),
                  ("disk", lambda: self.disk_hits(nt)), ("zipf", self.zipf),
-                 ("matrix", lambda: self.hit_matrix(lt, nt))]
+                 ("matrix", lambda: self.hit_matrix(lt, nt)), ("tls", self.tls_hits)]
         for name, step in steps:
             if not only or name in only:
                 step()
@@ -1181,7 +1224,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", choices=MODES, default="quick")
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--only", default="", help="comma-separated workloads: memory,ttfb,capped,ranges,herd,parquet,disk,zipf,matrix")
+    ap.add_argument("--only", default="",
+                    help="comma-separated workloads: memory,ttfb,capped,ranges,herd,parquet,disk,zipf,matrix,tls")
     ap.add_argument("--larder-args", default="", help="more `larder serve` flags for every Larder, e.g. \"--read-window 8\"")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -101,9 +101,23 @@ def rounds_note(rows) -> str:
             "over the rounds (results.json holds each round's requests per second and CPU).")
 
 
-def matrix_table(rows) -> list[str]:
+MATRIX_NOTE = (
+    "HTTP/2 through h2load, one stream per connection, cleartext with prior knowledge; h2load gives no "
+    "percentiles. nginx's HTTP/2 port is a second nginx with `sendfile off` (nginx 1.22 delays each HTTP/2 "
+    "response 40 ms with it on); its HTTP/1.1 cells are the main nginx's, with `sendfile on`. From 1 MiB up, "
+    "requests per second and CPU per request count whole bodies delivered (body bytes / object size), not "
+    "responses completed: many connections reading large objects end a cell part-way through their bodies.")
+
+TLS_NOTE = (
+    "HTTPS through wrk (HTTP/1.1), every server with one self-signed ECDSA P-256 certificate made for the run; "
+    "nginx on its defaults (under TLS it reads its cache files and encrypts, no `sendfile`, no kernel TLS), "
+    "Larder encrypting with rustls. From 1 MiB up, requests per second and CPU per request count whole bodies "
+    "delivered (body bytes / object size), not responses completed.")
+
+
+def matrix_table(rows, note: str = MATRIX_NOTE) -> list[str]:
     """One line per size × connections × protocol: nginx, Larder verifying SigV4 and Larder with
-    `auth = none` side by side, each Larder's figures also as a ratio to nginx's."""
+    `auth = none` side by side, each Larder's figures also as a ratio to nginx's; `note` below."""
     out = ["| object | connections | protocol | req/s: nginx | Larder SigV4 (× nginx) | Larder unsigned (× nginx) "
            "| CPU ms per 1k requests: nginx | Larder SigV4 (× nginx) | Larder unsigned (× nginx) "
            "| p99 ms: nginx / SigV4 / unsigned | p99.9 ms: nginx / SigV4 / unsigned |",
@@ -123,16 +137,15 @@ def matrix_table(rows) -> list[str]:
                 for k in ("p99_us", "p999_us"):
                     cells.append(" / ".join(f"{r[k]:.2f}" for r in (nx, sig, uns)) if k in nx else "–")
                 out.append("| " + " | ".join(cells) + " |")
-    out += ["", "HTTP/2 through h2load, one stream per connection, cleartext with prior knowledge; h2load gives no "
-            "percentiles. nginx's HTTP/2 port is a second nginx with `sendfile off` (nginx 1.22 delays each HTTP/2 "
-            "response 40 ms with it on); its HTTP/1.1 cells are the main nginx's, with `sendfile on`. From 1 MiB up, "
-            "requests per second and CPU per request count whole bodies delivered (body bytes / object size), not "
-            "responses completed: many connections reading large objects end a cell part-way through their bodies."]
+    out += ["", note]
     return out
 
 
-def matrix_goals(rows) -> list[str]:
-    """Issue 21's memory-hit goals over every cell of the matrix, and what SigV4 costs a 1 MiB hit."""
+def hit_goal_counts(rows) -> tuple[str, str, str] | None:
+    """Issue 21's three memory-hit bars counted over the cells of `rows` (each Larder, signed and
+    not, against nginx in the same cell): CPU per request at or below nginx's, throughput at least
+    1.2× nginx's, and p99 and p99.9 at or below nginx's (cells with percentiles), each as
+    "N of M"; None without cells."""
     cells = []
     for size in sorted({r["size"] for r in rows}):
         for clients in sorted({r["clients"] for r in rows}):
@@ -143,15 +156,34 @@ def matrix_goals(rows) -> list[str]:
                     if nx and lt:
                         cells.append((size, protocol, signing, lt, nx))
     if not cells:
-        return []
+        return None
     judged = [(served(lt, size), served(nx, size)) for size, *_, lt, nx in cells]
     cpu = sum(lt_cpu <= nx_cpu for (_, lt_cpu), (_, nx_cpu) in judged)
     fast = sum(lt_rps >= 1.2 * nx_rps for (lt_rps, _), (nx_rps, _) in judged)
     tails = [(lt, nx) for *_, lt, nx in cells if "p99_us" in lt and "p99_us" in nx]
     tail = sum(lt["p99_us"] <= nx["p99_us"] and lt["p999_us"] <= nx["p999_us"] for lt, nx in tails)
+    return f"{cpu} of {len(cells)}", f"{fast} of {len(cells)}", f"{tail} of {len(tails)}"
+
+
+def tls_goals(rows) -> list[str]:
+    """The memory-hit bars over HTTPS: not cells of issue 21's matrix (cleartext), beside it."""
+    counts = hit_goal_counts(rows)
+    if counts is None:
+        return []
+    cpu, fast, tail = counts
+    return [f"- Memory hits over TLS (HTTPS, HTTP/1.1; beside issue 21's cleartext matrix, not part of it), "
+            f"the same bars: CPU met in {cpu} cells, throughput in {fast}, the tail in {tail}."]
+
+
+def matrix_goals(rows) -> list[str]:
+    """Issue 21's memory-hit goals over every cell of the matrix, and what SigV4 costs a 1 MiB hit."""
+    counts = hit_goal_counts(rows)
+    if counts is None:
+        return []
+    cpu, fast, tail = counts
     out = [f"- **Memory hits over sizes × connections × protocol × signing: CPU per request at or below nginx's, "
-           f"throughput at least 1.2× nginx's, p99 and p99.9 at or below nginx's**: CPU met in {cpu} of {len(cells)} "
-           f"cells, throughput in {fast} of {len(cells)}, the tail in {tail} of {len(tails)} (HTTP/1.1 cells; h2load "
+           f"throughput at least 1.2× nginx's, p99 and p99.9 at or below nginx's**: CPU met in {cpu} "
+           f"cells, throughput in {fast}, the tail in {tail} (HTTP/1.1 cells; h2load "
            "gives no percentiles)."]
     shares, profiled = [], []
     for size in (s for s in sorted({r["size"] for r in rows}) if s == MiB):
@@ -268,6 +300,7 @@ def goals(res) -> list[str]:
                    f"1.5× the bytes asked from the upstream** (p50, per range length): first byte met for {first} of "
                    f"{len(pairs)} lengths, last byte for {last}, bytes for {fetched}.")
     out += matrix_goals(w.get("hit_matrix", []))
+    out += tls_goals(w.get("tls_hits", []))
     z = {r["target"]: r for r in w.get("zipf", [])}
     if "Larder" in z and "nginx" in z:
         ok = z["Larder"]["hit_ratio"] >= z["nginx"]["hit_ratio"]
@@ -307,6 +340,12 @@ def markdown(res) -> str:
                 "Larder with `auth = none` (anonymous URLs, as nginx's clients send), over HTTP/1.1 (wrk) and "
                 "HTTP/2 (h2load); the Larders trust metadata for an hour, as the memory-hit cells do."
                 + rounds_note(w["hit_matrix"]), "", *matrix_table(w["hit_matrix"]), ""]
+    if "tls_hits" in w:
+        out += ["## Memory hits over TLS", "",
+                "nginx, Larder verifying SigV4 (clients presign) and Larder with `auth = none`, each a process of "
+                "its own serving HTTPS, read as in the cleartext matrix: objects cached in memory (nginx: its "
+                "files, in the page cache)." + rounds_note(w["tls_hits"]), "",
+                *matrix_table(w["tls_hits"], TLS_NOTE), ""]
     if "disk_hits" in w:
         setup = res.get("disk_hits_setup", {})
         objs = ", ".join(f"{n} × {size_name(int(s))}" for s, n in setup.get("objects", {}).items())
