@@ -137,9 +137,7 @@ where
                 }
                 Some(tls) => {
                     let io = Tracked::new(socket, activity.clone());
-                    let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
-                    let handshake =
-                        tokio::time::timeout(limits.header_timeout, acceptor.accept(io));
+                    let handshake = tokio::time::timeout(limits.header_timeout, tls.accept(io));
                     match handshake.await {
                         Ok(Ok(stream)) => {
                             let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
