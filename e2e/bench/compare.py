@@ -228,10 +228,11 @@ class Nginx:
         # 368 req/s against 5,333 for 16 connections reading a 4 KiB file.
         self.h2_port = free_port() if http2 else None
         listen = f"\n        listen 127.0.0.1:{self.h2_port} http2;" if http2 else ""
-        # `tls` (certificate, key): HTTPS on a port of its own too (`tls_endpoint`), HTTP/1.1.
+        # `tls` (certificate, key): HTTPS on a port of its own too (`tls_endpoint`): HTTP/1.1, and
+        # with `http2` HTTP/2 as well, chosen by ALPN.
         self.tls_port = free_port() if tls else None
         if tls:
-            listen += (f"\n        listen 127.0.0.1:{self.tls_port} ssl;"
+            listen += (f"\n        listen 127.0.0.1:{self.tls_port} ssl{' http2' if http2 else ''};"
                        f"\n        ssl_certificate {tls[0]};\n        ssl_certificate_key {tls[1]};")
         conf.write_text(NGINX_CONF.format(work=self.work, upstream=upstream_port, port=self.port,
                                           max_size=f"{max_size // MiB}m", listen=listen,

@@ -37,10 +37,10 @@ one stream at a time per connection unless `--streams`; nginx listens with `http
 checks statuses, not bodies (the warm-up reads check those), and reports no percentiles: its
 lines give the mean and standard deviation of the time per request.
 
-`--tls` reads over HTTPS (HTTP/1.1, wrk): every Larder with `--tls-cert` and `--tls-key`, and
-nginx on a port with `ssl`, both with one self-signed ECDSA P-256 certificate made for the run.
-nginx cannot `sendfile` under TLS: it reads its cache file and encrypts, as Larder encrypts its
-cached block.
+`--tls` reads over HTTPS: every Larder with `--tls-cert` and `--tls-key`, and nginx on a port
+with `ssl`, both with one self-signed ECDSA P-256 certificate made for the run; HTTP/1.1 (wrk),
+or with `--h2` HTTP/2 chosen by ALPN (h2load). nginx cannot `sendfile` under TLS: it reads its
+cache file and encrypts, as Larder encrypts its cached block.
 """
 
 import argparse
@@ -98,7 +98,7 @@ def main():
     ap.add_argument("--disk", type=int, default=0, metavar="N",
                     help="disk hits of N objects (8 MiB memory tier) instead of memory hits of one")
     ap.add_argument("--h2", action="store_true", help="HTTP/2 (h2load) instead of HTTP/1.1 (wrk)")
-    ap.add_argument("--tls", action="store_true", help="HTTPS (HTTP/1.1, wrk) to every server")
+    ap.add_argument("--tls", action="store_true", help="HTTPS to every server (with --h2: HTTP/2 by ALPN)")
     ap.add_argument("--streams", type=int, default=1, help="with --h2: concurrent streams per connection")
     ap.add_argument("--pin", action="store_true",
                     help="servers on the first core, the load generator on the others")
@@ -121,15 +121,13 @@ def main():
             os.sched_setaffinity(0, cores[:1])
         # nginx is warmed first: 1,024 cold reads through it take longer than Larder's
         # metadata_ttl, and Larders warmed before it would start round 0 revalidating every key.
-        if args.tls and args.h2:
-            raise SystemExit("--tls reads over HTTP/1.1: not with --h2")
         tls = self_signed(bench.work) if args.tls else None
         nginx, nt = bench.nginx("nginx", 1 << 30, http2=args.h2, tls=tls)
         bench.warm_by_reading(nt, keys, sizes, {"HIT"})
-        if args.h2:
-            nt = Target("nginx", nginx.h2_endpoint, pid=nt.pid)
         if tls:
             nt = Target("nginx", nginx.tls_endpoint, pid=nt.pid)
+        elif args.h2:
+            nt = Target("nginx", nginx.h2_endpoint, pid=nt.pid)
         targets, larders = [], {}
         for name, profile, env, extra in args.variants:
             os.environ["LARDER_E2E_PROFILE"] = profile
