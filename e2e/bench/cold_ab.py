@@ -16,8 +16,8 @@ latency proxy with `--delay` ms (default 30, as compare.py's cold steps) before 
 from the upstream, one at a time, each on a new connection opened beforehand (with
 `--keep-alive`, on one connection per target kept from read to read, as compare.py's cold
 steps and the SDKs read), every body checked. Prints each read's first byte and quarter marks
-(ms), and per variant the p50 of the first byte, the whole read, and the last quarter (from the 3/4 mark to the end), the
-upstream GETs per read (counted at the latency proxy as each read ends), the machine's busy
+(ms), and per variant the p50 of the first byte, the whole read, and the last quarter (from the
+3/4 mark to the end), the upstream GETs per read (counted at the latency proxy as each read ends), the machine's busy
 CPU per read from request to last byte (every process: upstream, proxy, Larder, this client)
 with the share of the machine's CPU time that was busy, and each Larder's own CPU per read
 (from one read's start to the next's, so the caching after the last byte counts). Each Larder
