@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import socket
+import ssl
 import subprocess
 import tempfile
 import threading
@@ -39,15 +40,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None):
-    """Poll `url` until it answers 200; with `proc`, give up as soon as that process has exited."""
+def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None, context=None):
+    """Poll `url` until it answers 200; with `proc`, give up as soon as that process has exited.
+    `context`: the SSL context an `https://` URL is checked with."""
     deadline = time.monotonic() + timeout
     last = None
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"{url}: the process exited ({proc.returncode}) before it was ready")
         try:
-            with urllib.request.urlopen(url, timeout=2) as r:
+            with urllib.request.urlopen(url, timeout=2, context=context) as r:
                 if r.status == 200:
                     return
         except Exception as e:  # noqa: BLE001 - retried until the deadline
@@ -105,8 +107,11 @@ def metric(node, name, **labels) -> float:
 
 
 class Minio:
-    def __init__(self, workdir: Path, name: str = "minio", port: int | None = None, env: dict | None = None):
-        """A MinIO server; `env` adds to its environment (e.g. MINIO_NOTIFY_WEBHOOK_* targets)."""
+    def __init__(self, workdir: Path, name: str = "minio", port: int | None = None, env: dict | None = None,
+                 tls: tuple[Path, Path, Path] | None = None):
+        """A MinIO server; `env` adds to its environment (e.g. MINIO_NOTIFY_WEBHOOK_* targets).
+        `tls`: (certificate, key, the CA certificate that signed it): MinIO speaks HTTPS only,
+        with that certificate."""
         self.port = port or free_port()
         self.data = workdir / f"{name}-data"
         self.data.mkdir()
@@ -114,12 +119,20 @@ class Minio:
         env = dict(os.environ, MINIO_ROOT_USER=ACCESS_KEY, MINIO_ROOT_PASSWORD=SECRET_KEY, MINIO_BROWSER="off",
                    **(env or {}))
         self.log = open(workdir / f"{name}.log", "wb")
+        certs, context, scheme = [], None, "http"
+        if tls:
+            cert, key, ca = tls
+            certs_dir = workdir / f"{name}-certs"
+            certs_dir.mkdir()
+            shutil.copy(cert, certs_dir / "public.crt")
+            shutil.copy(key, certs_dir / "private.key")
+            certs, context, scheme = ["--certs-dir", str(certs_dir)], ssl.create_default_context(cafile=str(ca)), "https"
         self.proc = subprocess.Popen(
-            [exe, "server", "--quiet", "--address", f"127.0.0.1:{self.port}", str(self.data)],
+            [exe, "server", "--quiet", *certs, "--address", f"127.0.0.1:{self.port}", str(self.data)],
             env=env, stdout=self.log, stderr=subprocess.STDOUT,
         )
-        wait_http(f"http://127.0.0.1:{self.port}/minio/health/ready")
-        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.endpoint = f"{scheme}://127.0.0.1:{self.port}"
+        wait_http(f"{self.endpoint}/minio/health/ready", proc=self.proc, context=context)
 
     def stop(self):
         self.proc.terminate()

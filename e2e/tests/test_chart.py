@@ -112,6 +112,10 @@ def test_lint_template_and_validate(values, workdir):
     if values.stem.startswith("tls"):
         vols = {v["name"]: v for v in pod["volumes"]}
         assert vols["tls"]["secret"]["secretName"] == "larder-tls"
+        # The upstream's private CA: its Secret mounted where the rendered option points.
+        assert vols["upstream-ca"]["secret"]["secretName"] == "storage-ca"
+        assert "/etc/larder/upstream-ca" in {m["mountPath"] for m in container["volumeMounts"]}
+        assert 'upstream_ca_file = "/etc/larder/upstream-ca/ca.crt"' in check.stdout
         assert vols["cache"]["emptyDir"]["sizeLimit"] == "50Gi"
     if values.stem.startswith("monitoring"):
         (monitor,) = by_kind(docs, "ServiceMonitor")

@@ -1,13 +1,20 @@
-"""TLS on the S3 listener (rustls): real clients verify Larder's certificate, and a renewed
-certificate is served without a restart."""
+"""TLS on both sides. The S3 listener (rustls): real clients verify Larder's certificate, and a
+renewed certificate is served without a restart. The upstream: Larder reads, writes and lists
+through an S3 server that speaks only HTTPS, with a certificate from a private CA it is told to
+trust (`upstream_ca_file`), and refuses an upstream whose certificate it does not trust or that
+names another host, as it must refuse anyone on the path who pretends to be S3."""
 
+import os
 import random
 import re
 import ssl
 import subprocess
 import time
 
-from conftest import s3_client, wait_until, CLIENT_KEY, CLIENT_SECRET
+import pytest
+from botocore.exceptions import ClientError
+
+from conftest import binary, s3_client, wait_until, Minio, CLIENT_KEY, CLIENT_SECRET
 from test_limits import exchange
 
 
@@ -92,3 +99,116 @@ def test_http2_streams_at_once_over_tls_get_every_byte(make_larder, direct, buck
             assert out.read_bytes() == body, phase
     assert len(set(ids)) == len(ids) == 2 * len(urls), ids
     assert all(re.fullmatch(r"[0-9A-F]{16}", i) for i in ids), ids
+
+
+def openssl(*args, cwd):
+    subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def private_ca(tmp_path_factory):
+    """A private CA and a server certificate it signed for 127.0.0.1 only (ECDSA P-256)."""
+    d = tmp_path_factory.mktemp("private-ca")
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2",
+            "-subj", "/CN=e2e private CA", "-keyout", "ca.key", "-out", "ca.crt", cwd=d)
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-subj", "/CN=127.0.0.1", "-keyout", "server.key", "-out", "server.csr", cwd=d)
+    (d / "server.ext").write_text("subjectAltName=IP:127.0.0.1\nbasicConstraints=critical,CA:FALSE\n"
+                                  "extendedKeyUsage=serverAuth\n")
+    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+            "-days", "2", "-extfile", "server.ext", "-out", "server.crt", cwd=d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def tls_minio(tmp_path_factory, private_ca):
+    """A MinIO that speaks HTTPS only, with the private CA's certificate."""
+    m = Minio(tmp_path_factory.mktemp("tls-minio"), name="minio-tls",
+              tls=(private_ca / "server.crt", private_ca / "server.key", private_ca / "ca.crt"))
+    yield m
+    m.stop()
+
+
+def tls_direct(minio, ca):
+    client = s3_client(minio.endpoint)
+    client._endpoint.http_session._verify = str(ca)
+    return client
+
+
+def test_an_upstream_behind_a_private_ca_is_read_written_and_listed_over_tls(tls_minio, private_ca, make_larder):
+    ca = private_ca / "ca.crt"
+    direct = tls_direct(tls_minio, ca)
+    direct.create_bucket(Bucket="over-tls")
+    # Three blocks, fetched over several TLS connections at once.
+    big = random.Random(7).randbytes(20 * 1024 * 1024 + 123)
+    direct.put_object(Bucket="over-tls", Key="big", Body=big)
+    l = make_larder("--upstream-ca-file", str(ca), upstream_url=tls_minio.endpoint, name="larder-tls-upstream",
+                    env={"SSL_CERT_FILE": None, "SSL_CERT_DIR": None})
+    client = s3_client(l.endpoint, CLIENT_KEY, CLIENT_SECRET)
+
+    def read(key, **kw):
+        r = client.get_object(Bucket="over-tls", Key=key, **kw)
+        return r["Body"].read(), r["ResponseMetadata"]["HTTPHeaders"]["x-cache"]
+
+    assert read("big") == (big, "miss")
+    assert read("big") == (big, "hit-memory")
+    assert read("big", Range="bytes=9000000-9999999") == (big[9000000:10000000], "hit-memory")
+    # Written through Larder (passed through, re-signed over TLS), then read, headed and listed
+    # (the AWS SDK's client: the listing), and deleted.
+    small = os.urandom(300_000)
+    client.put_object(Bucket="over-tls", Key="dir/small", Body=small)
+    assert direct.get_object(Bucket="over-tls", Key="dir/small")["Body"].read() == small
+    assert read("dir/small")[0] == small
+    assert client.head_object(Bucket="over-tls", Key="dir/small")["ContentLength"] == len(small)
+    listed = client.list_objects_v2(Bucket="over-tls", Prefix="dir/")
+    assert [o["Key"] for o in listed["Contents"]] == ["dir/small"]
+    client.delete_object(Bucket="over-tls", Key="dir/small")
+    with pytest.raises(ClientError) as gone:
+        client.get_object(Bucket="over-tls", Key="dir/small")
+    assert gone.value.response["Error"]["Code"] == "NoSuchKey"
+    # A warm-up lists its prefix with Larder's own client (the AWS SDK's), over TLS as well.
+    warmed = {f"warm/{i}": os.urandom(1_000_000 + i) for i in range(2)}
+    for key, data in warmed.items():
+        direct.put_object(Bucket="over-tls", Key=key, Body=data)
+    warm = subprocess.run([binary("larder"), "warm", "--admin", l.admin, "s3://over-tls/warm/"],
+                          capture_output=True, text=True, timeout=120)
+    assert warm.returncode == 0 and "0 errors" in warm.stderr, warm.stderr
+    for key, data in warmed.items():
+        assert read(key) == (data, "hit-memory")
+
+
+def refused(call):
+    """The S3 error `call` ends in: Larder must answer, and not with the upstream's bytes."""
+    with pytest.raises(ClientError) as e:
+        call()
+    return e.value.response["ResponseMetadata"]["HTTPStatusCode"], e.value.response["Error"]["Code"]
+
+
+def test_an_upstream_whose_certificate_larder_does_not_trust_or_that_names_another_host_is_refused(
+        tls_minio, private_ca, make_larder):
+    ca = private_ca / "ca.crt"
+    direct = tls_direct(tls_minio, ca)
+    direct.create_bucket(Bucket="impostor")
+    direct.put_object(Bucket="impostor", Key="k", Body=b"only for a verified upstream")
+    # Someone on the path answering for S3 with a certificate of their own: Larder was not told
+    # to trust its CA (nor is it among the system's).
+    # One attempt per request: a refused certificate is refused again on every retry.
+    once = ("--upstream-max-attempts", "1")
+    untrusted = make_larder(*once, upstream_url=tls_minio.endpoint, name="larder-untrusted-upstream",
+                            env={"SSL_CERT_FILE": None, "SSL_CERT_DIR": None})
+    # A certificate from a trusted CA for another host: this one names 127.0.0.1 only.
+    misnamed = make_larder(*once, "--upstream-ca-file", str(ca), upstream_url=f"https://localhost:{tls_minio.port}",
+                           name="larder-misnamed-upstream", env={"SSL_CERT_FILE": None, "SSL_CERT_DIR": None})
+    for l in (untrusted, misnamed):
+        client = s3_client(l.endpoint, CLIENT_KEY, CLIENT_SECRET)
+        for _ in range(2):
+            assert refused(lambda: client.get_object(Bucket="impostor", Key="k")) == (503, "ServiceUnavailable")
+        assert refused(lambda: client.head_object(Bucket="impostor", Key="k"))[0] == 503
+        assert refused(lambda: client.list_objects_v2(Bucket="impostor"))[0] == 503
+        assert refused(lambda: client.put_object(Bucket="impostor", Key="w", Body=b"x"))[0] == 503
+        log = l.log_path.read_text()
+        assert "invalid peer certificate" in log, log[-2000:]
+        assert ("UnknownIssuer" if l is untrusted else 'not valid for name "localhost"') in log, log[-2000:]
+    # Nothing reached MinIO through either of them.
+    with pytest.raises(ClientError):
+        direct.head_object(Bucket="impostor", Key="w")

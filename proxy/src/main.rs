@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use larder::auth::Authenticator;
 use larder::config::Config;
+use larder::upstream::roots::ExtraRoots;
 use larder::upstream::s3::S3UpstreamConfig;
 use larder::upstream::Clients;
 
@@ -105,6 +106,11 @@ async fn serve(config: Config) -> anyhow::Result<()> {
         first_byte_timeout: config.upstream_first_byte_timeout.0,
         max_attempts: config.upstream_max_attempts,
         requester_pays: config.upstream_requester_pays,
+        extra_roots: config
+            .upstream_ca_file
+            .as_deref()
+            .map(ExtraRoots::load)
+            .transpose()?,
     })
     .await?;
     let running = larder::front::server::start(&config, upstream, auth)

@@ -190,6 +190,12 @@ options! {
     /// Address upstream buckets path-style (needed by MinIO and most S3-compatible servers).
     /// Default: `false`.
     upstream_path_style: bool = false => Switch;
+    /// PEM file of CA certificates trusted for the upstream's TLS (an `https://` endpoint),
+    /// besides the system's: for an S3-compatible store behind a private certificate
+    /// authority. Read once at start; a file without a usable certificate stops Larder.
+    /// Default: none (the system's certificates only; `SSL_CERT_FILE` or `SSL_CERT_DIR`
+    /// replace those).
+    upstream_ca_file: Option<PathBuf> = None;
     /// Read Requester Pays buckets: every request Larder makes of its own (block GETs, HEADs,
     /// the listings of warm-up, the events heartbeat's write) says that Larder pays for it (`x-amz-request-payer:
     /// requester`), so those requests and their bytes are billed to the account of Larder's

@@ -114,6 +114,7 @@ mod tests {
             true,
             Some(SharedCredentialsProvider::new(credentials)),
             (Duration::from_secs(5), Duration::from_secs(5)),
+            None,
         )
         .unwrap();
         let heartbeat = Heartbeat {

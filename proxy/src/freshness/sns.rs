@@ -136,7 +136,10 @@ impl SnsConfirmer {
     pub fn new(origins: Vec<SnsOrigin>) -> Result<Self, String> {
         Ok(Self {
             origins,
-            client: crate::upstream::forward::https_client(std::time::Duration::from_secs(5))?,
+            client: crate::upstream::forward::https_client(
+                std::time::Duration::from_secs(5),
+                None,
+            )?,
         })
     }
 

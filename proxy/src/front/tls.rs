@@ -149,24 +149,9 @@ mod tests {
     }
 
     /// A self-signed certificate for `localhost` (ECDSA P-256, valid until 2126) and its key,
-    /// made with `openssl req -x509` for these tests only.
-    const CERT: &str = "-----BEGIN CERTIFICATE-----
-MIIBuDCCAV+gAwIBAgIUUEeGo+5Sc+7vSJRzUR+97MTH+LgwCgYIKoZIzj0EAwIw
-FDESMBAGA1UEAwwJbG9jYWxob3N0MCAXDTI2MTIwNjE1Mjk0MloYDzIxMjYxMTEy
-MTUyOTQyWjAUMRIwEAYDVQQDDAlsb2NhbGhvc3QwWTATBgcqhkjOPQIBBggqhkjO
-PQMBBwNCAARMtnae/Q8B8Ds30hBIMjOP2UT7UAdFsrCYdebrdigwE+vwBmJWtxc5
-6ELDuU5xDZRxuRrwK4ZqyjErRztzX4gLo4GMMIGJMB0GA1UdDgQWBBRbd9WPI0+z
-B5mPBDc9Z8rJq2p8XzAfBgNVHSMEGDAWgBRbd9WPI0+zB5mPBDc9Z8rJq2p8XzAU
-BgNVHREEDTALgglsb2NhbGhvc3QwDAYDVR0TAQH/BAIwADAOBgNVHQ8BAf8EBAMC
-B4AwEwYDVR0lBAwwCgYIKwYBBQUHAwEwCgYIKoZIzj0EAwIDRwAwRAIgPPr2LWDb
-+Yv9C/J+GxdQEk2xMw2UAz2Y9rdale33XAwCIAT1LsBGl48KelD4kBVBdV53FpFf
-pVrl6rRcWu+tZrTF
------END CERTIFICATE-----";
-    const KEY: &str = "-----BEGIN PRIVATE KEY-----
-MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQg3GvWKYsxUAl/CdZm
-m2iztwS2yvYq7CkWNdfV670LynChRANCAARMtnae/Q8B8Ds30hBIMjOP2UT7UAdF
-srCYdebrdigwE+vwBmJWtxc56ELDuU5xDZRxuRrwK4ZqyjErRztzX4gL
------END PRIVATE KEY-----";
+    /// made with `openssl req -x509` for tests only.
+    const CERT: &str = include_str!("../../testdata/localhost.crt");
+    const KEY: &str = include_str!("../../testdata/localhost.key");
 
     /// Counts the writes that reach the connection's socket (here one end of a pipe in memory).
     struct CountedWrites {

@@ -17,6 +17,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+use super::roots::ExtraRoots;
+
 use crate::s3::request::{encode_path, Target, PRESIGNED_PARAMS};
 
 /// Query parameters of a presigned URL besides SigV4's own ([`PRESIGNED_PARAMS`]): the client's
@@ -89,11 +91,12 @@ pub struct Forwarder {
     first_byte_timeout: Duration,
 }
 
-/// An HTTP(S) client over the system's CA certificates, for the upstream and anything else
-/// Larder calls out to (SNS subscription confirmation), giving up on a connection not made
-/// within `connect_timeout`.
+/// An HTTP(S) client over the system's CA certificates and `extra` (`upstream_ca_file`), for
+/// the upstream and anything else Larder calls out to (SNS subscription confirmation, with no
+/// `extra`), giving up on a connection not made within `connect_timeout`.
 pub fn https_client<B>(
     connect_timeout: Duration,
+    extra: Option<&ExtraRoots>,
 ) -> Result<Client<HttpsConnector<HttpConnector>, B>, String>
 where
     B: http_body::Body + Send + 'static,
@@ -104,20 +107,30 @@ where
     http.set_connect_timeout(Some(connect_timeout));
     http.set_nodelay(true);
     let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let tls = match hyper_rustls::HttpsConnectorBuilder::new()
-        .with_provider_and_native_roots(provider.clone())
-    {
-        Ok(builder) => builder,
-        Err(e) => {
-            // A minimal image may have no CA bundle; plain-HTTP upstreams still work.
-            tracing::warn!(error = %e, "no system CA certificates: TLS connections (upstream, SNS) will fail");
+    let tls = match extra {
+        Some(extra) => {
             let config = rustls::ClientConfig::builder_with_provider(provider)
                 .with_safe_default_protocol_versions()
                 .map_err(|e| e.to_string())?
-                .with_root_certificates(rustls::RootCertStore::empty())
+                .with_root_certificates(extra.with_system_roots())
                 .with_no_client_auth();
             hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(config)
         }
+        None => match hyper_rustls::HttpsConnectorBuilder::new()
+            .with_provider_and_native_roots(provider.clone())
+        {
+            Ok(builder) => builder,
+            Err(e) => {
+                // A minimal image may have no CA bundle; plain-HTTP upstreams still work.
+                tracing::warn!(error = %e, "no system CA certificates: TLS connections (upstream, SNS) will fail");
+                let config = rustls::ClientConfig::builder_with_provider(provider)
+                    .with_safe_default_protocol_versions()
+                    .map_err(|e| e.to_string())?
+                    .with_root_certificates(rustls::RootCertStore::empty())
+                    .with_no_client_auth();
+                hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(config)
+            }
+        },
     };
     let https = tls.https_or_http().enable_http1().wrap_connector(http);
     Ok(Client::builder(TokioExecutor::new())
@@ -182,6 +195,7 @@ impl Forwarder {
         path_style: bool,
         credentials: Option<SharedCredentialsProvider>,
         (connect_timeout, first_byte_timeout): (Duration, Duration),
+        extra_roots: Option<&ExtraRoots>,
     ) -> Result<Self, ForwardError> {
         let endpoint = endpoint
             .map(str::to_owned)
@@ -194,7 +208,7 @@ impl Forwarder {
                 "upstream endpoint {endpoint} needs a scheme and host"
             )));
         };
-        let client = https_client(connect_timeout).map_err(ForwardError::Build)?;
+        let client = https_client(connect_timeout, extra_roots).map_err(ForwardError::Build)?;
         Ok(Self {
             client,
             scheme: scheme.to_owned(),
@@ -434,6 +448,7 @@ mod tests {
             path_style,
             None,
             (Duration::from_secs(1), Duration::from_secs(1)),
+            None,
         )
         .unwrap()
     }

@@ -16,6 +16,7 @@ pub mod instrument;
 pub mod memory;
 pub mod pieces;
 pub mod resume;
+pub mod roots;
 pub mod s3;
 pub mod throttle;
 

@@ -19,6 +19,7 @@ use aws_sdk_s3::config::{ConfigBag, Intercept, RuntimeComponents};
 use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::types::RequestPayer;
 use aws_sdk_s3::Client;
+use aws_smithy_http_client::tls;
 use aws_smithy_runtime_api::box_error::BoxError;
 use aws_smithy_runtime_api::client::interceptors::context::InterceptorContext;
 use aws_smithy_runtime_api::client::retries::classifiers::{
@@ -33,6 +34,7 @@ use http_body_util::BodyExt;
 use percent_encoding::utf8_percent_encode;
 
 use super::forward::{error_chain, Forward, ForwardError, Forwarder, Reshaped, SignedBody};
+use super::roots::ExtraRoots;
 use super::Upstream;
 use crate::model::{
     is_throttling_status, BodyStream, ByteRange, ObjectId, ObjectMeta, PartNumber, PartSpan,
@@ -61,6 +63,9 @@ pub struct S3UpstreamConfig {
     /// Say on every request of Larder's own that Larder pays for it
     /// (`x-amz-request-payer: requester`), so that Requester Pays buckets can be read.
     pub requester_pays: bool,
+    /// CA certificates trusted for the upstream's TLS besides the system's
+    /// (`upstream_ca_file`).
+    pub extra_roots: Option<ExtraRoots>,
 }
 
 impl Default for S3UpstreamConfig {
@@ -74,6 +79,7 @@ impl Default for S3UpstreamConfig {
             first_byte_timeout: Duration::from_secs(30),
             max_attempts: 3,
             requester_pays: false,
+            extra_roots: None,
         }
     }
 }
@@ -155,6 +161,23 @@ impl S3Upstream {
         if let Some(credentials) = &config.credentials {
             loader = loader.credentials_provider(credentials.clone());
         }
+        if let Some(extra) = &config.extra_roots {
+            // The SDK's own client (listings) trusts the same certificates as the object
+            // client: the system's and these.
+            let trust = tls::TrustStore::default().with_pem_certificate(extra.pem().to_vec());
+            let context = tls::TlsContext::builder()
+                .with_trust_store(trust)
+                .build()
+                .map_err(|e| ForwardError::Build(format!("upstream TLS: {e}")))?;
+            loader = loader.http_client(
+                aws_smithy_http_client::Builder::new()
+                    .tls_provider(tls::Provider::Rustls(
+                        tls::rustls_provider::CryptoMode::AwsLc,
+                    ))
+                    .tls_context(context)
+                    .build_https(),
+            );
+        }
         let shared = loader.load().await;
         let retries = Arc::new(AtomicU64::new(0));
         let s3 = aws_sdk_s3::config::Builder::from(&shared)
@@ -188,6 +211,7 @@ impl S3Upstream {
             config.path_style,
             credentials.clone(),
             (config.connect_timeout, config.first_byte_timeout),
+            config.extra_roots.as_ref(),
         )?);
         Ok(Self {
             client: Client::from_conf(s3),

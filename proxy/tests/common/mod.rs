@@ -14,6 +14,7 @@ pub(crate) fn forwarder_to_nowhere() -> Forwarder {
         true,
         None,
         (Duration::from_secs(1), Duration::from_secs(1)),
+        None,
     )
     .expect("a forwarder to a loopback URL builds")
 }
