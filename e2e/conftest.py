@@ -289,14 +289,19 @@ class Larder:
 class LatencyProxy:
     """The Rust pass-through that stands in for S3's latency (e2e/latency-proxy)."""
 
-    def __init__(self, workdir: Path, upstream_port: int):
+    def __init__(self, workdir: Path, upstream_port: int, tls: tuple[Path, Path] | None = None):
+        """`tls` (certificate, key): the same pass-through over HTTPS too, at `tls_endpoint`."""
         self.port = free_port()
         self.log = open(workdir / "latency-proxy.log", "wb")
+        self.tls_port = free_port() if tls else None
+        https = ["--tls-listen", f"127.0.0.1:{self.tls_port}", "--tls-cert", str(tls[0]),
+                 "--tls-key", str(tls[1])] if tls else []
         self.proc = subprocess.Popen([binary("larder-latency-proxy"), "--listen", f"127.0.0.1:{self.port}",
-                                      "--upstream", f"127.0.0.1:{upstream_port}"],
+                                      "--upstream", f"127.0.0.1:{upstream_port}", *https],
                                      stdout=self.log, stderr=subprocess.STDOUT)
         self.endpoint = f"http://127.0.0.1:{self.port}"
-        wait_http(f"{self.endpoint}/__proxy/stats")
+        self.tls_endpoint = f"https://127.0.0.1:{self.tls_port}" if tls else None
+        wait_http(f"{self.endpoint}/__proxy/stats", proc=self.proc)
 
     def control(self, path: str) -> dict:
         with urllib.request.urlopen(f"{self.endpoint}/__proxy/{path}", timeout=10) as r:

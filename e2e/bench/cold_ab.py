@@ -36,6 +36,7 @@ import argparse
 import http.client
 import os
 import random
+import ssl
 import threading
 import sys
 import time
@@ -43,12 +44,21 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare import (  # noqa: E402
-    BLOCK, CLIENT_KEY, CLIENT_SECRET, S3_CONNECTION_MBPS, MiB, Bench, Larder, Target, content, percentile, s3_client)
+    BLOCK, CLIENT_KEY, CLIENT_SECRET, S3_CONNECTION_MBPS, MiB, Bench, Larder, Target, content, percentile, s3_client,
+    self_signed)
 from hit_cpu import variant, variant_bench  # noqa: E402
 
 
 # With `--keep-alive`: each target's one connection (by endpoint), kept from read to read.
 KEPT: dict[str, http.client.HTTPConnection] = {}
+
+
+def connection(t: Target) -> http.client.HTTPConnection:
+    """A connection to `t`: over TLS to an `https://` target (with `--tls`, the upstream; its
+    certificate, the bench's own, is not checked: the handshake is outside the timed reads)."""
+    if t.tls:
+        return http.client.HTTPSConnection(t.host, t.port, timeout=120, context=ssl._create_unverified_context())
+    return http.client.HTTPConnection(t.host, t.port, timeout=120)
 
 
 def read(t: Target, key: str, size: int, span: tuple[int, int] | None = None,
@@ -58,7 +68,7 @@ def read(t: Target, key: str, size: int, span: tuple[int, int] | None = None,
     beforehand, or with `keep` on the target's connection kept from its last read."""
     conn = KEPT.get(t.endpoint) if keep else None
     if conn is None:
-        conn = http.client.HTTPConnection(t.host, t.port, timeout=120)
+        conn = connection(t)
         conn.connect()
         if keep:
             KEPT[t.endpoint] = conn
@@ -100,7 +110,7 @@ def read_in_pieces(t: Target, key: str, size: int, span: tuple[int, int]) -> tup
     start, end = span[0], span[0] + span[1]
     pieces = [(max(start, b), min(end, b + BLOCK)) for b in range(start - start % BLOCK, end, BLOCK)]
     expected = content(key, size)
-    conns = [http.client.HTTPConnection(t.host, t.port, timeout=120) for _ in pieces]
+    conns = [connection(t) for _ in pieces]
     for c in conns:
         c.connect()
     path = t.path(key)
@@ -154,7 +164,9 @@ def start_variant(bench: Bench, variant, memory: str = "4GiB") -> tuple[Larder, 
     name, profile, env, extra = variant
     os.environ["LARDER_E2E_PROFILE"] = profile
     tier = [] if "--memory-capacity" in extra else ["--memory-capacity", memory]
-    larder = Larder(bench.work, bench.proxy.endpoint, *tier, *extra, name=name, env=env)
+    if bench.upstream_tls:
+        tier += ["--upstream-ca-file", str(bench.upstream_tls[0])]
+    larder = Larder(bench.work, bench.upstream_endpoint, *tier, *extra, name=name, env=env)
     bench.stoppers.append(larder.stop)
     presigner = s3_client(larder.endpoint, CLIENT_KEY, CLIENT_SECRET, signature_version="s3v4")
     return larder, Target("Larder", larder.endpoint, presigner, pid=larder.proc.pid)
@@ -184,11 +196,15 @@ def main():
     ap.add_argument("--keep-alive", action="store_true",
                     help="read on one connection per target kept from read to read, as compare.py's "
                          "cold steps and most SDKs do, instead of a new one per read")
+    ap.add_argument("--tls", action="store_true",
+                    help="the upstream speaks HTTPS, as S3 does: direct reads and the Larders' GETs go over TLS")
     ap.add_argument("--out", type=Path, default=Path("target/bench/cold-ab"))
     ap.add_argument("variants", nargs="+", type=variant)
     args = ap.parse_args()
     size = args.size * MiB
     bench = variant_bench(args)
+    if args.tls:
+        bench.upstream_tls = self_signed(bench.work)
     names = ["direct"] + (["direct-pieces"] if args.range else []) + [v[0] for v in args.variants]
     results = {name: [] for name in names}
     gets = {name: 0 for name in names}

@@ -103,10 +103,13 @@ def children_cpu_seconds() -> float:
 
 def self_signed(work: Path) -> tuple[Path, Path]:
     """A certificate for 127.0.0.1 and its key (ECDSA P-256, as most servers now get), made with
-    the `openssl` tool under `work`: for benchmarks over TLS, whose clients do not check it."""
+    the `openssl` tool under `work`: for benchmarks over TLS. The load generators do not check
+    it; a Larder reading an upstream over TLS trusts it (`upstream_ca_file`), which rustls
+    allows for a certificate that is not a CA's itself (CA:FALSE)."""
     cert, key = work / "tls-cert.pem", work / "tls-key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
                     "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-addext", "basicConstraints=critical,CA:FALSE", "-addext", "extendedKeyUsage=serverAuth",
                     "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
     return cert, key
 
@@ -427,6 +430,9 @@ class Bench:
         self.work.chmod(0o755)  # nginx's workers run as an unprivileged user when started as root
         self.results: dict = {"mode": mode, "machine": machine(), "workloads": {}}
         self.stoppers = []
+        # (certificate, key), set before `start`: the upstream (the latency proxy) speaks HTTPS,
+        # as S3 does, and the Larders and the direct reads go to it over TLS.
+        self.upstream_tls: tuple[Path, Path] | None = None
 
     def start(self):
         # MinIO notifies every write of the bucket to a relay, which passes them on to whichever
@@ -445,8 +451,9 @@ class Bench:
             "QueueConfigurations": [{"QueueArn": "arn:minio:sqs::BENCH:webhook",
                                      "Events": ["s3:ObjectCreated:*", "s3:ObjectRemoved:*"]}]})
         public_read(self.s3)
-        self.proxy = LatencyProxy(self.work, self.minio.port)
+        self.proxy = LatencyProxy(self.work, self.minio.port, tls=self.upstream_tls)
         self.stoppers.append(self.proxy.stop)
+        self.upstream_endpoint = self.proxy.tls_endpoint or self.proxy.endpoint
         self.proxy.latency()
         self.results["latency"] = self.proxy.latency()
 
@@ -472,7 +479,9 @@ class Bench:
         port serves HTTPS."""
         if tls:
             extra += ("--tls-cert", str(tls[0]), "--tls-key", str(tls[1]))
-        l = Larder(self.work, self.proxy.endpoint, *extra, *self.larder_args, name=name)
+        if self.upstream_tls:
+            extra += ("--upstream-ca-file", str(self.upstream_tls[0]))
+        l = Larder(self.work, self.upstream_endpoint, *extra, *self.larder_args, name=name)
         self.stoppers.append(l.stop)
         # SigV4 presigned URLs: boto3 presigns with SigV2 unless told otherwise, and what the hit
         # benchmarks must measure is the verification every current SDK's requests get.
@@ -487,7 +496,7 @@ class Bench:
         return n, Target("nginx", n.endpoint, pid=n.proc.pid)
 
     def direct(self) -> Target:
-        return Target("direct", self.proxy.endpoint)
+        return Target("direct", self.upstream_endpoint)
 
     def upstream(self) -> dict:
         s = self.proxy.control("stats")

@@ -9,7 +9,9 @@
 //!
 //! It parses only request heads (to delay and count each request, including the ones a
 //! keep-alive connection carries one after another) and copies everything else untouched.
-//! Control requests on their own connection: `GET /__proxy/stats`, `GET /__proxy/reset`,
+//! With `--tls-listen ADDR --tls-cert PEM --tls-key PEM` it serves the same over TLS on a
+//! second port, as S3 speaks HTTPS. Control requests on their own connection (either port):
+//! `GET /__proxy/stats`, `GET /__proxy/reset`,
 //! `GET /__proxy/latency?delay_ms=20&jitter_ms=30&tail_fraction=0.01&tail_ms=200`, and
 //! `GET /__proxy/limits?connection_mbps=90&prefix_rps=5500`.
 //!
@@ -298,9 +300,11 @@ async fn read_head<R: AsyncRead + Unpin>(
 }
 
 impl Proxy {
-    async fn serve(self: Arc<Self>, client: TcpStream) -> anyhow::Result<()> {
-        client.set_nodelay(true)?;
-        let (mut cr, mut cw) = client.into_split();
+    async fn serve<S>(self: Arc<Self>, client: S) -> anyhow::Result<()>
+    where
+        S: AsyncRead + AsyncWrite + Send + 'static,
+    {
+        let (mut cr, mut cw) = tokio::io::split(client);
         let mut buf = Vec::new();
         let Some(first) = read_head(&mut cr, &mut buf).await? else {
             return Ok(());
@@ -466,7 +470,7 @@ fn flag(args: &[String], name: &str) -> Option<String> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: larder-latency-proxy --listen ADDR --upstream ADDR [--delay-ms 20] [--jitter-ms 30] [--tail-fraction 0.01] [--tail-ms 200] [--connection-mbps 0] [--prefix-rps 0]";
+    let usage = "usage: larder-latency-proxy --listen ADDR --upstream ADDR [--delay-ms 20] [--jitter-ms 30] [--tail-fraction 0.01] [--tail-ms 200] [--connection-mbps 0] [--prefix-rps 0] [--tls-listen ADDR --tls-cert PEM --tls-key PEM]";
     let listen: SocketAddr = flag(&args, "--listen").context(usage)?.parse()?;
     let upstream: SocketAddr = flag(&args, "--upstream").context(usage)?.parse()?;
     let num = |name: &str, default: f64| -> anyhow::Result<f64> {
@@ -492,12 +496,59 @@ async fn main() -> anyhow::Result<()> {
         .set(num("--connection-mbps", 0.0)?, num("--prefix-rps", 0.0)?);
     let listener = TcpListener::bind(listen).await?;
     println!("listening on {}", listener.local_addr()?);
+    if let Some(tls_listen) = flag(&args, "--tls-listen") {
+        let cert = flag(&args, "--tls-cert").context("--tls-listen needs --tls-cert")?;
+        let key = flag(&args, "--tls-key").context("--tls-listen needs --tls-key")?;
+        let acceptor = tls_acceptor(&cert, &key)?;
+        let tls = TcpListener::bind(tls_listen.parse::<SocketAddr>()?).await?;
+        println!("listening with TLS on {}", tls.local_addr()?);
+        tokio::spawn(serve_tls(tls, acceptor, proxy.clone()));
+    }
     loop {
         let (conn, _) = listener.accept().await?;
+        conn.set_nodelay(true)?;
         let proxy = proxy.clone();
         tokio::spawn(async move {
             if let Err(e) = proxy.serve(conn).await {
                 eprintln!("connection: {e:#}");
+            }
+        });
+    }
+}
+
+/// S3 speaks HTTPS: with `--tls-listen`, the same pass-through is served over TLS on a second
+/// port (the plain one stays, for the control requests and for plain clients), so that the
+/// benchmarks' clients and caches pay for TLS as they do against S3.
+fn tls_acceptor(cert: &str, key: &str) -> anyhow::Result<tokio_rustls::TlsAcceptor> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let chain = CertificateDer::pem_file_iter(cert)
+        .with_context(|| format!("reading {cert}"))?
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("reading {cert}"))?;
+    let key = PrivateKeyDer::from_pem_file(key).with_context(|| format!("reading {key}"))?;
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)?;
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
+async fn serve_tls(listener: TcpListener, acceptor: tokio_rustls::TlsAcceptor, proxy: Arc<Proxy>) {
+    loop {
+        let Ok((conn, _)) = listener.accept().await else {
+            continue;
+        };
+        let _ = conn.set_nodelay(true);
+        let (acceptor, proxy) = (acceptor.clone(), proxy.clone());
+        tokio::spawn(async move {
+            let result = match acceptor.accept(conn).await {
+                Ok(tls) => proxy.serve(tls).await,
+                Err(e) => Err(e.into()),
+            };
+            if let Err(e) = result {
+                eprintln!("TLS connection: {e:#}");
             }
         });
     }
