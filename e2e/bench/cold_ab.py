@@ -5,6 +5,7 @@ change's effect on the miss path on a noisy machine.
     python3 e2e/bench/cold_ab.py --size 8 --objects 6 --rounds 3 before:prev after:release
     python3 e2e/bench/cold_ab.py --capped ...   # each upstream connection at 90 MB/s, as S3
     python3 e2e/bench/cold_ab.py --size 24 --range 16 ...   # a 16 MiB range at a random offset
+    python3 e2e/bench/cold_ab.py --tls ...   # the upstream over HTTPS, as S3 speaks
 
 With `--range`, `direct-pieces` reads each range straight from the upstream as Larder's cold
 open asks for it (one GET per block it touches, sent at once): the reference that shows what
@@ -30,6 +31,11 @@ and everything else (the Larders, this client) on the first, as when S3 is on ot
 its work for one read (several GETs at once for a Larder) then no longer takes the cores Larder
 and the client run on. Direct reads run the same way, client and upstream apart. Needs two
 cores; on two, each side has one (docs/benchmarks.md has what that showed).
+
+With `--tls`, the latency proxy serves the upstream over HTTPS (a self-signed certificate made
+for the run, which each Larder trusts through `--upstream-ca-file`): the direct reads decrypt
+what they read, as an SDK reading S3 does, and so does each Larder, which serves its client in
+the clear.
 """
 
 import argparse
