@@ -14,6 +14,8 @@ through that proxy, and drives all three targets with the same workloads:
   verifying SigV4 and Larder with `auth = none`, at 1-256 connections, against nginx; and what
   verifying costs a 1 MiB hit, profiled with perf in the verifying Larder;
 - the same over HTTPS (`tls`: HTTP/1.1, wrk), every server with one self-signed certificate;
+- cold whole objects from an upstream that speaks HTTPS, as S3 does (`cold_tls`), beside direct
+  reads over TLS;
 - cold misses: time to first byte, one request at a time, over direct;
 - a thundering herd of 64 clients on the same cold objects: upstream GETs and bytes;
 - Zipf reads over a working set 10x Larder's memory and 2x its disk, nginx given the same
@@ -68,7 +70,7 @@ MODES = {
                   zipf_region="16MiB", parquet_files=4, parquet_size=64 * MiB, capped={8 * MiB: 3, 64 * MiB: 3},
                   ranges={64 * KiB: 3, 1 * MiB: 3, 4 * MiB: 3, 16 * MiB: 3},
                   matrix=dict(sizes=[4 * KiB, 1 * MiB], clients=[16], seconds=2),
-                  tls=dict(sizes=[4 * KiB, 1 * MiB], clients=[16], seconds=2)),
+                  tls=dict(sizes=[4 * KiB, 1 * MiB], clients=[16], seconds=2), cold_tls={1 * MiB: 10, 64 * MiB: 4}),
     "full": dict(seconds=10, clients=[1, 4, 16, 64], ttfb={1 * MiB: 100, 8 * MiB: 16, 64 * MiB: 16, 256 * MiB: 3},
                  herd_objects=4, herd_size=16 * MiB, disk_sets={64 * KiB: 1024, 1 * MiB: 128, 8 * MiB: 32, 64 * MiB: 6},
                  zipf_objects=2048, zipf_requests=40000, zipf_region="16MiB", parquet_files=16, parquet_size=64 * MiB,
@@ -78,7 +80,8 @@ MODES = {
                              seconds=5, rounds=3),
                  # Disk-hit cells near 1.0x nginx's flip between runs of one 10 s cell: three of 5 s.
                  disk=dict(seconds=5, rounds=3),
-                 tls=dict(sizes=[4 * KiB, 64 * KiB, 1 * MiB, 8 * MiB], clients=[1, 16, 64], seconds=4, rounds=3)),
+                 tls=dict(sizes=[4 * KiB, 64 * KiB, 1 * MiB, 8 * MiB], clients=[1, 16, 64], seconds=4, rounds=3),
+                 cold_tls={1 * MiB: 40, 64 * MiB: 12, 256 * MiB: 3}),
 }
 # What one S3 connection delivers, roughly (docs/benchmarks.md): the cap the latency proxy puts on
 # each connection for the capped cold reads.
@@ -101,12 +104,12 @@ def children_cpu_seconds() -> float:
     return t.children_user + t.children_system
 
 
-def self_signed(work: Path) -> tuple[Path, Path]:
+def self_signed(work: Path, name: str = "tls") -> tuple[Path, Path]:
     """A certificate for 127.0.0.1 and its key (ECDSA P-256, as most servers now get), made with
     the `openssl` tool under `work`: for benchmarks over TLS. The load generators do not check
     it; a Larder reading an upstream over TLS trusts it (`upstream_ca_file`), which rustls
     allows for a certificate that is not a CA's itself (CA:FALSE)."""
-    cert, key = work / "tls-cert.pem", work / "tls-key.pem"
+    cert, key = work / f"{name}-cert.pem", work / f"{name}-key.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
                     "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
                     "-addext", "basicConstraints=critical,CA:FALSE", "-addext", "extendedKeyUsage=serverAuth",
@@ -474,14 +477,15 @@ class Bench:
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(put, keys_sizes))
 
-    def larder(self, name: str, *extra: str, tls: tuple[Path, Path] | None = None) -> tuple[Larder, Target]:
-        """A Larder in front of the upstream, and its target; with `tls` (certificate, key), its S3
-        port serves HTTPS."""
+    def larder(self, name: str, *extra: str, tls: tuple[Path, Path] | None = None,
+               upstream: str | None = None) -> tuple[Larder, Target]:
+        """A Larder in front of the upstream (or `upstream`), and its target; with `tls`
+        (certificate, key), its S3 port serves HTTPS."""
         if tls:
             extra += ("--tls-cert", str(tls[0]), "--tls-key", str(tls[1]))
         if self.upstream_tls:
             extra += ("--upstream-ca-file", str(self.upstream_tls[0]))
-        l = Larder(self.work, self.upstream_endpoint, *extra, *self.larder_args, name=name)
+        l = Larder(self.work, upstream or self.upstream_endpoint, *extra, *self.larder_args, name=name)
         self.stoppers.append(l.stop)
         # SigV4 presigned URLs: boto3 presigns with SigV2 unless told otherwise, and what the hit
         # benchmarks must measure is the verification every current SDK's requests get.
@@ -832,6 +836,33 @@ class Bench:
             self.proxy.latency()
         self.results["workloads"]["cold_capped"] = rows
 
+    def cold_tls(self):
+        """Cold whole objects from an upstream that speaks HTTPS, as S3 does (a second latency
+        proxy, with TLS, over the same MinIO; 30 ms before every answer): direct reads decrypt
+        what they read, as an SDK does, and so does Larder, which serves its client in the
+        clear. Beside issue 19's goals, whose upstreams speak plain HTTP, not one of them."""
+        section("cold whole objects from an HTTPS upstream")
+        cert = self_signed(self.work, "upstream-tls")
+        proxy = LatencyProxy(self.work, self.minio.port, tls=cert, name="latency-proxy-tls")
+        self.stoppers.append(proxy.stop)
+        proxy.latency(delay_ms=30, jitter_ms=0, tail_fraction=0, tail_ms=0)
+        _, lt = self.larder("larder-cold-tls", "--memory-capacity", "2GiB", "--upstream-ca-file", str(cert[0]),
+                            upstream=proxy.tls_endpoint)
+        rows = []
+        for size, n in self.cfg["cold_tls"].items():
+            keys = [f"cold-tls/{size}/{i}" for i in range(n)]
+            self.upload([(k, size) for k in keys])
+            targets = [Target("direct", proxy.tls_endpoint), lt]
+            for t, (firsts, alls, statuses) in zip(targets, self.read_in_turns(targets, keys, size)):
+                firsts, alls = [f * 1000 for f in firsts], [a * 1000 for a in alls]
+                row = {"size": size, "target": t.name, "requests": n, "cache": statuses,
+                       "ttfb_p50": percentile(firsts, 50), "total_p50": percentile(alls, 50),
+                       "mb_per_s": size / percentile(alls, 50) / 1e3}
+                rows.append(row)
+                print(f"  {size_name(size)} {t.name}: TTFB p50 {row['ttfb_p50']:.2f} ms, whole p50 "
+                      f"{row['total_p50']:.1f} ms ({row['mb_per_s']:.0f} MB/s) {statuses}", flush=True)
+        self.results["workloads"]["cold_tls"] = rows
+
     def cold_ranges(self, lt, nt):
         """Ranges of several lengths at random offsets, each of an object that target has not read,
         one at a time: time to the first byte and to the last, and what the upstream sent for them,
@@ -1085,7 +1116,7 @@ class Bench:
                  ("capped", lambda: self.cold_capped(lt, nt)), ("ranges", lambda: self.cold_ranges(lt, nt)),
                  ("herd", lambda: self.herd(lt, nt)), ("parquet", lambda: self.parquet(larder, lt, nt)),
                  ("disk", lambda: self.disk_hits(nt)), ("zipf", self.zipf),
-                 ("matrix", lambda: self.hit_matrix(lt, nt)), ("tls", self.tls_hits)]
+                 ("matrix", lambda: self.hit_matrix(lt, nt)), ("tls", self.tls_hits), ("cold_tls", self.cold_tls)]
         for name, step in steps:
             if not only or name in only:
                 step()
@@ -1235,7 +1266,7 @@ def main():
     ap.add_argument("--mode", choices=MODES, default="quick")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--only", default="",
-                    help="comma-separated workloads: memory,ttfb,capped,ranges,herd,parquet,disk,zipf,matrix,tls")
+                    help="comma-separated workloads: memory,ttfb,capped,ranges,herd,parquet,disk,zipf,matrix,tls,cold_tls")
     ap.add_argument("--larder-args", default="", help="more `larder serve` flags for every Larder, e.g. \"--read-window 8\"")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ while [ $# -gt 0 ]; do
     --full) mode=full ;;
     --out) out="$2"; shift ;;
     --only) only="$2"; shift ;;
-    *) echo "usage: $0 [--quick|--full] [--out DIR] [--only memory,ttfb,capped,ranges,herd,parquet,disk,zipf,matrix,tls,replay]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--quick|--full] [--out DIR] [--only memory,ttfb,capped,ranges,herd,parquet,disk,zipf,matrix,tls,cold_tls,replay]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -34,7 +34,8 @@ command -v wrk >/dev/null || missing+=(wrk)
 command -v h2load >/dev/null || missing+=(nghttp2-client)
 # perf, for what SigV4 verification costs a 1 MiB hit, profiled in the verifying Larder (`matrix`).
 command -v perf >/dev/null || missing+=(linux-perf)
-# openssl, for the self-signed certificate of the memory hits over TLS (`tls`).
+# openssl, for the self-signed certificates of the memory hits over TLS (`tls`) and of the HTTPS
+# upstream (`cold_tls`).
 command -v openssl >/dev/null || missing+=(openssl)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "bench: installing ${missing[*]} from apt"

@@ -345,13 +345,17 @@ impl Proxy {
                             if !wait.is_zero() {
                                 tokio::time::sleep(wait).await;
                             }
-                            if cw.write_all(part).await.is_err() {
+                            // Flushed too: over TLS, a write the socket could not take all of
+                            // leaves encrypted records in the session until the next write or
+                            // flush, and the body's end would wait there (as a stall of the
+                            // reader) for a next response that may never come.
+                            if cw.write_all(part).await.is_err() || cw.flush().await.is_err() {
                                 return;
                             }
                         }
                     }
                     Some(()) = refused.recv() => {
-                        if cw.write_all(slow_down.as_bytes()).await.is_err() {
+                        if cw.write_all(slow_down.as_bytes()).await.is_err() || cw.flush().await.is_err() {
                             return;
                         }
                     }
