@@ -165,6 +165,23 @@ def hit_goal_counts(rows) -> tuple[str, str, str] | None:
     return f"{cpu} of {len(cells)}", f"{fast} of {len(cells)}", f"{tail} of {len(tails)}"
 
 
+def whole_cold_table(rows, heading: str, intro: str) -> list[str]:
+    """A section of whole cold reads per object size and target: the first byte where the rows
+    have it, the whole read, and the throughput against direct's."""
+    first = all("ttfb_p50" in r for r in rows)
+    out = [f"## {heading}", "", intro, "",
+           "| object | target | requests |" + (" first byte p50 ms |" if first else "")
+           + " whole object p50 ms | MB/s | × direct | answered as |",
+           "|---|---|---|" + ("---|" if first else "") + "---|---|---|---|"]
+    for size, d, present in by_size(rows):
+        for t, r, cache in present:
+            times = f"{r['mb_per_s'] / d['mb_per_s']:.2f}×" if d else ""
+            ttfb = f" {r['ttfb_p50']:.2f} |" if first else ""
+            out.append(f"| {size_name(size)} | {t} | {r['requests']} |{ttfb} {r['total_p50']:.0f} | "
+                       f"{r['mb_per_s']:.0f} | {times} | {cache} |")
+    return out + [""]
+
+
 def cold_tls_goals(rows) -> list[str]:
     """Issue 19's two bars for whole cold objects (first byte within 1 ms of direct, at least
     direct's throughput), measured from an upstream that speaks HTTPS: beside the goals, whose
@@ -390,31 +407,17 @@ def markdown(res) -> str:
                                f"{r['total_p50'] - d['total_p50']:+.2f} | |")
         out.append("")
     if "cold_capped" in w:
-        out += ["## Cold whole objects from an upstream that caps each connection", "",
-                "The latency proxy delivers at most 90 MB/s per connection (roughly what one S3 connection "
-                "does) after a fixed 30 ms; one request at a time, each for an object that target has not seen.", "",
-                "| object | target | requests | whole object p50 ms | MB/s | × direct | answered as |",
-                "|---|---|---|---|---|---|---|"]
-        for size, d, present in by_size(w["cold_capped"]):
-            for t, r, cache in present:
-                times = f"{r['mb_per_s'] / d['mb_per_s']:.2f}×" if d else ""
-                out.append(f"| {size_name(size)} | {t} | {r['requests']} | {r['total_p50']:.0f} | "
-                           f"{r['mb_per_s']:.0f} | {times} | {cache} |")
-        out.append("")
+        out += whole_cold_table(
+            w["cold_capped"], "Cold whole objects from an upstream that caps each connection",
+            "The latency proxy delivers at most 90 MB/s per connection (roughly what one S3 connection "
+            "does) after a fixed 30 ms; one request at a time, each for an object that target has not seen.")
     if "cold_tls" in w:
-        out += ["## Cold whole objects from an HTTPS upstream", "",
-                "A second latency proxy over the same MinIO speaks HTTPS (a self-signed certificate made for the run, "
-                "which Larder trusts through `upstream_ca_file`), 30 ms before every answer. Direct reads decrypt what "
-                "they read (Python's `ssl`, as boto3 and the aws CLI do); Larder decrypts and serves its client in the "
-                "clear. Targets take turns read by read, on connections opened beforehand.", "",
-                "| object | target | requests | first byte p50 ms | whole object p50 ms | MB/s | × direct | answered as |",
-                "|---|---|---|---|---|---|---|---|"]
-        for size, d, present in by_size(w["cold_tls"]):
-            for t, r, cache in present:
-                times = f"{r['mb_per_s'] / d['mb_per_s']:.2f}×" if d else ""
-                out.append(f"| {size_name(size)} | {t} | {r['requests']} | {r['ttfb_p50']:.2f} | {r['total_p50']:.1f} | "
-                           f"{r['mb_per_s']:.0f} | {times} | {cache} |")
-        out.append("")
+        out += whole_cold_table(
+            w["cold_tls"], "Cold whole objects from an HTTPS upstream",
+            "A second latency proxy over the same MinIO speaks HTTPS (a self-signed certificate made for the run, "
+            "which Larder trusts through `upstream_ca_file`), 30 ms before every answer. Direct reads decrypt what "
+            "they read (Python's `ssl`, as boto3 and the aws CLI do); Larder decrypts and serves its client in the "
+            "clear. Targets take turns read by read, on connections opened beforehand.")
     if "cold_ranges" in w:
         out += ["## Cold ranges", "",
                 "Ranges of each length at random offsets of 24 MiB objects, each range of an object that target has "
