@@ -153,8 +153,8 @@ def test_an_upstream_behind_a_private_ca_is_read_written_and_listed_over_tls(tls
     assert read("big") == (big, "miss")
     assert read("big") == (big, "hit-memory")
     assert read("big", Range="bytes=9000000-9999999") == (big[9000000:10000000], "hit-memory")
-    # Written through Larder (passed through, re-signed over TLS), then read, headed and listed
-    # (the AWS SDK's client: the listing), and deleted.
+    # Written through Larder (passed through, re-signed over TLS), then read, headed, listed (a
+    # client's listing passes through too) and deleted.
     small = os.urandom(300_000)
     client.put_object(Bucket="over-tls", Key="dir/small", Body=small)
     assert direct.get_object(Bucket="over-tls", Key="dir/small")["Body"].read() == small

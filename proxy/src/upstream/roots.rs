@@ -2,7 +2,7 @@
 //! `upstream_ca_file` (an S3-compatible store behind a private certificate authority).
 //!
 //! Both upstream clients take them: the object client ([`super::forward`]: block GETs, HEADs,
-//! pass-through writes) and the AWS SDK's (listings). The file is read and checked once, at
+//! pass-through) and the AWS SDK's (warm-up's listings). The file is read and checked once, at
 //! start: the SDK parses the certificates it is given only when it first connects, and panics
 //! on one it cannot parse, so a bad file must stop Larder before that, with its path in the
 //! error.

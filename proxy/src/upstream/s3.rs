@@ -162,8 +162,8 @@ impl S3Upstream {
             loader = loader.credentials_provider(credentials.clone());
         }
         if let Some(extra) = &config.extra_roots {
-            // The SDK's own client (listings) trusts the same certificates as the object
-            // client: the system's and these.
+            // The SDK's own client (warm-up's listings) trusts the same certificates as the
+            // object client: the system's and these.
             let trust = tls::TrustStore::default().with_pem_certificate(extra.pem().to_vec());
             let context = tls::TlsContext::builder()
                 .with_trust_store(trust)
