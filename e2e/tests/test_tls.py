@@ -2,19 +2,24 @@
 renewed certificate is served without a restart. The upstream: Larder reads, writes and lists
 through an S3 server that speaks only HTTPS, with a certificate from a private CA it is told to
 trust (`upstream_ca_file`), and refuses an upstream whose certificate it does not trust or that
-names another host, as it must refuse anyone on the path who pretends to be S3."""
+names another host, as it must refuse anyone on the path who pretends to be S3. The upstream's
+event queue (an SQS-compatible server behind the same private CA) is polled over HTTPS with the
+same trust, and never from a server whose certificate Larder does not trust."""
 
+import json
 import os
 import random
 import re
 import ssl
 import subprocess
 import time
+import urllib.parse
 
 import pytest
 from botocore.exceptions import ClientError
 
-from conftest import binary, s3_client, wait_until, Minio, CLIENT_KEY, CLIENT_SECRET
+from conftest import (binary, metric, s3_client, wait_until, ElasticMQ, LatencyProxy, Minio, CLIENT_KEY,
+                      CLIENT_SECRET)
 from test_limits import exchange
 
 
@@ -212,3 +217,67 @@ def test_an_upstream_whose_certificate_larder_does_not_trust_or_that_names_anoth
     # Nothing reached MinIO through either of them.
     with pytest.raises(ClientError):
         direct.head_object(Bucket="impostor", Key="w")
+
+
+def s3_event(bucket, key, etag):
+    """What S3 sends a queue when `key` is written."""
+    return json.dumps({"Records": [{
+        "eventVersion": "2.1", "eventSource": "aws:s3", "eventName": "ObjectCreated:Put",
+        "eventTime": time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime()),
+        "s3": {"bucket": {"name": bucket}, "object": {"key": key, "eTag": etag, "sequencer": "00"}}}]})
+
+
+def test_events_are_polled_from_a_queue_behind_the_private_ca_and_never_from_an_untrusted_one(
+        private_ca, make_larder, direct, bucket, workdir):
+    # ElasticMQ speaks plain HTTP; the latency proxy (no delay) serves it over HTTPS with the
+    # private CA's certificate for 127.0.0.1, as a queue of an on-premises store would be.
+    sqs = ElasticMQ(workdir, ["tls-events"], name="elasticmq-tls")
+    front = LatencyProxy(workdir, sqs.port, tls=(private_ca / "server.crt", private_ca / "server.key"),
+                         name="sqs-tls-front")
+    try:
+        front.latency(delay_ms=0, jitter_ms=0, tail_fraction=0, tail_ms=0)
+        plain_queue = sqs.queue_url("tls-events")
+        queue = front.tls_endpoint + urllib.parse.urlsplit(plain_queue).path
+        events = ("--metadata-ttl", "1h", "--events-sqs-queue-url", queue)
+        no_system_store = {"SSL_CERT_FILE": None, "SSL_CERT_DIR": None}
+
+        def depth():
+            attrs = sqs.client.get_queue_attributes(QueueUrl=plain_queue, AttributeNames=[
+                "ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"])["Attributes"]
+            return sum(int(v) for v in attrs.values())
+
+        # Someone answering for the queue with a certificate Larder does not trust: nothing is
+        # taken from it, and the message waits for a Larder that can verify the queue.
+        untrusted = make_larder(*events, name="larder-untrusted-queue", env=no_system_store)
+        etag = direct.put_object(Bucket=bucket, Key="k", Body=b"v1")["ETag"].strip('"')
+        sqs.client.send_message(QueueUrl=plain_queue, MessageBody=s3_event(bucket, "k", etag))
+        wait_until(lambda: "UnknownIssuer" in untrusted.log_path.read_text(), 30,
+                   "the untrusted queue's certificate refused")
+        assert "polling the S3 event queue failed" in untrusted.log_path.read_text()
+        assert metric(untrusted, "larder_events_total") == 0
+        assert metric(untrusted, "larder_events_stream_healthy") == 0
+        assert depth() == 1, "the event was not taken from a queue Larder could not verify"
+
+        # Told to trust the private CA, Larder polls the same queue: the waiting message is
+        # received, applied and deleted over TLS, and the stream is healthy.
+        trusted = make_larder("--upstream-ca-file", str(private_ca / "ca.crt"), *events,
+                              name="larder-trusted-queue", env=no_system_store)
+        wait_until(lambda: metric(trusted, "larder_events_stream_healthy") == 1, 30, "the first event received")
+        wait_until(lambda: depth() == 0, 30, "the event deleted from the queue")
+        client = s3_client(trusted.endpoint, CLIENT_KEY, CLIENT_SECRET)
+
+        def read():
+            return client.get_object(Bucket=bucket, Key="k")["Body"].read()
+
+        assert read() == b"v1"
+        # A write straight to the bucket: trusted for an hour until its event says otherwise.
+        etag = direct.put_object(Bucket=bucket, Key="k", Body=b"v2")["ETag"].strip('"')
+        assert read() == b"v1"
+        sqs.client.send_message(QueueUrl=plain_queue, MessageBody=s3_event(bucket, "k", etag))
+        wait_until(lambda: read() == b"v2", 5, "the write seen after its event")
+        assert metric(trusted, "larder_events_total", outcome="applied") == 1
+        assert metric(trusted, "larder_events_total") == 2
+        assert metric(untrusted, "larder_events_total") == 0
+    finally:
+        front.stop()
+        sqs.stop()

@@ -35,6 +35,7 @@ async fn server(origin: Arc<MemoryUpstream>) -> Running {
         origin,
         forwarder: std::sync::Arc::new(common::forwarder_to_nowhere()),
         credentials: None,
+        extra_roots: None,
     };
     start(&config, clients, Authenticator::None)
         .await

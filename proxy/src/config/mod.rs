@@ -154,8 +154,9 @@ options! {
     events_heartbeat: Option<String> = None;
     /// URL of an SQS queue Larder long-polls for S3 events (S3 -> SQS, S3 -> SNS -> SQS,
     /// EventBridge -> SQS), deleting each batch once applied; signed with the upstream's
-    /// credentials, in the region the URL names (else `upstream_region`). Setting it makes
-    /// Larder expect events (see `events_max_silence`). Default: none.
+    /// credentials, in the region the URL names (else `upstream_region`); over HTTPS its
+    /// certificate is checked against the system's CA certificates and `upstream_ca_file`'s.
+    /// Setting it makes Larder expect events (see `events_max_silence`). Default: none.
     events_sqs_queue_url: Option<String> = None;
     /// Origins (`scheme://host[:port]`, `*` standing for one DNS label) where an SNS
     /// `SubscribeURL` may point: Larder confirms an SNS subscription to `POST /v1/events` by
@@ -192,7 +193,8 @@ options! {
     upstream_path_style: bool = false => Switch;
     /// PEM file of CA certificates trusted for the upstream's TLS (an `https://` endpoint),
     /// besides the system's: for an S3-compatible store behind a private certificate
-    /// authority. Read once at start; a file without a usable certificate stops Larder.
+    /// authority; the SQS client of `events_sqs_queue_url` trusts them too. Read once at
+    /// start; a file without a usable certificate stops Larder.
     /// Default: none (the system's certificates only; `SSL_CERT_FILE` or `SSL_CERT_DIR`
     /// replace those).
     upstream_ca_file: Option<PathBuf> = None;

@@ -25,6 +25,7 @@ use super::events::{self, Notification};
 use super::Freshness;
 use crate::telemetry::labels::EventOutcome;
 use crate::telemetry::metrics::Metrics;
+use crate::upstream::roots::ExtraRoots;
 
 /// Messages asked for per poll: SQS's maximum.
 pub const BATCH: i32 = 10;
@@ -39,6 +40,9 @@ pub enum SqsError {
     /// `events_sqs_queue_url` is not a queue URL.
     #[error("events_sqs_queue_url {0}: must be http(s)://host/account/queue")]
     Url(String),
+    /// The client for an HTTPS queue could not be built.
+    #[error("SQS TLS: {0}")]
+    Tls(String),
     /// A request to SQS failed.
     #[error("SQS {0}")]
     Request(String),
@@ -56,11 +60,13 @@ impl SqsConsumer {
     /// A consumer of `queue_url`, signing with `credentials` (the upstream's; `None`: the
     /// standard AWS chain). The endpoint is the queue URL's own origin, so a queue on an
     /// SQS-compatible server works as one on AWS; the region is the URL's
-    /// (`sqs.<region>.amazonaws.com`) or else `region`.
+    /// (`sqs.<region>.amazonaws.com`) or else `region`. Over HTTPS the queue's certificate is
+    /// checked against the system's CA certificates and `extra_roots` (`upstream_ca_file`).
     pub async fn new(
         queue_url: &str,
         region: &str,
         credentials: Option<SharedCredentialsProvider>,
+        extra_roots: Option<&ExtraRoots>,
         freshness: Arc<Freshness>,
         metrics: Arc<Metrics>,
     ) -> Result<Self, SqsError> {
@@ -76,6 +82,9 @@ impl SqsConsumer {
             .endpoint_url(format!("{scheme}://{host}"));
         if let Some(credentials) = credentials {
             loader = loader.credentials_provider(credentials);
+        }
+        if let Some(extra) = extra_roots {
+            loader = loader.http_client(extra.sdk_http_client().map_err(SqsError::Tls)?);
         }
         let shared = loader.load().await;
         let config = aws_sdk_sqs::config::Builder::from(&shared)

@@ -132,6 +132,9 @@ pub struct Clients {
     pub forwarder: Arc<Forwarder>,
     /// The credentials both sign with (`None`: unsigned), for Larder's other AWS calls (SQS).
     pub credentials: Option<aws_credential_types::provider::SharedCredentialsProvider>,
+    /// The CA certificates both trust besides the system's (`upstream_ca_file`), for the same
+    /// calls.
+    pub extra_roots: Option<roots::ExtraRoots>,
 }
 
 impl Clients {
@@ -141,6 +144,7 @@ impl Clients {
         let origin = S3Upstream::new(config).await?;
         Ok(Self {
             credentials: origin.credentials(),
+            extra_roots: config.extra_roots.clone(),
             forwarder: origin.forwarder(),
             origin: Arc::new(origin),
         })

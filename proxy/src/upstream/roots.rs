@@ -2,13 +2,17 @@
 //! `upstream_ca_file` (an S3-compatible store behind a private certificate authority).
 //!
 //! Both upstream clients take them: the object client ([`super::forward`]: block GETs, HEADs,
-//! pass-through) and the AWS SDK's (warm-up's listings). The file is read and checked once, at
+//! pass-through) and the AWS SDK's (warm-up's listings), and so does the SQS client that polls
+//! the upstream's event queue (`events_sqs_queue_url`), which a private store's deployment
+//! serves behind the same authority (an SQS-compatible server beside MinIO). The file is read and checked once, at
 //! start: the SDK parses the certificates it is given only when it first connects, and panics
 //! on one it cannot parse, so a bad file must stop Larder before that, with its path in the
 //! error.
 
 use std::path::{Path, PathBuf};
 
+use aws_smithy_http_client::tls;
+use aws_smithy_runtime_api::client::http::SharedHttpClient;
 use rustls::RootCertStore;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
@@ -72,9 +76,20 @@ impl ExtraRoots {
         Ok(Self { pem, certs })
     }
 
-    /// The file's bytes, for a client that takes PEM (the AWS SDK's).
-    pub fn pem(&self) -> &[u8] {
-        &self.pem
+    /// An HTTPS client for an AWS SDK (S3's for warm-up, SQS's for events) trusting the
+    /// system's certificates and these.
+    pub fn sdk_http_client(&self) -> Result<SharedHttpClient, String> {
+        let trust = tls::TrustStore::default().with_pem_certificate(self.pem.clone());
+        let context = tls::TlsContext::builder()
+            .with_trust_store(trust)
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(aws_smithy_http_client::Builder::new()
+            .tls_provider(tls::Provider::Rustls(
+                tls::rustls_provider::CryptoMode::AwsLc,
+            ))
+            .tls_context(context)
+            .build_https())
     }
 
     /// The system's trusted certificates (what `rustls-native-certs` finds, as the AWS SDK
@@ -107,7 +122,7 @@ mod tests {
             format!("{CERT}-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n{CERT}");
         let roots = ExtraRoots::from_pem(bundle.clone().into_bytes()).unwrap();
         assert_eq!(roots.certs.len(), 2);
-        assert_eq!(roots.pem(), bundle.as_bytes());
+        assert_eq!(roots.pem, bundle.as_bytes());
         let mut alone = RootCertStore::empty();
         alone.add(roots.certs[0].clone()).unwrap();
         let trusted = roots.with_system_roots();

@@ -19,7 +19,6 @@ use aws_sdk_s3::config::{ConfigBag, Intercept, RuntimeComponents};
 use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::types::RequestPayer;
 use aws_sdk_s3::Client;
-use aws_smithy_http_client::tls;
 use aws_smithy_runtime_api::box_error::BoxError;
 use aws_smithy_runtime_api::client::interceptors::context::InterceptorContext;
 use aws_smithy_runtime_api::client::retries::classifiers::{
@@ -164,18 +163,10 @@ impl S3Upstream {
         if let Some(extra) = &config.extra_roots {
             // The SDK's own client (warm-up's listings) trusts the same certificates as the
             // object client: the system's and these.
-            let trust = tls::TrustStore::default().with_pem_certificate(extra.pem().to_vec());
-            let context = tls::TlsContext::builder()
-                .with_trust_store(trust)
-                .build()
-                .map_err(|e| ForwardError::Build(format!("upstream TLS: {e}")))?;
             loader = loader.http_client(
-                aws_smithy_http_client::Builder::new()
-                    .tls_provider(tls::Provider::Rustls(
-                        tls::rustls_provider::CryptoMode::AwsLc,
-                    ))
-                    .tls_context(context)
-                    .build_https(),
+                extra
+                    .sdk_http_client()
+                    .map_err(|e| ForwardError::Build(format!("upstream TLS: {e}")))?,
             );
         }
         let shared = loader.load().await;

@@ -237,6 +237,7 @@ pub async fn start(
         origin,
         forwarder,
         credentials,
+        extra_roots,
     } = upstream;
     let tls = match (&config.tls_cert, &config.tls_key) {
         (Some(cert), Some(key)) => Some(TlsConfig::load(cert, key)?),
@@ -394,6 +395,7 @@ pub async fn start(
                 url,
                 &config.upstream_region,
                 credentials,
+                extra_roots.as_ref(),
                 freshness.clone(),
                 metrics.clone(),
             )
