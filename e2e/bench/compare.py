@@ -479,11 +479,11 @@ class Bench:
 
     def larder(self, name: str, *extra: str, tls: tuple[Path, Path] | None = None,
                upstream: str | None = None) -> tuple[Larder, Target]:
-        """A Larder in front of the upstream (or `upstream`), and its target; with `tls`
-        (certificate, key), its S3 port serves HTTPS."""
+        """A Larder in front of the upstream (or `upstream`, whose trust the caller gives), and
+        its target; with `tls` (certificate, key), its S3 port serves HTTPS."""
         if tls:
             extra += ("--tls-cert", str(tls[0]), "--tls-key", str(tls[1]))
-        if self.upstream_tls:
+        if self.upstream_tls and upstream is None:
             extra += ("--upstream-ca-file", str(self.upstream_tls[0]))
         l = Larder(self.work, upstream or self.upstream_endpoint, *extra, *self.larder_args, name=name)
         self.stoppers.append(l.stop)
