@@ -130,7 +130,38 @@ def test_lint_template_and_validate(values, workdir):
         promtool = shutil.which("promtool")
         assert promtool, "promtool comes with Debian's prometheus package (e2e/setup.sh)"
         out = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True)
-        assert out.returncode == 0 and "4 rules found" in out.stdout, out.stdout + out.stderr
+        assert out.returncode == 0 and "5 rules found" in out.stdout, out.stdout + out.stderr
+        # The certificate alert, evaluated by promtool on series as Larder exports them: it fires
+        # on requests refused at TLS, and not on other transport faults.
+        tls_alert = next(r for r in rule["spec"]["groups"][0]["rules"] if r.get("alert") == "LarderUpstreamTlsRefused")
+        cases = workdir / "larder-rules-test.yaml"
+        cases.write_text(yaml.safe_dump({
+            "rule_files": [rules.name], "evaluation_interval": "1m",
+            "tests": [{
+                "interval": "1m",
+                "input_series": [
+                    {"series": 'larder_upstream_requests_total{operation="GetObject",status="206"}', "values": "0+100x30"},
+                    {"series": 'larder_upstream_requests_total{operation="GetObject",status="tls"}', "values": "0+3x30"},
+                    {"series": 'larder_upstream_requests_total{operation="HeadObject",status="transport"}',
+                     "values": "0+3x30"},
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "3m", "alertname": "LarderUpstreamTlsRefused", "exp_alerts": []},
+                    {"eval_time": "10m", "alertname": "LarderUpstreamTlsRefused",
+                     "exp_alerts": [{"exp_labels": {"severity": "critical"},
+                                     "exp_annotations": tls_alert["annotations"]}]},
+                ],
+            }, {
+                "interval": "1m",
+                "input_series": [
+                    {"series": 'larder_upstream_requests_total{operation="GetObject",status="transport"}',
+                     "values": "0+3x30"},
+                ],
+                "alert_rule_test": [{"eval_time": "20m", "alertname": "LarderUpstreamTlsRefused", "exp_alerts": []}],
+            }],
+        }))
+        out = subprocess.run([promtool, "test", "rules", str(cases)], capture_output=True, text=True, cwd=workdir)
+        assert out.returncode == 0 and "SUCCESS" in out.stdout, out.stdout + out.stderr
 
 
 def test_a_typo_or_a_missing_secret_fails_at_install():

@@ -214,6 +214,10 @@ def test_an_upstream_whose_certificate_larder_does_not_trust_or_that_names_anoth
         log = l.log_path.read_text()
         assert "invalid peer certificate" in log, log[-2000:]
         assert ("UnknownIssuer" if l is untrusted else 'not valid for name "localhost"') in log, log[-2000:]
+        # Counted as what they are, for an alert to name (the chart's LarderUpstreamTlsRefused):
+        # each GET, HEAD, listing and write refused at the handshake, none as another fault.
+        assert metric(l, "larder_upstream_requests_total", status="tls") >= 5
+        assert metric(l, "larder_upstream_requests_total", status="transport") == 0
     # Nothing reached MinIO through either of them.
     with pytest.raises(ClientError):
         direct.head_object(Bucket="impostor", Key="w")

@@ -28,6 +28,12 @@ pub enum UpstreamError {
     /// The upstream could not be reached, or the connection broke.
     #[error("upstream transport error: {0}")]
     Transport(String),
+    /// TLS with the upstream failed: its certificate was refused (untrusted, for another name,
+    /// expired), the handshake failed, or a record did not decrypt. Handled as a transport
+    /// failure (an outage; retried, resumed on a new connection), but labelled apart, so that
+    /// a refused certificate shows as what it is.
+    #[error("upstream TLS failed: {0}")]
+    Tls(String),
     /// The upstream did not answer, or stopped sending, within the configured time.
     #[error("upstream timed out: {0}")]
     Timeout(String),
@@ -64,7 +70,7 @@ impl UpstreamError {
     pub fn is_outage(&self) -> bool {
         match self {
             UpstreamError::Service { status, .. } => *status >= 500,
-            UpstreamError::Transport(_) | UpstreamError::Timeout(_) => true,
+            UpstreamError::Transport(_) | UpstreamError::Tls(_) | UpstreamError::Timeout(_) => true,
             _ => false,
         }
     }
@@ -85,6 +91,7 @@ impl UpstreamError {
         matches!(
             self,
             UpstreamError::Transport(_)
+                | UpstreamError::Tls(_)
                 | UpstreamError::Timeout(_)
                 | UpstreamError::BodyLength { .. }
         )
@@ -97,6 +104,7 @@ impl UpstreamError {
             UpstreamError::Service { status, .. } => UpstreamOutcome::Http(*status),
             UpstreamError::Changed => UpstreamOutcome::Http(412),
             UpstreamError::Transport(_) => UpstreamOutcome::Failed("transport"),
+            UpstreamError::Tls(_) => UpstreamOutcome::Failed("tls"),
             UpstreamError::Timeout(_) => UpstreamOutcome::Failed("timeout"),
             UpstreamError::BodyLength { .. } => UpstreamOutcome::Failed("truncated"),
             UpstreamError::Abandoned => UpstreamOutcome::Failed("abandoned"),
@@ -116,7 +124,7 @@ pub fn is_throttling_status(status: u16) -> bool {
 pub enum UpstreamOutcome {
     /// With an HTTP response of this status.
     Http(u16),
-    /// Without a response: `transport`, `timeout`, `truncated`, `abandoned`, `internal`.
+    /// Without a response: `transport`, `tls`, `timeout`, `truncated`, `abandoned`, `internal`.
     Failed(&'static str),
 }
 

@@ -112,7 +112,7 @@ impl From<UpstreamError> for S3Error {
                 code,
                 message,
             },
-            UpstreamError::Transport(m) | UpstreamError::Timeout(m) => {
+            UpstreamError::Transport(m) | UpstreamError::Tls(m) | UpstreamError::Timeout(m) => {
                 S3Error::ServiceUnavailable(format!("upstream unavailable: {m}"))
             }
             UpstreamError::Changed

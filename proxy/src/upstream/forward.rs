@@ -19,6 +19,7 @@ use hyper_util::rt::TokioExecutor;
 
 use super::roots::ExtraRoots;
 
+use crate::model::UpstreamOutcome;
 use crate::s3::request::{encode_path, Target, PRESIGNED_PARAMS};
 
 /// Query parameters of a presigned URL besides SigV4's own ([`PRESIGNED_PARAMS`]): the client's
@@ -72,6 +73,9 @@ pub enum ForwardError {
     /// The upstream could not be reached, or the exchange broke.
     #[error("upstream request failed: {0}")]
     Transport(String),
+    /// TLS with the upstream failed (see [`tls_failure`]).
+    #[error("upstream TLS failed: {0}")]
+    Tls(String),
     /// No response in time.
     #[error("upstream did not answer within {0:?}")]
     Timeout(Duration),
@@ -235,7 +239,7 @@ impl Forwarder {
             // takes to send it.
             pending.await
         }
-        .map_err(|e| ForwardError::Transport(error_chain(&e)))?;
+        .map_err(|e| transport_error(&e))?;
         let (mut parts, body) = response.into_parts();
         for name in DROPPED_RESPONSE {
             parts.headers.remove(*name);
@@ -426,6 +430,51 @@ fn strip_presign(query: &str) -> String {
 }
 
 /// `e` and its causes, for a log line or an error message.
+/// What became of an exchange that broke: [`ForwardError::Tls`] if TLS failed, else
+/// [`ForwardError::Transport`], either with the whole chain of causes.
+pub(crate) fn transport_error(e: &(dyn std::error::Error + 'static)) -> ForwardError {
+    if tls_failure(e) {
+        ForwardError::Tls(error_chain(e))
+    } else {
+        ForwardError::Transport(error_chain(e))
+    }
+}
+
+/// Whether `e` or one of its causes is rustls's: a certificate refused (untrusted, for another
+/// name, expired), a failed handshake, or a record that did not decrypt. rustls's errors reach
+/// the HTTP clients wrapped in an `io::Error` (hyper-rustls wraps that one in another), and an
+/// `io::Error`'s `source()` skips what it wraps, so the chain goes on through what each one
+/// wraps instead.
+pub(crate) fn tls_failure(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(e);
+    while let Some(e) = cause {
+        if e.is::<rustls::Error>() {
+            return true;
+        }
+        cause = match e.downcast_ref::<std::io::Error>() {
+            Some(io) => io
+                .get_ref()
+                .map(|w| w as &(dyn std::error::Error + 'static)),
+            None => e.source(),
+        };
+    }
+    false
+}
+
+impl ForwardError {
+    /// How the request ended, as the metrics label it.
+    pub fn outcome(&self) -> UpstreamOutcome {
+        match self {
+            ForwardError::Transport(_) => UpstreamOutcome::Failed("transport"),
+            ForwardError::Tls(_) => UpstreamOutcome::Failed("tls"),
+            ForwardError::Timeout(_) => UpstreamOutcome::Failed("timeout"),
+            ForwardError::Credentials(_) | ForwardError::Build(_) => {
+                UpstreamOutcome::Failed("internal")
+            }
+        }
+    }
+}
+
 pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut source = e.source();
@@ -440,6 +489,33 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An error wrapping an I/O error, as the HTTP clients' connect errors do.
+    #[derive(Debug, thiserror::Error)]
+    #[error("connecting")]
+    struct Connecting(#[source] std::io::Error);
+
+    #[test]
+    fn a_certificate_refused_under_an_io_error_is_a_tls_failure_and_a_reset_is_not() {
+        // As hyper-rustls hands it on: tokio-rustls's `io::Error` in one of its own.
+        let refused = Connecting(std::io::Error::other(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        )));
+        assert!(tls_failure(&refused));
+        let e = transport_error(&refused);
+        assert!(
+            matches!(&e, ForwardError::Tls(m) if m.contains("UnknownIssuer")),
+            "{e:?}"
+        );
+        assert_eq!(e.outcome(), UpstreamOutcome::Failed("tls"));
+
+        let reset = Connecting(std::io::ErrorKind::ConnectionReset.into());
+        assert!(!tls_failure(&reset));
+        let e = transport_error(&reset);
+        assert!(matches!(e, ForwardError::Transport(_)), "{e:?}");
+        assert_eq!(e.outcome(), UpstreamOutcome::Failed("transport"));
+    }
 
     fn forwarder(path_style: bool) -> Forwarder {
         Forwarder::new(

@@ -32,7 +32,9 @@ use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Response};
 use http_body_util::BodyExt;
 use percent_encoding::utf8_percent_encode;
 
-use super::forward::{error_chain, Forward, ForwardError, Forwarder, Reshaped, SignedBody};
+use super::forward::{
+    tls_failure, transport_error, Forward, ForwardError, Forwarder, Reshaped, SignedBody,
+};
 use super::roots::ExtraRoots;
 use super::Upstream;
 use crate::model::{
@@ -420,7 +422,7 @@ impl S3Upstream {
             // What sending it again would cost the budget; `None`: not sent again.
             let retry_cost = match &answer {
                 Ok(a) if matches!(a.status().as_u16(), 500 | 502 | 504) => Some(RETRY_COST),
-                Err(ForwardError::Transport(_)) => Some(RETRY_COST),
+                Err(ForwardError::Transport(_) | ForwardError::Tls(_)) => Some(RETRY_COST),
                 Err(ForwardError::Timeout(_)) => Some(RETRY_TIMEOUT_COST),
                 _ => None,
             }
@@ -536,6 +538,7 @@ impl RetryBudget {
 fn upstream_error(e: ForwardError) -> UpstreamError {
     match e {
         ForwardError::Transport(m) => UpstreamError::Transport(m),
+        ForwardError::Tls(m) => UpstreamError::Tls(m),
         ForwardError::Timeout(_) => UpstreamError::Timeout(e.to_string()),
         ForwardError::Credentials(_) | ForwardError::Build(_) => {
             UpstreamError::Internal(e.to_string())
@@ -574,7 +577,7 @@ fn xml_text(doc: &str, tag: &str) -> Option<String> {
 
 fn body_stream(body: Body) -> BodyStream {
     body.into_data_stream()
-        .map(|chunk| chunk.map_err(|e| UpstreamError::Transport(error_chain(&e))))
+        .map(|chunk| chunk.map_err(|e| upstream_error(transport_error(&e))))
         .boxed()
 }
 
@@ -610,6 +613,7 @@ where
         SdkError::ConstructionFailure(_) => {
             UpstreamError::Internal(DisplayErrorContext(&err).to_string())
         }
+        _ if tls_failure(&err) => UpstreamError::Tls(DisplayErrorContext(&err).to_string()),
         _ => UpstreamError::Transport(DisplayErrorContext(&err).to_string()),
     }
 }

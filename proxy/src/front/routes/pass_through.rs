@@ -109,9 +109,7 @@ impl AppState {
             .await;
         let status = match &result {
             Ok(r) => UpstreamOutcome::Http(r.status().as_u16()),
-            Err(ForwardError::Timeout(_)) => UpstreamOutcome::Failed("timeout"),
-            Err(ForwardError::Transport(_)) => UpstreamOutcome::Failed("transport"),
-            Err(_) => UpstreamOutcome::Failed("internal"),
+            Err(e) => e.outcome(),
         };
         self.metrics.upstream(operation, status, started.elapsed());
         if let Err(e) = &result {
@@ -132,7 +130,7 @@ impl AppState {
                     });
                 }
                 Err(match e {
-                    ForwardError::Transport(m) => {
+                    ForwardError::Transport(m) | ForwardError::Tls(m) => {
                         S3Error::ServiceUnavailable(format!("upstream unavailable: {m}"))
                     }
                     ForwardError::Timeout(_) => S3Error::ServiceUnavailable(e.to_string()),
