@@ -290,11 +290,12 @@ class LatencyProxy:
     """The Rust pass-through that stands in for S3's latency (e2e/latency-proxy)."""
 
     def __init__(self, workdir: Path, upstream_port: int, tls: tuple[Path, Path] | None = None,
-                 name: str = "latency-proxy"):
-        """`tls` (certificate, key): the same pass-through over HTTPS too, at `tls_endpoint`."""
+                 name: str = "latency-proxy", tls_port: int | None = None):
+        """`tls` (certificate, key): the same pass-through over HTTPS too, at `tls_endpoint` (on
+        `tls_port` if given: another server taking over a stopped one's address)."""
         self.port = free_port()
         self.log = open(workdir / f"{name}.log", "wb")
-        self.tls_port = free_port() if tls else None
+        self.tls_port = (tls_port or free_port()) if tls else None
         https = ["--tls-listen", f"127.0.0.1:{self.tls_port}", "--tls-cert", str(tls[0]),
                  "--tls-key", str(tls[1])] if tls else []
         self.proc = subprocess.Popen([binary("larder-latency-proxy"), "--listen", f"127.0.0.1:{self.port}",
