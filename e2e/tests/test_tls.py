@@ -230,24 +230,25 @@ def test_an_upstream_whose_certificate_turns_untrusted_is_refused_and_what_is_ca
     # of their own, in front of the same store.
     genuine = LatencyProxy(workdir, minio.port, tls=(private_ca / "server.crt", private_ca / "server.key"),
                            name="tls-front-genuine")
-    genuine.latency(delay_ms=0, jitter_ms=0, tail_fraction=0, tail_ms=0)
-    data = os.urandom(300_000)
-    direct.put_object(Bucket=bucket, Key="cached", Body=data)
-    l = make_larder("--upstream-ca-file", str(private_ca / "ca.crt"), "--metadata-ttl", "1s",
-                    "--serve-stale-on-error", "1h", "--upstream-max-attempts", "1",
-                    upstream_url=genuine.tls_endpoint, name="larder-stale-over-tls",
-                    env={"SSL_CERT_FILE": None, "SSL_CERT_DIR": None})
-    client = s3_client(l.endpoint, CLIENT_KEY, CLIENT_SECRET)
-
-    def read(key):
-        r = client.get_object(Bucket=bucket, Key=key)
-        return r["Body"].read(), r["ResponseMetadata"]["HTTPHeaders"]["x-cache"]
-
-    assert read("cached") == (data, "miss")
-    genuine.stop()
-    impostor = LatencyProxy(workdir, minio.port, tls=make_cert(workdir, "impostor"), tls_port=genuine.tls_port,
-                            name="tls-front-impostor")
+    impostor = None
     try:
+        genuine.latency(delay_ms=0, jitter_ms=0, tail_fraction=0, tail_ms=0)
+        data = os.urandom(300_000)
+        direct.put_object(Bucket=bucket, Key="cached", Body=data)
+        l = make_larder("--upstream-ca-file", str(private_ca / "ca.crt"), "--metadata-ttl", "1s",
+                        "--serve-stale-on-error", "1h", "--upstream-max-attempts", "1",
+                        upstream_url=genuine.tls_endpoint, name="larder-stale-over-tls",
+                        env={"SSL_CERT_FILE": None, "SSL_CERT_DIR": None})
+        client = s3_client(l.endpoint, CLIENT_KEY, CLIENT_SECRET)
+
+        def read(key):
+            r = client.get_object(Bucket=bucket, Key=key)
+            return r["Body"].read(), r["ResponseMetadata"]["HTTPHeaders"]["x-cache"]
+
+        assert read("cached") == (data, "miss")
+        genuine.stop()
+        impostor = LatencyProxy(workdir, minio.port, tls=make_cert(workdir, "impostor"), tls_port=genuine.tls_port,
+                                name="tls-front-impostor")
         impostor.latency(delay_ms=0, jitter_ms=0, tail_fraction=0, tail_ms=0)
         direct.put_object(Bucket=bucket, Key="uncached", Body=b"only through a verified upstream")
         time.sleep(1.5)  # the cached object's metadata has expired: it must be revalidated
@@ -258,7 +259,9 @@ def test_an_upstream_whose_certificate_turns_untrusted_is_refused_and_what_is_ca
         assert impostor.control("stats")["requests"] == 0, "no request got past the handshake"
         assert metric(l, "larder_upstream_requests_total", status="tls") >= 2
     finally:
-        impostor.stop()
+        genuine.stop()  # again if the test got that far: a second stop does nothing
+        if impostor:
+            impostor.stop()
 
 
 def s3_event(bucket, key, etag):

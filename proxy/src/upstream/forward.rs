@@ -429,7 +429,6 @@ fn strip_presign(query: &str) -> String {
         .join("&")
 }
 
-/// `e` and its causes, for a log line or an error message.
 /// What became of an exchange that broke: [`ForwardError::Tls`] if TLS failed, else
 /// [`ForwardError::Transport`], either with the whole chain of causes.
 pub(crate) fn transport_error(e: &(dyn std::error::Error + 'static)) -> ForwardError {
@@ -475,6 +474,7 @@ impl ForwardError {
     }
 }
 
+/// `e` and its causes, for a log line or an error message.
 pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut source = e.source();

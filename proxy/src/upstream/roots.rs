@@ -2,12 +2,13 @@
 //! `upstream_ca_file` (an S3-compatible store behind a private certificate authority).
 //!
 //! Both upstream clients take them: the object client ([`super::forward`]: block GETs, HEADs,
-//! pass-through) and the AWS SDK's (warm-up's listings), and so does the SQS client that polls
-//! the upstream's event queue (`events_sqs_queue_url`), which a private store's deployment
-//! serves behind the same authority (an SQS-compatible server beside MinIO). The file is read and checked once, at
-//! start: the SDK parses the certificates it is given only when it first connects, and panics
-//! on one it cannot parse, so a bad file must stop Larder before that, with its path in the
-//! error.
+//! pass-through) and the AWS SDK's (warm-up's listings). So does the SQS client that polls the
+//! upstream's event queue (`events_sqs_queue_url`), which a private store's deployment serves
+//! behind the same authority (an SQS-compatible server beside MinIO).
+//!
+//! The file is read and checked once, at start: the SDK parses the certificates it is given
+//! only when it first connects, and panics on one it cannot parse, so a bad file must stop
+//! Larder before that, with its path in the error.
 
 use std::path::{Path, PathBuf};
 
