@@ -130,10 +130,12 @@ def test_lint_template_and_validate(values, workdir):
         promtool = shutil.which("promtool")
         assert promtool, "promtool comes with Debian's prometheus package (e2e/setup.sh)"
         out = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True)
-        assert out.returncode == 0 and "5 rules found" in out.stdout, out.stdout + out.stderr
-        # The certificate alert, evaluated by promtool on series as Larder exports them: it fires
-        # on requests refused at TLS, and not on other transport faults.
-        tls_alert = next(r for r in rule["spec"]["groups"][0]["rules"] if r.get("alert") == "LarderUpstreamTlsRefused")
+        assert out.returncode == 0 and "6 rules found" in out.stdout, out.stdout + out.stderr
+        # Two alerts evaluated by promtool on series as Larder exports them. The certificate one
+        # fires on requests refused at TLS, and not on other transport faults; the event
+        # stream's, once one replica has been without events for 15 minutes, not before.
+        alerts = {r["alert"]: r for r in rule["spec"]["groups"][0]["rules"] if "alert" in r}
+        tls_alert, silent = alerts["LarderUpstreamTlsRefused"], alerts["LarderEventStreamSilent"]
         cases = workdir / "larder-rules-test.yaml"
         cases.write_text(yaml.safe_dump({
             "rule_files": [rules.name], "evaluation_interval": "1m",
@@ -158,6 +160,22 @@ def test_lint_template_and_validate(values, workdir):
                      "values": "0+3x30"},
                 ],
                 "alert_rule_test": [{"eval_time": "20m", "alertname": "LarderUpstreamTlsRefused", "exp_alerts": []}],
+            }, {
+                "interval": "1m",
+                "input_series": [
+                    {"series": 'larder_events_stream_healthy{pod="larder-0"}', "values": "1x40"},
+                    {"series": 'larder_events_stream_healthy{pod="larder-1"}', "values": "1x5 0x35"},
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "15m", "alertname": "LarderEventStreamSilent", "exp_alerts": []},
+                    {"eval_time": "25m", "alertname": "LarderEventStreamSilent",
+                     "exp_alerts": [{"exp_labels": {"severity": "warning"},
+                                     "exp_annotations": silent["annotations"]}]},
+                ],
+            }, {
+                "interval": "1m",
+                "input_series": [{"series": 'larder_events_stream_healthy{pod="larder-0"}', "values": "1x40"}],
+                "alert_rule_test": [{"eval_time": "30m", "alertname": "LarderEventStreamSilent", "exp_alerts": []}],
             }],
         }))
         out = subprocess.run([promtool, "test", "rules", str(cases)], capture_output=True, text=True, cwd=workdir)
