@@ -156,6 +156,11 @@ INTERNALS = [
                       (f"sum by (outcome) (increase(larder_warm_jobs_total[{RI}]))", "jobs {{outcome}}")]),
     panel("Disk recovery at start", [("larder_disk_recovered_entries_total", "entries recovered"),
                                      ("larder_disk_recovery_milliseconds", "milliseconds")]),
+    panel("S3 events", [("min(larder_events_stream_healthy)", "stream healthy (1) or silent (0)"),
+                        (f"sum by (outcome) (rate(larder_events_total[{RI}]))", "events {{outcome}}")],
+          description="Only where events are expected (events_token_file, events_sqs_queue_url). At 0 no event "
+                      "came within events_max_silence, and metadata is trusted for events_fallback_ttl only "
+                      "(the LarderEventStreamSilent alert)."),
 ]
 
 # The fleet (docs/scale-out.md): empty for a replica that is not part of one.
