@@ -91,6 +91,21 @@ def s3_client(endpoint: str, key: str = ACCESS_KEY, secret: str = SECRET_KEY, **
     )
 
 
+def assert_dashboard_metrics_exported(node, prefixes: tuple[str, ...], at_least: int, who: str):
+    """Every metric beginning with one of `prefixes` that a dashboard of the chart queries is in
+    `node`'s scrape: for metrics only some Larders export (a fleet replica's, one expecting
+    events), which test_observability.py leaves to the tests that run such a Larder."""
+    scrape = node.metrics()
+    queried = set()
+    for path in sorted((ROOT / "charts" / "larder" / "dashboards").glob("*.json")):
+        for p in json.loads(path.read_text())["panels"]:
+            for t in p["targets"]:
+                queried.update(n for n in re.findall(r"\blarder_[a-z0-9_]+", t["expr"]) if n.startswith(prefixes))
+    assert len(queried) >= at_least, queried
+    for name in queried:
+        assert re.search(rf"^{name}[{{ ]", scrape, re.M), f"the dashboards query {name}, which {who} does not export"
+
+
 def metric(node, name, **labels) -> float:
     """Sum of a metric's series whose labels include `labels`."""
     total = 0.0

@@ -6,9 +6,7 @@ Upstream requests are counted where they land (the counting pass-through), not b
 
 import hashlib
 import hmac
-import json
 import random
-import re
 import signal
 import threading
 import time
@@ -18,7 +16,8 @@ import urllib.request
 import pytest
 from botocore.exceptions import ClientError
 
-from conftest import FLEET_SECRET, ROOT, FleetOf, fleet_state, free_port, metric, owner, wait_until
+from conftest import (FLEET_SECRET, FleetOf, assert_dashboard_metrics_exported, fleet_state, free_port, metric, owner,
+                      wait_until)
 from threads import run_all
 
 def put_objects(direct, bucket, sizes, seed=1):
@@ -73,15 +72,7 @@ def test_48_readers_over_three_replicas_fetch_each_block_once(make_larder, workd
     assert made > 0 and made == served
     assert sum(metric(n, "larder_peer_fallbacks_total") for n in fleet.nodes) == 0
     # Every fleet metric the dashboards query is exported by a replica in a fleet.
-    scrape = fleet.nodes[0].metrics()
-    queried = set()
-    for path in sorted((ROOT / "charts" / "larder" / "dashboards").glob("*.json")):
-        for p in json.loads(path.read_text())["panels"]:
-            for t in p["targets"]:
-                queried.update(re.findall(r"\blarder_(?:peer|fleet)_[a-z0-9_]+", t["expr"]))
-    assert len(queried) >= 7, queried
-    for name in queried:
-        assert re.search(rf"^{name}[{{ ]", scrape, re.M), f"the dashboards query {name}, which a fleet replica does not export"
+    assert_dashboard_metrics_exported(fleet.nodes[0], ("larder_peer_", "larder_fleet_"), 7, "a fleet replica")
     # A second round is served by the fleet without the upstream.
     upstream.reset()
     for i, key in enumerate(objects):
