@@ -434,6 +434,104 @@ def owner(node, bucket, key, index) -> str:
         return json.loads(r.read())["owner"]
 
 
+def openssl(*args, cwd):
+    subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60, cwd=cwd)
+
+
+def issue_certificate(d: Path, ca: str, name: str, san: str):
+    """`name`.crt and .key in `d`: an ECDSA P-256 server certificate for `san`, signed by the CA
+    `ca`.crt / .key there."""
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+            "-subj", f"/CN={name}", "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=d)
+    (d / f"{name}.ext").write_text(f"subjectAltName={san}\nbasicConstraints=critical,CA:FALSE\n"
+                                   "extendedKeyUsage=serverAuth\n")
+    openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key", "-CAcreateserial",
+            "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.crt", cwd=d)
+
+
+def make_ca(d: Path, name: str):
+    """`name`.crt and .key in `d`: a self-signed CA (ECDSA P-256, two days)."""
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2",
+            "-subj", f"/CN=e2e {name}", "-keyout", f"{name}.key", "-out", f"{name}.crt", cwd=d)
+
+
+@pytest.fixture(scope="session")
+def fleet_certs(tmp_path_factory):
+    """The fleet's CA and certificate for `larder-fleet`, as the Helm chart makes them; a
+    certificate of that CA for another name; and a rogue CA's certificate for `larder-fleet`."""
+    d = tmp_path_factory.mktemp("fleet-certs")
+    make_ca(d, "fleet-ca")
+    issue_certificate(d, "fleet-ca", "fleet", "DNS:larder-fleet")
+    issue_certificate(d, "fleet-ca", "other-name", "DNS:not-larder-fleet")
+    make_ca(d, "rogue-ca")
+    issue_certificate(d, "rogue-ca", "rogue", "DNS:larder-fleet")
+    return d
+
+
+def fleet_tls_flags(certs: Path, cert: str = "fleet", ca: str = "fleet-ca") -> tuple:
+    """The flags of a replica presenting `cert` and trusting `ca` for `larder-fleet`."""
+    return ("--fleet-tls-cert", str(certs / f"{cert}.crt"), "--fleet-tls-key", str(certs / f"{cert}.key"),
+            "--fleet-tls-ca", str(certs / f"{ca}.crt"), "--fleet-tls-name", "larder-fleet")
+
+
+class RecordingRelay:
+    """A TCP relay from `host`:`port` to `target` that keeps every byte it carries either way,
+    as someone on the network between two replicas would see them. Each connection's two
+    directions are copied by a thread of their own until either side closes."""
+
+    def __init__(self, target: tuple, host: str = "127.0.0.1"):
+        self.target = target
+        self.recorded = bytearray()
+        self.lock = threading.Lock()
+        self.sock = socket.create_server((host, 0))
+        self.host, self.port = host, self.sock.getsockname()[1]
+        self.sock.settimeout(0.2)
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self):
+        while not self.stopping.is_set():
+            try:
+                client, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:  # not listening yet: refused, as the target itself would
+                client.close()
+                continue
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._copy, args=(a, b), daemon=True).start()
+
+    def _copy(self, src, dst):
+        src.settimeout(None)
+        try:
+            while chunk := src.recv(1 << 16):
+                with self.lock:
+                    self.recorded += chunk
+                dst.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def seen(self) -> bytes:
+        with self.lock:
+            return bytes(self.recorded)
+
+    def stop(self):
+        self.stopping.set()
+        self.sock.close()
+        self.thread.join(timeout=5)
+
+
 class FleetOf:
     """Larder replicas on 127.0.0.N, sharing a peer port number, a secret and a member file."""
 
@@ -451,7 +549,7 @@ class FleetOf:
     def peer(self, i) -> str:
         return f"127.0.0.{i + 1}:{self.peer_port}"
 
-    def start(self, n):
+    def start(self, n, wait=True):
         # Replaced whole, as a mounted ConfigMap is: written in place, a replica's refresh could
         # read it between its truncation and its writing, and see no members for a moment.
         staged = self.members.with_suffix(".new")
@@ -463,7 +561,8 @@ class FleetOf:
                 "--fleet-listen", self.peer(i), "--fleet-peers-file", str(self.members),
                 "--fleet-secret-file", str(self.secret), *self.extra, *self.extra_for(i),
                 name=f"{self.name}-{i}", host=f"127.0.0.{i + 1}"))
-        self.wait_members(self.nodes, n)
+        if wait:
+            self.wait_members(self.nodes, n)
 
     def wait_members(self, nodes, n, timeout=40.0):
         deadline = time.monotonic() + timeout

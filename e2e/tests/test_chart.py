@@ -4,6 +4,9 @@ Kubernetes OpenAPI schemas (kubernetes-validate, offline, strict), the Prometheu
 `promtool check rules`, and the rendered larder.toml by the real binary (`larder serve
 --check-config`). No cluster is reachable here, so nothing is installed."""
 
+import base64
+import random
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -12,7 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from conftest import ROOT, binary
+from conftest import ROOT, FleetOf, binary, metric
 
 CHART = ROOT / "charts" / "larder"
 VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
@@ -182,6 +185,30 @@ def test_lint_template_and_validate(values, workdir):
         assert out.returncode == 0 and "SUCCESS" in out.stdout, out.stdout + out.stderr
 
 
+def test_the_fleet_certificate_the_chart_makes_joins_real_replicas_over_tls(make_larder, workdir, direct, bucket):
+    # What `helm install` would mount at /etc/larder/fleet-tls, with the options the chart
+    # renders: two replicas must find each other over TLS with it, and share a block.
+    docs = render(CHART / "ci" / "minimal-values.yaml")
+    (secret,) = [s for s in by_kind(docs, "Secret") if s["metadata"]["name"] == "larder-fleet-tls"]
+    mounted = workdir / "fleet-tls"
+    mounted.mkdir()
+    for name, value in secret["data"].items():
+        (mounted / name).write_bytes(base64.b64decode(value))
+    (config,) = [c for c in by_kind(docs, "ConfigMap") if "larder.toml" in c.get("data", {})]
+    options = dict(re.findall(r'^\s*(fleet_tls_\w+) = "([^"]*)"$', config["data"]["larder.toml"], re.M))
+    assert set(options) == {"fleet_tls_cert", "fleet_tls_key", "fleet_tls_ca", "fleet_tls_name"}, options
+    flags = [a for k, v in options.items()
+             for a in (f"--{k.replace('_', '-')}", v.replace("/etc/larder/fleet-tls", str(mounted)))]
+    fleet = FleetOf(make_larder, workdir, "chart-tls", "--fleet-refresh", "300ms", *flags)
+    fleet.start(2)
+    data = random.Random(3).randbytes(8 * 64 * 1024)
+    direct.put_object(Bucket=bucket, Key="k", Body=data)
+    for node in fleet.nodes:
+        assert node.client().get_object(Bucket=bucket, Key="k")["Body"].read() == data
+    made = sum(metric(n, "larder_peer_requests_total", direction="made", outcome="ok") for n in fleet.nodes)
+    assert made >= 8 and sum(metric(n, "larder_peer_fallbacks_total") for n in fleet.nodes) == 0
+
+
 def test_a_typo_or_a_missing_secret_fails_at_install():
     typo = helm("template", "larder", str(CHART), "-f", str(CHART / "ci" / "minimal-values.yaml"),
                 "--set", "replicas=2", check=False)
@@ -192,7 +219,8 @@ def test_a_typo_or_a_missing_secret_fails_at_install():
     reserved = helm("template", "larder", str(CHART), "-f", str(CHART / "ci" / "minimal-values.yaml"),
                     "--set", "config.listen=0.0.0.0:1", check=False)
     assert reserved.returncode != 0
-    for bad in ("fleet.scope=region", "config.fleet_peers_dns=x:1", "config.events_token_file=/x",
+    for bad in ("fleet.scope=region", "config.fleet_peers_dns=x:1", "config.fleet_tls_ca=/x", "fleet.tls.name=",
+                "config.events_token_file=/x",
                 "events.sqsQueueUrl=sqs-queue"):
         refused = helm("template", "larder", str(CHART), "-f", str(CHART / "ci" / "minimal-values.yaml"),
                        "--set", bad, check=False)

@@ -16,8 +16,8 @@ import urllib.request
 import pytest
 from botocore.exceptions import ClientError
 
-from conftest import (FLEET_SECRET, FleetOf, assert_dashboard_metrics_exported, fleet_state, free_port, metric, owner,
-                      wait_until)
+from conftest import (FLEET_SECRET, FleetOf, RecordingRelay, assert_dashboard_metrics_exported, fleet_state,
+                      fleet_tls_flags, free_port, metric, owner, wait_until)
 from threads import run_all
 
 def put_objects(direct, bucket, sizes, seed=1):
@@ -460,3 +460,83 @@ def test_a_replica_that_hangs_costs_a_peer_timeout_not_a_failure(make_larder, wo
         assert len(ranges) == len(set(ranges)) == 4 * len(theirs), ranges
     finally:
         victim.proc.send_signal(signal.SIGCONT)
+
+
+def relayed_pair(make_larder, workdir, name, *flags):
+    """Two replicas, the second reached only through a RecordingRelay: its listed address is the
+    relay's, so whatever the first asks of it crosses the relay, as it would cross a network."""
+    secret = workdir / f"{name}.secret"
+    secret.write_text(FLEET_SECRET + "\n")
+    first = f"127.0.0.1:{free_port()}"
+    listen = ("127.0.0.2", free_port("127.0.0.2"))
+    relay = RecordingRelay(listen, host="127.0.0.2")
+    members = workdir / f"{name}.peers"
+    members.write_text(f"{first}\n127.0.0.2:{relay.port}\n")
+    common = ("--block-size", "64KiB", "--memory-capacity", "256MiB", "--fleet-refresh", "300ms",
+              "--fleet-peers-file", str(members), "--fleet-secret-file", str(secret), *flags)
+    nodes = [make_larder("--fleet-listen", first, *common, name=f"{name}-0"),
+             make_larder("--fleet-listen", f"{listen[0]}:{listen[1]}", *common, name=f"{name}-1", host="127.0.0.2")]
+    return nodes, relay, f"127.0.0.2:{relay.port}"
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["in-clear", "tls"])
+def test_with_fleet_certificates_no_byte_of_a_block_or_key_crosses_the_network_in_clear(
+        make_larder, workdir, upstream, direct, bucket, fleet_certs, tls):
+    # In clear the relay must see the key and the blocks' bytes: that shows it records what the
+    # replicas exchange, and that the same check finds nothing once they speak TLS.
+    flags = fleet_tls_flags(fleet_certs) if tls else ()
+    nodes, relay, second = relayed_pair(make_larder, workdir, f"relay-{'tls' if tls else 'clear'}", *flags)
+    try:
+        FleetOf.wait_members(None, nodes, 2)
+        key = "confidential.bin"
+        data = random.Random(9).randbytes(16 * 64 * 1024)
+        direct.put_object(Bucket=bucket, Key=key, Body=data)
+        theirs = [i for i in range(16) if owner(nodes[0], bucket, key, i) == second]
+        assert theirs, "the relayed replica owns some of the object's blocks"
+        assert nodes[0].client().get_object(Bucket=bucket, Key=key)["Body"].read() == data
+        assert metric(nodes[0], "larder_peer_requests_total", direction="made", outcome="ok") >= len(theirs)
+        assert metric(nodes[0], "larder_peer_fallbacks_total") == 0
+        seen = relay.seen()
+        assert len(seen) > len(theirs) * 64 * 1024, f"{len(seen)} bytes crossed the relay"
+        # 64-byte pieces of every block the relayed replica sent. (Keys and ETags travel in
+        # HTTP/2 headers, Huffman-coded by HPACK, so they are not looked for as text.)
+        pieces = [data[i * 65536 + o:i * 65536 + o + 64] for i in theirs for o in range(0, 65536, 8192)]
+        in_clear = sum(p in seen for p in pieces)
+        assert in_clear == (0 if tls else len(pieces)), f"{in_clear} of {len(pieces)} pieces seen in clear"
+    finally:
+        relay.stop()
+
+
+def test_a_peer_without_the_fleet_certificate_for_the_fleet_name_is_never_asked(
+        make_larder, workdir, upstream, direct, bucket, fleet_certs):
+    # Every one of them holds the fleet secret, so only the certificate check keeps them out: a
+    # box on the path to a member, or a name in DNS pointing elsewhere, would hold a certificate
+    # of another authority, or one the fleet's authority issued for another purpose.
+    fleet = FleetOf(make_larder, workdir, "impostors", "--fleet-refresh", "300ms")
+    fleet.extra_for = lambda i: [
+        fleet_tls_flags(fleet_certs),
+        fleet_tls_flags(fleet_certs, cert="rogue", ca="rogue-ca"),  # another CA, the fleet's name
+        fleet_tls_flags(fleet_certs, cert="other-name"),  # the fleet's CA, another name
+        (),  # no TLS at all
+    ][i]
+    fleet.start(4, wait=False)
+    good = fleet.nodes[0]
+    # Ten refreshes: every probe made and answered (or refused) several times over.
+    time.sleep(3)
+    assert [m["name"] for m in fleet_state(good)["members"]] == [fleet.peer(0)], fleet_state(good)
+    objects = put_objects(direct, bucket, [64 * 1024 * 8] * 4, seed=11)
+    upstream.reset()
+    client = good.client()
+    for key, data in objects.items():
+        assert client.get_object(Bucket=bucket, Key=key)["Body"].read() == data
+    # Every block from S3, none asked of an impostor, and none of them served anyone.
+    assert len(gets_of(upstream, bucket)) == 8 * len(objects)
+    assert metric(good, "larder_peer_requests_total", direction="made") == 0
+    for impostor in fleet.nodes[1:]:
+        assert metric(impostor, "larder_peer_requests_total", direction="served") == 0, impostor.name
+    # The replica without TLS sees no one either: its probes reach only TLS listeners.
+    assert [m["name"] for m in fleet_state(fleet.nodes[3])["members"]] == [fleet.peer(3)]
+    # The good replica's log says why each was refused, as docs/operations.md tells operators.
+    log = good.log_path.read_text()
+    assert "invalid peer certificate: UnknownIssuer" in log
+    assert 'certificate not valid for name "larder-fleet"' in log

@@ -18,8 +18,8 @@ import urllib.parse
 import pytest
 from botocore.exceptions import ClientError
 
-from conftest import (binary, metric, s3_client, wait_until, ElasticMQ, LatencyProxy, Minio, CLIENT_KEY,
-                      CLIENT_SECRET)
+from conftest import (binary, issue_certificate, make_ca, metric, s3_client, wait_until, ElasticMQ, LatencyProxy,
+                      Minio, CLIENT_KEY, CLIENT_SECRET)
 from test_limits import exchange
 
 
@@ -106,22 +106,12 @@ def test_http2_streams_at_once_over_tls_get_every_byte(make_larder, direct, buck
     assert all(re.fullmatch(r"[0-9A-F]{16}", i) for i in ids), ids
 
 
-def openssl(*args, cwd):
-    subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60, cwd=cwd)
-
-
 @pytest.fixture(scope="module")
 def private_ca(tmp_path_factory):
     """A private CA and a server certificate it signed for 127.0.0.1 only (ECDSA P-256)."""
     d = tmp_path_factory.mktemp("private-ca")
-    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2",
-            "-subj", "/CN=e2e private CA", "-keyout", "ca.key", "-out", "ca.crt", cwd=d)
-    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-            "-subj", "/CN=127.0.0.1", "-keyout", "server.key", "-out", "server.csr", cwd=d)
-    (d / "server.ext").write_text("subjectAltName=IP:127.0.0.1\nbasicConstraints=critical,CA:FALSE\n"
-                                  "extendedKeyUsage=serverAuth\n")
-    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-            "-days", "2", "-extfile", "server.ext", "-out", "server.crt", cwd=d)
+    make_ca(d, "ca")
+    issue_certificate(d, "ca", "server", "IP:127.0.0.1")
     return d
 
 

@@ -123,7 +123,7 @@ fn replica_of_two(
         [Member::new(other, None)],
         Scope::Zone,
     );
-    let client = PeerClient::new(secret(), deadline, BLOCK);
+    let client = PeerClient::new(secret(), deadline, BLOCK, None);
     let copies = CopyLimits {
         capacity: 0,
         ttl: Duration::from_secs(1),
@@ -213,7 +213,7 @@ async fn an_owner_told_of_a_change_by_an_open_drops_what_it_cached_before() {
     let origin = Arc::new(MemoryUpstream::default());
     origin.put("k", data(), "\"e1\"");
     let (peer, _) = owner_replica(origin.clone()).await;
-    let client = PeerClient::new(secret(), Duration::from_secs(2), BLOCK);
+    let client = PeerClient::new(secret(), Duration::from_secs(2), BLOCK, None);
     let peer = peer.to_string();
     let etag = |opened: Option<client::Opened>| opened.expect("found").0.etag.to_string();
     assert_eq!(
@@ -284,7 +284,7 @@ async fn an_owner_learns_the_metadata_of_an_object_from_the_get_of_a_block_asked
     let origin = Arc::new(MemoryUpstream::default().with_round_trip(Duration::from_millis(50)));
     origin.put("k", data(), "\"e1\"");
     let (peer, _) = owner_replica(origin.clone()).await;
-    let client = PeerClient::new(secret(), Duration::from_secs(2), BLOCK);
+    let client = PeerClient::new(secret(), Duration::from_secs(2), BLOCK, None);
     let peer = peer.to_string();
     let (size, id) = (SIZE as u64, object());
     // Asked at once for block 1 twice (as two replicas may) and block 2, of an object it
@@ -361,12 +361,13 @@ async fn unsigned_or_mis_cut_requests_are_refused() {
         PeerSecret::new(b"some-other-fleet-secret").unwrap(),
         Duration::from_secs(2),
         BLOCK,
+        None,
     );
     assert!(other_secret.info(&peer).await.is_err());
-    let ok = PeerClient::new(secret(), Duration::from_secs(2), BLOCK);
+    let ok = PeerClient::new(secret(), Duration::from_secs(2), BLOCK, None);
     assert_eq!(ok.info(&peer).await.unwrap().id, 7);
     // A replica cutting 8 KiB blocks must not be served 4 KiB ones under the same index.
-    let other_cut = PeerClient::new(secret(), Duration::from_secs(2), 2 * BLOCK);
+    let other_cut = PeerClient::new(secret(), Duration::from_secs(2), 2 * BLOCK, None);
     let refused = other_cut
         .block(&peer, &object(), "\"e1\"", 0..2 * BLOCK, SIZE as u64)
         .await;
@@ -410,7 +411,7 @@ async fn a_part_told_by_a_peer_is_remembered_and_a_part_that_cannot_be_is_refuse
     ));
     let metrics = Arc::new(Metrics::default());
     let parts = serve_peers(listener, blocks, origin, metrics, 7);
-    let told = PeerClient::new(secret(), Duration::from_secs(2), BLOCK);
+    let told = PeerClient::new(secret(), Duration::from_secs(2), BLOCK, None);
     let span = |bytes: std::ops::Range<u64>| PartSpan {
         etag: "\"e1-3\"".into(),
         size: 12_000,
@@ -443,11 +444,12 @@ async fn a_part_told_by_a_peer_is_remembered_and_a_part_that_cannot_be_is_refuse
     }
     // From a replica cutting other blocks (whose reads of the part it would not share) or
     // without the fleet's secret: refused.
-    let other_cut = PeerClient::new(secret(), Duration::from_secs(2), 2 * BLOCK);
+    let other_cut = PeerClient::new(secret(), Duration::from_secs(2), 2 * BLOCK, None);
     let impostor = PeerClient::new(
         PeerSecret::new(b"some-other-fleet-secret").unwrap(),
         Duration::from_secs(2),
         BLOCK,
+        None,
     );
     for client in [other_cut, impostor] {
         assert!(client
@@ -574,7 +576,7 @@ async fn impostor() -> String {
 #[tokio::test]
 async fn answers_from_a_peer_without_the_secret_are_never_used() {
     let peer = impostor().await;
-    let client = PeerClient::new(secret(), Duration::from_secs(2), BLOCK);
+    let client = PeerClient::new(secret(), Duration::from_secs(2), BLOCK, None);
     // Not admitted as a member: its info does not verify.
     assert!(client.info(&peer).await.is_err());
     // Its block bytes never reach a reader: the stream fails before the first byte.

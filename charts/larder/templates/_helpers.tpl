@@ -48,6 +48,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- default (printf "%s-fleet" (include "larder.fullname" .)) .Values.fleet.existingSecret -}}
 {{- end -}}
 
+{{- define "larder.fleetTlsSecret" -}}
+{{- default (printf "%s-fleet-tls" (include "larder.fullname" .)) .Values.fleet.tls.existingSecret -}}
+{{- end -}}
+
 {{/* A TOML value: strings quoted, numbers and booleans as they are, lists inline. */}}
 {{- define "larder.tomlValue" -}}
 {{- if kindIs "string" . -}}

@@ -459,6 +459,20 @@ options! {
     /// File holding the secret every replica signs peer requests with (at least 16 bytes).
     /// Required in a fleet. Default: none.
     fleet_secret_file: Option<PathBuf> = None;
+    /// PEM certificate chain this replica presents on `fleet_listen`. With `fleet_tls_key` and
+    /// `fleet_tls_ca`, replicas speak TLS to each other (and only TLS: a replica without it
+    /// cannot reach this one, and asks S3 instead). The files are re-read when they change.
+    /// Default: none (peer traffic in clear, still signed and sealed).
+    fleet_tls_cert: Option<PathBuf> = None;
+    /// PEM private key for `fleet_tls_cert`. Default: none.
+    fleet_tls_key: Option<PathBuf> = None;
+    /// PEM file of the CA certificates a peer's certificate must chain to: these alone, never
+    /// the system's. Read at start. Default: none.
+    fleet_tls_ca: Option<PathBuf> = None;
+    /// The name every peer's certificate must carry, whatever address the peer is reached at
+    /// (replicas found through DNS are reached by IP). Default: none (the host in the peer's
+    /// address; the Helm chart uses `larder-fleet`).
+    fleet_tls_name: Option<String> = None;
     /// This replica's zone (on Kubernetes, the node's `topology.kubernetes.io/zone`).
     /// Default: none.
     fleet_zone: Option<String> = None;
@@ -791,6 +805,39 @@ access_key = "etl"
                 .unwrap_err()
                 .to_string();
             assert!(err.contains("tls_cert"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's closure must return figment's own error
+    fn fleet_tls_takes_all_three_files_and_a_fleet() {
+        figment::Jail::expect_with(|jail| {
+            let fleet = "auth = \"none\"\nfleet_peers = [\"a:1\"]\nfleet_secret_file = \"s\"\n";
+            let tls = "fleet_tls_cert = \"c.pem\"\nfleet_tls_key = \"k.pem\"\n";
+            let load = |name: &str, text: String| {
+                jail.create_file(name, &text)?;
+                Ok::<_, figment::Error>(Config::load(
+                    Some(&jail.directory().join(name)),
+                    Flags::default(),
+                ))
+            };
+            let err = load("no-ca.toml", format!("{fleet}{tls}"))?
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("must be set together"), "{err}");
+            let all =
+                format!("{tls}fleet_tls_ca = \"ca.pem\"\nfleet_tls_name = \"larder-fleet\"\n");
+            let c = load("all.toml", format!("{fleet}{all}"))?.expect("loads");
+            assert_eq!(c.fleet_tls_name.as_deref(), Some("larder-fleet"));
+            let err = load("alone.toml", format!("auth = \"none\"\n{all}"))?
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("not in a fleet"), "{err}");
+            let err = load("name.toml", format!("{fleet}fleet_tls_name = \"x\"\n"))?
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("fleet_tls_name"), "{err}");
             Ok(())
         });
     }

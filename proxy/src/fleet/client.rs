@@ -1,5 +1,6 @@
-//! Asking another replica for a block: HTTP/2 over plain TCP (h2c), one multiplexed connection
-//! per peer, every request signed ([`super::auth`]).
+//! Asking another replica for a block: HTTP/2, over TLS when the fleet has certificates
+//! ([`super::tls`]) and over plain TCP (h2c) otherwise, one multiplexed connection per peer,
+//! every request signed ([`super::auth`]).
 //!
 //! A peer that cannot be reached, or has not started answering within the deadline, is a
 //! [`PeerError::Unavailable`]: the caller fetches from S3 itself. An answer the owner relays from
@@ -13,6 +14,7 @@ use bytes::{Bytes, BytesMut};
 use futures::stream::{self, StreamExt, TryStreamExt};
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Empty, Limited};
+use hyper_rustls::{FixedServerNameResolver, HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -21,10 +23,13 @@ use serde::{Deserialize, Serialize};
 use super::auth::{PeerSecret, HEADER};
 use super::notify::ChangeNotice;
 use super::seal;
+use super::tls::PeerTls;
 use super::wire::{self, FrameError, WireError};
-use crate::model::{BodyStream, ObjectId, ObjectMeta, PartNumber, PartSpan, UpstreamError};
+use crate::model::{
+    error_chain, BodyStream, ObjectId, ObjectMeta, PartNumber, PartSpan, UpstreamError,
+};
 
-/// A request to `peer` carrying `signature` ([`HEADER`]).
+/// A request to `peer` (at `scheme`) carrying `signature` ([`HEADER`]).
 ///
 /// The signature is marked never to be indexed by HTTP/2's header compression (HPACK), as `h2`
 /// already treats `Authorization`: it is new in every request (its time and path change), so
@@ -34,6 +39,7 @@ use crate::model::{BodyStream, ObjectId, ObjectMeta, PartNumber, PartSpan, Upstr
 /// RFC 7541 (7.1.3) says an encoder should keep out of the table.
 fn signed_request(
     method: http::Method,
+    scheme: &str,
     peer: &str,
     path_and_query: &str,
     signature: &str,
@@ -42,7 +48,7 @@ fn signed_request(
     value.set_sensitive(true);
     Request::builder()
         .method(method)
-        .uri(format!("http://{peer}{path_and_query}"))
+        .uri(format!("{scheme}://{peer}{path_and_query}"))
         .header(HEADER, value)
         .body(Empty::new())
 }
@@ -91,7 +97,9 @@ const MAX_ERROR_BODY: usize = 64 * 1024;
 
 /// The client every replica uses to reach the others.
 pub struct PeerClient {
-    http: Client<HttpConnector, Empty<Bytes>>,
+    http: Client<HttpsConnector<HttpConnector>, Empty<Bytes>>,
+    /// `https` with the fleet's TLS, `http` without.
+    scheme: &'static str,
     secret: PeerSecret,
     deadline: Duration,
     block_size: u64,
@@ -99,11 +107,40 @@ pub struct PeerClient {
 
 impl PeerClient {
     /// A client signing with `secret` that gives a peer `deadline` to start answering; it
-    /// announces `block_size` so an owner cutting blocks differently refuses.
-    pub fn new(secret: PeerSecret, deadline: Duration, block_size: u64) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(deadline));
+    /// announces `block_size` so an owner cutting blocks differently refuses. With `tls` it
+    /// reaches peers over TLS only; without, over plain TCP only.
+    pub fn new(
+        secret: PeerSecret,
+        deadline: Duration,
+        block_size: u64,
+        tls: Option<PeerTls>,
+    ) -> Self {
+        let mut tcp = HttpConnector::new();
+        tcp.set_nodelay(true);
+        tcp.set_connect_timeout(Some(deadline));
+        // The connector takes every scheme; which one is used is this client's choice below.
+        tcp.enforce_http(false);
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let connector = match tls {
+            Some(PeerTls { config, name }) => {
+                let builder = HttpsConnectorBuilder::new()
+                    .with_tls_config(config)
+                    .https_only();
+                match name {
+                    Some(name) => builder
+                        .with_server_name_resolver(FixedServerNameResolver::new(name))
+                        .enable_http2()
+                        .wrap_connector(tcp),
+                    None => builder.enable_http2().wrap_connector(tcp),
+                }
+            }
+            // Never used for TLS: every URI this client makes is `http://`.
+            None => HttpsConnectorBuilder::new()
+                .with_tls_config(cleartext_only())
+                .https_or_http()
+                .enable_http2()
+                .wrap_connector(tcp),
+        };
         let http = Client::builder(TokioExecutor::new())
             .http2_only(true)
             .timer(TokioTimer::new())
@@ -118,6 +155,7 @@ impl PeerClient {
             .build(connector);
         Self {
             http,
+            scheme,
             secret,
             deadline,
             block_size,
@@ -146,11 +184,11 @@ impl PeerClient {
         path_and_query: String,
     ) -> Result<(StatusCode, BodyStream), PeerError> {
         let signature = self.secret.sign(method.as_str(), &path_and_query);
-        let request = signed_request(method, peer, &path_and_query, &signature)
+        let request = signed_request(method, self.scheme, peer, &path_and_query, &signature)
             .map_err(|e| PeerError::unavailable("error", e))?;
         let response = match tokio::time::timeout(self.deadline, self.http.request(request)).await {
             Err(_) => return Err(PeerError::unavailable("timeout", "no answer in time")),
-            Ok(Err(e)) => return Err(PeerError::unavailable("unreachable", e)),
+            Ok(Err(e)) => return Err(PeerError::unavailable("unreachable", error_chain(&e))),
             Ok(Ok(r)) => r,
         };
         let status = response.status();
@@ -370,6 +408,17 @@ impl PeerClient {
     }
 }
 
+/// A TLS configuration trusting no one, for the connector of a fleet without TLS, which needs
+/// one though it never makes a handshake.
+fn cleartext_only() -> rustls::ClientConfig {
+    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("aws-lc-rs supports the default protocol versions")
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth()
+}
+
 fn body_stream(body: hyper::body::Incoming) -> BodyStream {
     body.into_data_stream()
         .map_err(|e| UpstreamError::Transport(format!("peer body: {e}")))
@@ -386,6 +435,7 @@ mod tests {
         let signature = secret.sign("GET", "/v1/block?bucket=b&key=k");
         let request = signed_request(
             http::Method::GET,
+            "http",
             "127.0.0.1:9000",
             "/v1/block?bucket=b&key=k",
             &signature,

@@ -7,6 +7,10 @@
 //! Membership comes from what the platform already knows ([`membership`]: a list, a file, or
 //! the DNS of a Kubernetes headless Service), never from a protocol of our own. A replica that
 //! is down or slow costs a fallback to S3, never a failed read.
+//!
+//! Replicas sign what they ask and seal what they answer with the fleet secret ([`auth`],
+//! [`seal`]); with certificates ([`tls`]) they also speak TLS, so no block crosses the network
+//! between them in clear.
 
 pub mod auth;
 pub mod client;
@@ -14,6 +18,7 @@ pub mod membership;
 pub mod notify;
 pub mod ring;
 pub mod seal;
+pub mod tls;
 pub mod wire;
 
 use std::sync::atomic::{AtomicU64, Ordering};

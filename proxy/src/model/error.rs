@@ -133,3 +133,16 @@ impl From<&UpstreamError> for UpstreamOutcome {
         e.outcome()
     }
 }
+
+/// `e` and its causes, for a log line or an error message: an HTTP client's error alone says
+/// only "client error (Connect)", its causes what failed (a refused certificate, a reset).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    s
+}

@@ -9,6 +9,6 @@ mod error;
 mod object;
 pub mod range;
 
-pub use error::{is_throttling_status, BodyStream, UpstreamError, UpstreamOutcome};
+pub use error::{error_chain, is_throttling_status, BodyStream, UpstreamError, UpstreamOutcome};
 pub use object::{ObjectId, ObjectMeta, PartNumber, PartSpan, ResponseHeaders};
 pub use range::ByteRange;

@@ -19,7 +19,7 @@ use hyper_util::rt::TokioExecutor;
 
 use super::roots::ExtraRoots;
 
-use crate::model::UpstreamOutcome;
+use crate::model::{error_chain, UpstreamOutcome};
 use crate::s3::request::{encode_path, Target, PRESIGNED_PARAMS};
 
 /// Query parameters of a presigned URL besides SigV4's own ([`PRESIGNED_PARAMS`]): the client's
@@ -472,18 +472,6 @@ impl ForwardError {
             }
         }
     }
-}
-
-/// `e` and its causes, for a log line or an error message.
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        s.push_str(": ");
-        s.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    s
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ use crate::fleet::auth::PeerSecret;
 use crate::fleet::client::{Info, PeerClient};
 use crate::fleet::membership::{MemberSource, Membership};
 use crate::fleet::ring::{Member, View};
+use crate::fleet::tls::PeerTls;
 use crate::fleet::{CopyLimits, Fleet};
 use crate::freshness::heartbeat::Heartbeat;
 use crate::freshness::sns::SnsConfirmer;
@@ -149,6 +150,8 @@ struct Joined {
     membership: Membership,
     secret: PeerSecret,
     info: Info,
+    /// The peer listener's certificate, with `fleet_tls_cert`.
+    tls: Option<TlsConfig>,
 }
 
 /// Join the fleet `config` names: read the shared secret, and start seeing only this replica
@@ -180,10 +183,26 @@ fn join_fleet(config: &Config, metrics: &Arc<Metrics>) -> Result<Joined, StartEr
         .fleet_advertise
         .clone()
         .unwrap_or_else(|| config.fleet_listen.to_string());
+    // Validation has checked that the three files come together.
+    let (tls, peer_tls) = match (
+        &config.fleet_tls_cert,
+        &config.fleet_tls_key,
+        &config.fleet_tls_ca,
+    ) {
+        (Some(cert), Some(key), Some(ca)) => (
+            Some(TlsConfig::load(cert, key)?),
+            Some(
+                PeerTls::load(ca, config.fleet_tls_name.as_deref())
+                    .map_err(|e| StartError::Fleet(e.to_string()))?,
+            ),
+        ),
+        _ => (None, None),
+    };
     let client = PeerClient::new(
         secret.clone(),
         config.fleet_peer_timeout.0,
         config.block_size.0,
+        peer_tls,
     );
     let alone = View::new(Member::new(&advertise, info.zone.as_deref()), [], scope);
     let copies = CopyLimits {
@@ -213,6 +232,7 @@ fn join_fleet(config: &Config, metrics: &Arc<Metrics>) -> Result<Joined, StartEr
         membership,
         secret,
         info,
+        tls,
     })
 }
 
@@ -449,11 +469,14 @@ pub async fn start(
             max_connections: 1024,
             ..ClientLimits::from(config)
         };
+        if let Some(tls) = &joined.tls {
+            tokio::spawn(tls.clone().watch(shutdown.clone()));
+        }
         tasks.push(tokio::spawn(serve_clients(
             listener,
             super::peer::service(state),
             limits,
-            None,
+            joined.tls,
             shutdown.clone(),
         )));
         // Started once the peer listener is up, so the first probe finds this replica too.
