@@ -1,14 +1,16 @@
-"""Three Larder replicas as one fleet vs three independent Larders, on the same Zipf workload.
+"""Three Larder replicas as one fleet (in clear and over TLS) vs three independent Larders, on the
+same Zipf workload.
 
     python3 e2e/bench/fleet_bench.py [--objects 600] [--requests 12000] [--out DIR]
 
 after `cargo build --release -p larder -p larder-latency-proxy` (and e2e/setup.sh for MinIO and
-boto3); about 4 minutes with the defaults. MinIO behind the latency proxy
+boto3); about 6 minutes with the defaults. MinIO behind the latency proxy
 (20-50 ms per request, 1 % 200 ms more, every request counted where it lands), 1 MiB objects read
 with Zipf popularity (exponent 1.0), requests spread round-robin over the three replicas by 12
 threads, every body checked. Each replica has the same memory in both setups: in the fleet, 1/8 of
-it holds copies of blocks fetched from their owners, the rest is its memory tier. Prints a table
-and writes results.json to DIR.
+it holds copies of blocks fetched from their owners, the rest is its memory tier. The TLS fleet
+uses a CA and a certificate made here with openssl, as the Helm chart's. The replicas' CPU time
+(user + system, all three) is counted per setup. Prints a table and writes results.json to DIR.
 """
 
 import argparse
@@ -25,7 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare import (  # noqa: E402
     GET_PRICE, MiB, Bench, Reader, Target, content, machine, percentile, run_threads, s3_client,
 )
-from conftest import CLIENT_KEY, CLIENT_SECRET, Larder, free_port  # noqa: E402
+from conftest import (  # noqa: E402
+    CLIENT_KEY, CLIENT_SECRET, Larder, fleet_tls_flags, free_port, issue_certificate, make_ca,
+)
 
 SECRET = "fleet-benchmark-shared-secret-000"
 
@@ -43,7 +47,15 @@ def zipf_sequence(keys, requests, s=1.0, seed=20261123):
 
 
 class FleetBench(Bench):
-    def replicas(self, name, fleet: bool, memory: int):
+    def certificates(self) -> Path:
+        certs = self.work / "fleet-certs"
+        if not certs.exists():
+            certs.mkdir()
+            make_ca(certs, "fleet-ca")
+            issue_certificate(certs, "fleet-ca", "fleet", "DNS:larder-fleet")
+        return certs
+
+    def replicas(self, name, fleet: bool, memory: int, tls: bool = False):
         peer_port = free_port()
         secret = self.work / f"{name}.secret"
         secret.write_text(SECRET)
@@ -56,12 +68,15 @@ class FleetBench(Bench):
                          "--fleet-copy-capacity", f"{copies // MiB}MiB",
                          "--fleet-peers", peers, "--fleet-listen", f"127.0.0.{i + 1}:{peer_port}",
                          "--fleet-secret-file", str(secret), "--fleet-refresh", "500ms"]
+                if tls:
+                    extra += fleet_tls_flags(self.certificates())
             else:
                 extra = ["--memory-capacity", f"{memory // MiB}MiB"]
             node = Larder(self.work, self.proxy.endpoint, *extra, name=f"{name}-{i}", host=f"127.0.0.{i + 1}")
             self.stoppers.append(node.stop)
             nodes.append(node)
-            targets.append(Target(f"{name}-{i}", node.endpoint, s3_client(node.endpoint, CLIENT_KEY, CLIENT_SECRET)))
+            targets.append(Target(f"{name}-{i}", node.endpoint, s3_client(node.endpoint, CLIENT_KEY, CLIENT_SECRET),
+                                  pid=node.proc.pid))
         if fleet:
             for _ in range(200):
                 sizes = []
@@ -99,7 +114,9 @@ class FleetBench(Bench):
                 for r in readers:
                     r.close()
 
+        cpu_before = sum(t.cpu_seconds() for t in targets)
         elapsed = run_threads(threads, worker, label)
+        cpu = sum(t.cpu_seconds() for t in targets) - cpu_before
         up = self.upstream()
         requests = len(sequence)
         local_hits = sum(v for k, v in statuses.items() if k.startswith("hit"))
@@ -110,10 +127,12 @@ class FleetBench(Bench):
                "requests_avoided": 1 - upstream_requests / requests,
                "byte_hit_ratio": 1 - up["bytes"] / (requests * size),
                "dollars_per_million": 1e6 * GET_PRICE * upstream_requests / requests,
-               "p50": percentile(latencies, 50), "p99": percentile(latencies, 99), "seconds": elapsed}
+               "p50": percentile(latencies, 50), "p99": percentile(latencies, 99), "seconds": elapsed,
+               "cpu_ms_per_request": 1000 * cpu / requests}
         print(f"  {label}: {up['gets']} GETs + {up['heads']} HEADs upstream ({row['upstream_mib']:.0f} MiB) for "
               f"{requests} requests; avoided {row['requests_avoided']:.3f}; local hits {row['local_hit_ratio']:.3f}; "
-              f"p50 {row['p50']:.1f} p99 {row['p99']:.1f} ms; {statuses}", flush=True)
+              f"p50 {row['p50']:.1f} p99 {row['p99']:.1f} ms; CPU {row['cpu_ms_per_request']:.2f} ms a request; {statuses}",
+              flush=True)
         return row
 
     def compare(self, objects, requests):
@@ -123,8 +142,9 @@ class FleetBench(Bench):
         sequence = zipf_sequence(keys, requests)
         memory = max(16 * MiB, objects * size // 10)
         rows = []
-        for label, fleet in (("3 independent", False), ("fleet of 3", True)):
-            nodes, targets = self.replicas(label.replace(" ", "-"), fleet, memory)
+        for label, fleet, tls in (("3 independent", False, False), ("fleet of 3", True, False),
+                                  ("fleet of 3 over TLS", True, True)):
+            nodes, targets = self.replicas(label.replace(" ", "-"), fleet, memory, tls)
             rows.append(self.run_setup(label, targets, sequence, size))
             for node in nodes:
                 node.stop()
@@ -150,11 +170,13 @@ def main():
         bench.stop()
     (args.out / "results.json").write_text(json.dumps(bench.results, indent=1))
     rows = bench.results["workloads"]["fleet"]
-    print("\n| setup | upstream GETs | upstream HEADs | upstream MiB | requests avoided | local hit ratio | p50 ms | p99 ms |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| setup | upstream GETs | upstream HEADs | upstream MiB | requests avoided | local hit ratio | p50 ms "
+          "| p99 ms | CPU ms a request |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['setup']} | {r['upstream_gets']} | {r['upstream_heads']} | {r['upstream_mib']:.0f} | "
-              f"{r['requests_avoided']:.3f} | {r['local_hit_ratio']:.3f} | {r['p50']:.1f} | {r['p99']:.1f} |")
+              f"{r['requests_avoided']:.3f} | {r['local_hit_ratio']:.3f} | {r['p50']:.1f} | {r['p99']:.1f} | "
+              f"{r['cpu_ms_per_request']:.2f} |")
     print(f"results in {args.out}")
 
 
