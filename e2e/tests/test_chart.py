@@ -133,12 +133,15 @@ def test_lint_template_and_validate(values, workdir):
         promtool = shutil.which("promtool")
         assert promtool, "promtool comes with Debian's prometheus package (e2e/setup.sh)"
         out = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True)
-        assert out.returncode == 0 and "6 rules found" in out.stdout, out.stdout + out.stderr
-        # Two alerts evaluated by promtool on series as Larder exports them. The certificate one
-        # fires on requests refused at TLS, and not on other transport faults; the event
-        # stream's, once one replica has been without events for 15 minutes, not before.
+        assert out.returncode == 0 and "7 rules found" in out.stdout, out.stdout + out.stderr
+        # Three alerts evaluated by promtool on series as Larder exports them. The certificate
+        # one fires on requests refused at TLS, and not on other transport faults; the event
+        # stream's, once one replica has been without events for 15 minutes, not before; the
+        # fleet's, once one replica has seen fewer members than there are replicas for 15
+        # minutes, and not while a new replica is being found.
         alerts = {r["alert"]: r for r in rule["spec"]["groups"][0]["rules"] if "alert" in r}
         tls_alert, silent = alerts["LarderUpstreamTlsRefused"], alerts["LarderEventStreamSilent"]
+        split = alerts["LarderFleetSplit"]
         cases = workdir / "larder-rules-test.yaml"
         cases.write_text(yaml.safe_dump({
             "rule_files": [rules.name], "evaluation_interval": "1m",
@@ -179,6 +182,27 @@ def test_lint_template_and_validate(values, workdir):
                 "interval": "1m",
                 "input_series": [{"series": 'larder_events_stream_healthy{pod="larder-0"}', "values": "1x40"}],
                 "alert_rule_test": [{"eval_time": "30m", "alertname": "LarderEventStreamSilent", "exp_alerts": []}],
+            }, {
+                "interval": "1m",
+                "input_series": [
+                    {"series": 'larder_fleet_members{pod="larder-0"}', "values": "3x40"},
+                    {"series": 'larder_fleet_members{pod="larder-1"}', "values": "3x40"},
+                    {"series": 'larder_fleet_members{pod="larder-2"}', "values": "3x5 1x35"},
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "15m", "alertname": "LarderFleetSplit", "exp_alerts": []},
+                    {"eval_time": "25m", "alertname": "LarderFleetSplit",
+                     "exp_alerts": [{"exp_labels": {"severity": "warning"},
+                                     "exp_annotations": split["annotations"]}]},
+                ],
+            }, {
+                "interval": "1m",
+                "input_series": [
+                    {"series": 'larder_fleet_members{pod="larder-0"}', "values": "2x10 3x30"},
+                    {"series": 'larder_fleet_members{pod="larder-1"}', "values": "2x10 3x30"},
+                    {"series": 'larder_fleet_members{pod="larder-2"}', "values": "_x10 1 3x29"},
+                ],
+                "alert_rule_test": [{"eval_time": "35m", "alertname": "LarderFleetSplit", "exp_alerts": []}],
             }],
         }))
         out = subprocess.run([promtool, "test", "rules", str(cases)], capture_output=True, text=True, cwd=workdir)
