@@ -536,7 +536,13 @@ def test_a_peer_without_the_fleet_certificate_for_the_fleet_name_is_never_asked(
         assert metric(impostor, "larder_peer_requests_total", direction="served") == 0, impostor.name
     # The replica without TLS sees no one either: its probes reach only TLS listeners.
     assert [m["name"] for m in fleet_state(fleet.nodes[3])["members"]] == [fleet.peer(3)]
-    # The good replica's log says why each was refused, as docs/operations.md tells operators.
+    # The good replica says why each was refused, in its log and at GET /fleet, as
+    # docs/operations.md tells operators.
     log = good.log_path.read_text()
     assert "invalid peer certificate: UnknownIssuer" in log
     assert 'certificate not valid for name "larder-fleet"' in log
+    absent = {a["name"]: a["error"] for a in fleet_state(good)["absent"]}
+    assert set(absent) == {fleet.peer(1), fleet.peer(2), fleet.peer(3)}, absent
+    assert "UnknownIssuer" in absent[fleet.peer(1)], absent
+    assert "not valid for name" in absent[fleet.peer(2)], absent
+    assert "corrupt message" in absent[fleet.peer(3)], absent

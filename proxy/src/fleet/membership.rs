@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::client::Info;
 use super::ring::{Member, Scope, View};
-use super::Fleet;
+use super::{Absent, Fleet};
 
 /// Probes a member may fail in a row before it stops owning blocks.
 pub const DOWN_AFTER: u32 = 2;
@@ -79,6 +79,8 @@ struct Probe {
     zone: Option<String>,
     up: bool,
     failures: u32,
+    /// Why the last probe did not admit it.
+    error: Option<String>,
 }
 
 /// Keeps a [`Fleet`]'s view in step with its member source.
@@ -150,12 +152,17 @@ impl Membership {
                 }
                 Ok(info) if info.block_size != self.me.block_size => {
                     tracing::warn!(member = %name, block_size = info.block_size, "a fleet member cuts blocks of another size; not sharing with it");
+                    let error = format!(
+                        "cuts blocks of {} bytes, this replica of {}",
+                        info.block_size, self.me.block_size
+                    );
                     self.probes.insert(
                         name,
                         Probe {
                             zone: info.zone,
                             up: false,
                             failures: DOWN_AFTER,
+                            error: Some(error),
                         },
                     );
                 }
@@ -166,6 +173,7 @@ impl Membership {
                             zone: info.zone,
                             up: true,
                             failures: 0,
+                            error: None,
                         },
                     );
                 }
@@ -174,8 +182,10 @@ impl Membership {
                         zone: None,
                         up: false,
                         failures: 0,
+                        error: None,
                     });
                     probe.failures += 1;
+                    probe.error = Some(e.to_string());
                     if probe.up && probe.failures >= DOWN_AFTER {
                         tracing::warn!(member = %name, error = %e, "fleet member stopped answering");
                         probe.up = false;
@@ -197,6 +207,17 @@ impl Membership {
             .filter(|(_, p)| p.up)
             .map(|(name, p)| Member::new(name, p.zone.as_deref()));
         self.fleet.update(View::new(me, others, self.scope));
+        let mut absent: Vec<Absent> = self
+            .probes
+            .iter()
+            .filter(|(_, p)| !p.up)
+            .map(|(name, p)| Absent {
+                name: name.clone(),
+                error: p.error.clone().unwrap_or_default(),
+            })
+            .collect();
+        absent.sort_by(|a, b| a.name.cmp(&b.name));
+        self.fleet.set_absent(absent);
     }
 }
 

@@ -61,6 +61,18 @@ pub struct Fleet {
     /// Changes to tell the other replicas ([`notify`]).
     notices: tokio::sync::mpsc::Sender<notify::Notice>,
     pending_notices: parking_lot::Mutex<Option<tokio::sync::mpsc::Receiver<notify::Notice>>>,
+    /// Members listed but left out of the view at the last refresh, and why.
+    absent: RwLock<Arc<[Absent]>>,
+}
+
+/// A listed member this replica does not share blocks with, and why (for `GET /fleet`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Absent {
+    /// Its name in the member list.
+    pub name: String,
+    /// Why it is left out: the last probe's error (a refused certificate, a 403, a refused
+    /// connection), or another block size.
+    pub error: String,
 }
 
 impl Fleet {
@@ -83,6 +95,7 @@ impl Fleet {
             moved_ppm: AtomicU64::new(0),
             changes: AtomicU64::new(0),
             metrics,
+            absent: RwLock::new(Arc::new([])),
         }
     }
 
@@ -115,6 +128,16 @@ impl Fleet {
         self.changes.fetch_add(1, Ordering::Relaxed);
         self.metrics.fleet_changed();
         *self.view.write() = Arc::new(next);
+    }
+
+    /// Record the members listed but left out of the view, and why.
+    pub fn set_absent(&self, absent: Vec<Absent>) {
+        *self.absent.write() = absent.into();
+    }
+
+    /// The members listed but left out of the view at the last refresh.
+    pub fn absent(&self) -> Arc<[Absent]> {
+        self.absent.read().clone()
     }
 
     /// The share of keys that moved at the last membership change.

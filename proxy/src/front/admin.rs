@@ -253,6 +253,9 @@ async fn fleet(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
             "owners": view.candidates(),
             "changes": fleet.changes(),
             "last_moved": fleet.last_moved(),
+            // Listed but not shared with, and why: what an operator needs when the members
+            // above are fewer than the replicas (a refused certificate, a wrong secret).
+            "absent": &*fleet.absent(),
         }),
     )
 }
