@@ -144,16 +144,16 @@ impl Config {
                 "fleet_tls_cert, fleet_tls_key and fleet_tls_ca must be set together",
             );
         }
-        if (fleet_tls != 0 || self.fleet_tls_name.is_some()) && sources == 0 {
-            return invalid(
-                "fleet_tls_cert",
-                "is set but this replica is not in a fleet (fleet_peers, fleet_peers_file or fleet_peers_dns)",
-            );
-        }
         if self.fleet_tls_name.is_some() && fleet_tls == 0 {
             return invalid(
                 "fleet_tls_name",
                 "needs fleet_tls_cert, fleet_tls_key and fleet_tls_ca",
+            );
+        }
+        if fleet_tls != 0 && sources == 0 {
+            return invalid(
+                "fleet_tls_cert",
+                "is set but this replica is not in a fleet (fleet_peers, fleet_peers_file or fleet_peers_dns)",
             );
         }
         if self.fleet_refresh.0 < std::time::Duration::from_millis(100) {
