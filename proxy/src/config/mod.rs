@@ -834,10 +834,15 @@ access_key = "etl"
                 .unwrap_err()
                 .to_string();
             assert!(err.contains("not in a fleet"), "{err}");
-            let err = load("name.toml", format!("{fleet}fleet_tls_name = \"x\"\n"))?
-                .unwrap_err()
-                .to_string();
-            assert!(err.contains("fleet_tls_name"), "{err}");
+            for (name, text) in [
+                ("name.toml", fleet),
+                ("name-alone.toml", "auth = \"none\"\n"),
+            ] {
+                let err = load(name, format!("{text}fleet_tls_name = \"x\"\n"))?
+                    .unwrap_err()
+                    .to_string();
+                assert!(err.contains("`fleet_tls_name` needs"), "{err}");
+            }
             Ok(())
         });
     }
