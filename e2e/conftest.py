@@ -564,7 +564,8 @@ class FleetOf:
         if wait:
             self.wait_members(self.nodes, n)
 
-    def wait_members(self, nodes, n, timeout=40.0):
+    @staticmethod
+    def wait_members(nodes, n, timeout=40.0):
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if all(len(fleet_state(node)["members"]) == n for node in nodes):
