@@ -140,70 +140,47 @@ def test_lint_template_and_validate(values, workdir):
         # fleet's, once one replica has seen fewer members than there are replicas for 15
         # minutes, and not while a new replica is being found.
         alerts = {r["alert"]: r for r in rule["spec"]["groups"][0]["rules"] if "alert" in r}
-        tls_alert, silent = alerts["LarderUpstreamTlsRefused"], alerts["LarderEventStreamSilent"]
-        split = alerts["LarderFleetSplit"]
+
+        def case(alert, series, quiet_at, fires_at=None):
+            """A promtool test: `series` (name to values, every minute); `alert` not firing at
+            `quiet_at`, and firing with its labels and annotations at `fires_at`."""
+            checks = [{"eval_time": quiet_at, "alertname": alert, "exp_alerts": []}]
+            if fires_at:
+                fired = {"exp_labels": alerts[alert]["labels"], "exp_annotations": alerts[alert]["annotations"]}
+                checks.append({"eval_time": fires_at, "alertname": alert, "exp_alerts": [fired]})
+            return {"interval": "1m", "input_series": [{"series": k, "values": v} for k, v in series.items()],
+                    "alert_rule_test": checks}
+
+        requests, members = "larder_upstream_requests_total", "larder_fleet_members"
         cases = workdir / "larder-rules-test.yaml"
         cases.write_text(yaml.safe_dump({
             "rule_files": [rules.name], "evaluation_interval": "1m",
-            "tests": [{
-                "interval": "1m",
-                "input_series": [
-                    {"series": 'larder_upstream_requests_total{operation="GetObject",status="206"}', "values": "0+100x30"},
-                    {"series": 'larder_upstream_requests_total{operation="GetObject",status="tls"}', "values": "0+3x30"},
-                    {"series": 'larder_upstream_requests_total{operation="HeadObject",status="transport"}',
-                     "values": "0+3x30"},
-                ],
-                "alert_rule_test": [
-                    {"eval_time": "3m", "alertname": "LarderUpstreamTlsRefused", "exp_alerts": []},
-                    {"eval_time": "10m", "alertname": "LarderUpstreamTlsRefused",
-                     "exp_alerts": [{"exp_labels": {"severity": "critical"},
-                                     "exp_annotations": tls_alert["annotations"]}]},
-                ],
-            }, {
-                "interval": "1m",
-                "input_series": [
-                    {"series": 'larder_upstream_requests_total{operation="GetObject",status="transport"}',
-                     "values": "0+3x30"},
-                ],
-                "alert_rule_test": [{"eval_time": "20m", "alertname": "LarderUpstreamTlsRefused", "exp_alerts": []}],
-            }, {
-                "interval": "1m",
-                "input_series": [
-                    {"series": 'larder_events_stream_healthy{pod="larder-0"}', "values": "1x40"},
-                    {"series": 'larder_events_stream_healthy{pod="larder-1"}', "values": "1x5 0x35"},
-                ],
-                "alert_rule_test": [
-                    {"eval_time": "15m", "alertname": "LarderEventStreamSilent", "exp_alerts": []},
-                    {"eval_time": "25m", "alertname": "LarderEventStreamSilent",
-                     "exp_alerts": [{"exp_labels": {"severity": "warning"},
-                                     "exp_annotations": silent["annotations"]}]},
-                ],
-            }, {
-                "interval": "1m",
-                "input_series": [{"series": 'larder_events_stream_healthy{pod="larder-0"}', "values": "1x40"}],
-                "alert_rule_test": [{"eval_time": "30m", "alertname": "LarderEventStreamSilent", "exp_alerts": []}],
-            }, {
-                "interval": "1m",
-                "input_series": [
-                    {"series": 'larder_fleet_members{pod="larder-0"}', "values": "3x40"},
-                    {"series": 'larder_fleet_members{pod="larder-1"}', "values": "3x40"},
-                    {"series": 'larder_fleet_members{pod="larder-2"}', "values": "3x5 1x35"},
-                ],
-                "alert_rule_test": [
-                    {"eval_time": "15m", "alertname": "LarderFleetSplit", "exp_alerts": []},
-                    {"eval_time": "25m", "alertname": "LarderFleetSplit",
-                     "exp_alerts": [{"exp_labels": {"severity": "warning"},
-                                     "exp_annotations": split["annotations"]}]},
-                ],
-            }, {
-                "interval": "1m",
-                "input_series": [
-                    {"series": 'larder_fleet_members{pod="larder-0"}', "values": "2x10 3x30"},
-                    {"series": 'larder_fleet_members{pod="larder-1"}', "values": "2x10 3x30"},
-                    {"series": 'larder_fleet_members{pod="larder-2"}', "values": "_x10 1 3x29"},
-                ],
-                "alert_rule_test": [{"eval_time": "35m", "alertname": "LarderFleetSplit", "exp_alerts": []}],
-            }],
+            "tests": [
+                case("LarderUpstreamTlsRefused", {
+                    f'{requests}{{operation="GetObject",status="206"}}': "0+100x30",
+                    f'{requests}{{operation="GetObject",status="tls"}}': "0+3x30",
+                    f'{requests}{{operation="HeadObject",status="transport"}}': "0+3x30",
+                }, quiet_at="3m", fires_at="10m"),
+                case("LarderUpstreamTlsRefused", {f'{requests}{{operation="GetObject",status="transport"}}': "0+3x30"},
+                     quiet_at="20m"),
+                case("LarderEventStreamSilent", {
+                    'larder_events_stream_healthy{pod="larder-0"}': "1x40",
+                    'larder_events_stream_healthy{pod="larder-1"}': "1x5 0x35",
+                }, quiet_at="15m", fires_at="25m"),
+                case("LarderEventStreamSilent", {'larder_events_stream_healthy{pod="larder-0"}': "1x40"},
+                     quiet_at="30m"),
+                case("LarderFleetSplit", {
+                    f'{members}{{pod="larder-0"}}': "3x40",
+                    f'{members}{{pod="larder-1"}}': "3x40",
+                    f'{members}{{pod="larder-2"}}': "3x5 1x35",
+                }, quiet_at="15m", fires_at="25m"),
+                # A third replica found within a minute of its start: no split.
+                case("LarderFleetSplit", {
+                    f'{members}{{pod="larder-0"}}': "2x10 3x30",
+                    f'{members}{{pod="larder-1"}}': "2x10 3x30",
+                    f'{members}{{pod="larder-2"}}': "_x10 1 3x29",
+                }, quiet_at="35m"),
+            ],
         }))
         out = subprocess.run([promtool, "test", "rules", str(cases)], capture_output=True, text=True, cwd=workdir)
         assert out.returncode == 0 and "SUCCESS" in out.stdout, out.stdout + out.stderr
