@@ -32,5 +32,6 @@ pub mod model;
 pub mod read;
 pub mod s3;
 pub mod telemetry;
+pub mod trust;
 pub mod upstream;
 pub mod warm;

@@ -14,9 +14,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustls::{ClientConfig, RootCertStore};
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, ServerName};
+use rustls::ClientConfig;
+use rustls_pki_types::ServerName;
 
 /// Why the peers' CA or name could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -55,21 +54,8 @@ impl PeerTls {
             path: ca.to_owned(),
             why,
         };
-        let certs = CertificateDer::pem_file_iter(ca)
-            .map_err(|e| ca_error(e.to_string()))?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| ca_error(format!("not a PEM file of certificates ({e})")))?;
-        if certs.is_empty() {
-            return Err(ca_error(
-                "holds no PEM certificate (-----BEGIN CERTIFICATE-----)".into(),
-            ));
-        }
-        let mut roots = RootCertStore::empty();
-        for (i, cert) in certs.into_iter().enumerate() {
-            roots
-                .add(cert)
-                .map_err(|e| ca_error(format!("certificate {} cannot be trusted: {e}", i + 1)))?;
-        }
+        let pem = std::fs::read(ca).map_err(|e| ca_error(e.to_string()))?;
+        let (_, roots) = crate::trust::anchors(&pem).map_err(ca_error)?;
         let name = name
             .map(|n| ServerName::try_from(n.to_owned()).map_err(|_| PeerTlsError::Name(n.into())))
             .transpose()?;

@@ -15,7 +15,6 @@ use std::path::{Path, PathBuf};
 use aws_smithy_http_client::tls;
 use aws_smithy_runtime_api::client::http::SharedHttpClient;
 use rustls::RootCertStore;
-use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
 
 /// A file of trusted CA certificates that could not be used.
@@ -62,18 +61,7 @@ impl ExtraRoots {
     }
 
     fn from_pem(pem: Vec<u8>) -> Result<Self, String> {
-        let certs = CertificateDer::pem_slice_iter(&pem)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("not a PEM file of certificates ({e})"))?;
-        if certs.is_empty() {
-            return Err("holds no PEM certificate (-----BEGIN CERTIFICATE-----)".into());
-        }
-        let mut store = RootCertStore::empty();
-        for (i, cert) in certs.iter().enumerate() {
-            store
-                .add(cert.clone())
-                .map_err(|e| format!("certificate {} cannot be trusted: {e}", i + 1))?;
-        }
+        let (certs, _) = crate::trust::anchors(&pem)?;
         Ok(Self { pem, certs })
     }
 
