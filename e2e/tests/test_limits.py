@@ -1,11 +1,16 @@
 """A slow or greedy client cannot take the S3 listener away from everyone else."""
 
+import os
 import random
 import socket
 import threading
 import time
+import urllib.error
+import urllib.request
 
-from conftest import metric, wait_until
+from botocore.exceptions import ClientError
+
+from conftest import CLIENT_KEY, READER_KEY, READER_SECRET, metric, wait_until
 from test_headers_errors import raw
 
 
@@ -196,3 +201,99 @@ def test_readers_that_stop_reading_do_not_hold_up_a_reader_that_reads(make_larde
         s.close()
     wait_until(lambda: metric(larder, "larder_response_buffer_bytes") == 0, timeout=20,
                what="the responses' buffer to be given back")
+
+
+def limited(make_larder, workdir, rates: str):
+    """A Larder where READER_KEY has the limits `rates` (TOML lines) and CLIENT_KEY none."""
+    config = workdir / "limits.toml"
+    config.write_text(f'[[auth_policies]]\naccess_key = "{READER_KEY}"\n{rates}\n')
+    return make_larder("--config", str(config))
+
+
+def test_a_key_over_its_request_rate_is_told_to_slow_down_whichever_way_it_signs(make_larder, workdir, direct, bucket):
+    """A key limited to 5 requests a second, signing in the header, with a SigV4 presigned
+    URL and with a SigV2 one in turn: the rate is the key's, whatever carries its signature.
+    The other key, in step with it, is never refused."""
+    direct.put_object(Bucket=bucket, Key="k", Body=b"rated")
+    larder = limited(make_larder, workdir, "requests_per_second = 5")
+    # One attempt each: boto3's `max_attempts` counts retries, `total_max_attempts` all.
+    batch = larder.client(READER_KEY, READER_SECRET, retries={"total_max_attempts": 1})
+    other = larder.client()
+    params = {"Bucket": bucket, "Key": "k"}
+    urls = [larder.client(READER_KEY, READER_SECRET, signature_version=v).generate_presigned_url(
+        "get_object", Params=params, ExpiresIn=300) for v in ("s3v4", "s3")]
+
+    def header_signed():
+        try:
+            assert batch.get_object(**params)["Body"].read() == b"rated"
+            return 200, None
+        except ClientError as e:
+            return e.response["ResponseMetadata"]["HTTPStatusCode"], e.response["Error"]["Code"]
+
+    def presigned(url):
+        try:
+            with urllib.request.urlopen(url, timeout=10) as r:
+                assert r.read() == b"rated"
+                return r.status, None
+        except urllib.error.HTTPError as e:
+            body = e.read().decode()
+            return e.code, body.split("<Code>")[1].split("</Code>")[0]
+
+    ways = [header_signed, lambda: presigned(urls[0]), lambda: presigned(urls[1])]
+    outcomes = {i: [] for i in range(3)}
+    started = time.monotonic()
+    for i in range(60):
+        outcomes[i % 3].append(ways[i % 3]())
+        assert other.get_object(**params)["Body"].read() == b"rated"
+    elapsed = time.monotonic() - started
+    admitted = sum(o == (200, None) for way in outcomes.values() for o in way)
+    refused = sum(o == (503, "SlowDown") for way in outcomes.values() for o in way)
+    assert admitted + refused == 60, outcomes
+    # A second's worth at once, then five a second.
+    assert 5 <= admitted <= 5 + 5 * elapsed + 1, (admitted, elapsed)
+    for i, way in outcomes.items():
+        assert (503, "SlowDown") in way, (i, way)
+    assert metric(larder, "larder_client_throttled_total", access_key=READER_KEY) == refused
+    assert 'access_key="' + CLIENT_KEY + '"' not in larder.metrics()
+    assert "request failed" not in larder.log_path.read_text()
+    # An SDK retries SlowDown with backoff: a client that keeps to its retries slows down, and
+    # every read succeeds.
+    patient = larder.client(READER_KEY, READER_SECRET, retries={"max_attempts": 10, "mode": "standard"})
+    for _ in range(15):
+        assert patient.get_object(**params)["Body"].read() == b"rated"
+
+
+def test_a_key_limited_in_bytes_a_second_is_paced_and_no_other_key_is(make_larder, workdir, direct, bucket):
+    """A key limited to 2 MiB a second reads a cached 6 MiB object in about three seconds,
+    every byte right; the other key reads it meanwhile at the cache's speed."""
+    body = os.urandom(6 << 20)
+    direct.put_object(Bucket=bucket, Key="big", Body=body)
+    larder = limited(make_larder, workdir, 'bytes_per_second = "2MiB"')
+    other = larder.client()
+    assert other.get_object(Bucket=bucket, Key="big")["Body"].read() == body
+    batch = larder.client(READER_KEY, READER_SECRET)
+    result = {}
+
+    def paced_read():
+        started = time.monotonic()
+        result["body"] = batch.get_object(Bucket=bucket, Key="big")["Body"].read()
+        result["took"] = time.monotonic() - started
+
+    reader = threading.Thread(target=paced_read)
+    reader.start()
+    fast = []
+    while reader.is_alive() and len(fast) < 5:
+        started = time.monotonic()
+        assert other.get_object(Bucket=bucket, Key="big")["Body"].read() == body
+        fast.append(time.monotonic() - started)
+    reader.join(timeout=60)
+    assert result["body"] == body
+    # 6 MiB at 2 MiB/s, less a tenth of a second's burst: 2.9 s at the least.
+    assert result["took"] >= 2.5, result["took"]
+    assert len(fast) == 5 and max(fast) < 1.0, fast
+    assert metric(larder, "larder_client_paced_seconds_total", access_key=READER_KEY) >= 2.5
+    # A range of it is paced by its own bytes: 512 KiB in about a quarter of a second.
+    started = time.monotonic()
+    part = batch.get_object(Bucket=bucket, Key="big", Range="bytes=1048576-1572863")["Body"].read()
+    assert part == body[1 << 20:(1 << 20) + (512 << 10)]
+    assert time.monotonic() - started < 2.0

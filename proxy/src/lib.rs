@@ -5,6 +5,7 @@
 //! ```text
 //! front/     listeners and what they answer: S3 routes, form uploads, admin, the fleet's peer port
 //!   ├─ auth/       who sent a request and what its signature covers
+//!   │    └─ qos/       what one key may take: requests a second, bytes a second
 //!   ├─ warm/       warm-up jobs (and the `larder warm` command)
 //!   └─ read/       the read path: metadata, then blocks from memory | disk | flight | peer | upstream
 //!        ├─ cache_key   the cache-key schema, in one place
@@ -14,6 +15,7 @@
 //! telemetry/ metrics (with dollar costs), logs and traces
 //! model/     object identity, metadata, spans and upstream errors: depends on nothing here
 //! config     every option, with its default
+//! units      sizes and durations as people write them: depends on nothing here
 //! ```
 //!
 //! A cached GET: [`front::routes`] authenticates ([`auth`]) and parses the request ([`s3`]), asks
@@ -29,9 +31,11 @@ pub mod fleet;
 pub mod freshness;
 pub mod front;
 pub mod model;
+pub mod qos;
 pub mod read;
 pub mod s3;
 pub mod telemetry;
 pub mod trust;
+pub mod units;
 pub mod upstream;
 pub mod warm;

@@ -1,12 +1,15 @@
 //! Client credentials: the access keys Larder accepts, their secrets, and what each may do.
 
 use std::collections::HashMap;
+use std::num::NonZeroU32;
 use std::path::Path;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use super::signing_key::{SigningKey, SigningKeys};
+use crate::qos::Limits;
+use crate::units::ByteSize;
 
 /// Access a key's policy grants. Each level includes the ones before it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, Default)]
@@ -32,9 +35,17 @@ pub struct KeyPolicy {
     /// Buckets the key may use: exact names, or a prefix ending in `*`; `["*"]` for all.
     #[serde(default = "all_buckets")]
     pub buckets: Vec<String>,
-    /// `read-only` or `read-write`.
+    /// `read-only`, `read-write` or `admin`.
     #[serde(default)]
     pub access: Access,
+    /// Requests a second the key may send (a second's worth at once); beyond it, `503
+    /// SlowDown`. Unset: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_second: Option<NonZeroU32>,
+    /// Bytes a second of responses sent to the key, all its responses together; they are
+    /// paced, not refused. Unset: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_per_second: Option<ByteSize>,
 }
 
 fn all_buckets() -> Vec<String> {
@@ -64,6 +75,8 @@ pub struct Key {
     secret: Arc<str>,
     /// What the key may do; `None`: everything.
     pub policy: Option<KeyPolicy>,
+    /// What the key may take (its policy's rates), shared by all its requests; `None`: no limit.
+    pub limits: Option<Arc<Limits>>,
     /// SigV4 signing keys derived from `secret`. Owned with it, so they cannot outlive it.
     signing: Arc<SigningKeys>,
 }
@@ -74,6 +87,7 @@ impl Key {
         Self {
             secret: secret.into(),
             policy: None,
+            limits: None,
             signing: Arc::default(),
         }
     }
@@ -184,6 +198,11 @@ impl KeyStore {
             let key = keys
                 .get_mut(&policy.access_key)
                 .ok_or_else(|| KeysError::UnknownPolicyKey(policy.access_key.clone()))?;
+            key.limits = Limits::new(
+                policy.requests_per_second,
+                policy.bytes_per_second.map(|b| b.0),
+            )
+            .map(Arc::new);
             key.policy = Some(policy.clone());
         }
         Ok(Self { keys })
@@ -201,6 +220,14 @@ impl KeyStore {
     /// The key with this id.
     pub fn get(&self, access_key: &str) -> Option<&Key> {
         self.keys.get(access_key)
+    }
+
+    /// The keys with limits, and their limits.
+    pub fn limits(&self) -> Vec<(String, Arc<Limits>)> {
+        self.keys
+            .iter()
+            .filter_map(|(id, key)| Some((id.clone(), key.limits.clone()?)))
+            .collect()
     }
 
     /// How many keys there are.
@@ -225,6 +252,8 @@ mod tests {
             access_key: "reader".into(),
             buckets: vec!["lake".into(), "logs-*".into()],
             access: Access::ReadOnly,
+            requests_per_second: None,
+            bytes_per_second: None,
         };
         let store = KeyStore::parse(text, "f", &[policy]).unwrap();
         assert_eq!(store.len(), 2);
@@ -257,6 +286,8 @@ mod tests {
             access_key: "ghost".into(),
             buckets: all_buckets(),
             access: Access::ReadWrite,
+            requests_per_second: None,
+            bytes_per_second: None,
         };
         assert!(matches!(
             KeyStore::parse("a:b", "f", &[policy]),

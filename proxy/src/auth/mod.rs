@@ -18,6 +18,7 @@ mod signing_key;
 pub mod sigv2;
 pub mod sigv4;
 
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use http::request::Parts;
@@ -27,6 +28,7 @@ pub use keys::{Access, KeyPolicy, KeyStore};
 pub use signed::Signed;
 pub use sigv4::Payload;
 
+use crate::qos::Limits;
 use crate::s3::copy_source::CopySource;
 use crate::s3::query::Query;
 use crate::s3::request::{self, Target};
@@ -58,6 +60,8 @@ pub struct Principal {
     pub access_key: Option<String>,
     /// What the key may do; `None`: everything.
     pub policy: Option<KeyPolicy>,
+    /// What the key may take (`crate::qos`); `None`: no limit.
+    pub limits: Option<Arc<Limits>>,
     /// How the body is protected.
     pub payload: Payload,
     /// Which headers the signature covers: only those (and the standard ones S3 takes unsigned)
@@ -107,6 +111,7 @@ impl Authenticator {
                 Principal {
                     access_key: Some(access_key),
                     policy: key.policy,
+                    limits: key.limits,
                     payload: Payload::Unsigned,
                     signed: Signed::AllAmz,
                 }
@@ -116,6 +121,7 @@ impl Authenticator {
                 Principal {
                     access_key: Some(v.access_key),
                     policy: v.key.policy,
+                    limits: v.key.limits,
                     payload: v.payload,
                     signed: v.signed,
                 }
@@ -124,6 +130,7 @@ impl Authenticator {
                 return Ok(Principal {
                     access_key: None,
                     policy: None,
+                    limits: None,
                     payload: sigv4::payload_of(parts)?,
                     signed: Signed::Unchecked,
                 })
@@ -151,6 +158,7 @@ impl Authenticator {
                 Principal {
                     access_key: None,
                     policy: None,
+                    limits: None,
                     payload: Payload::Unsigned,
                     signed: Signed::Unchecked,
                 },
@@ -268,7 +276,10 @@ mod tests {
                 access_key: "k".into(),
                 buckets: buckets.iter().map(|b| b.to_string()).collect(),
                 access,
+                requests_per_second: None,
+                bytes_per_second: None,
             }),
+            limits: None,
             payload: Payload::Unsigned,
             signed: Signed::Unchecked,
         }
@@ -327,6 +338,7 @@ mod tests {
         let open = Principal {
             access_key: None,
             policy: None,
+            limits: None,
             payload: Payload::Unsigned,
             signed: Signed::Unchecked,
         };

@@ -160,6 +160,7 @@ pub fn verify(
         Principal {
             access_key: Some(access_key),
             policy: key_entry.policy.clone(),
+            limits: key_entry.limits.clone(),
             payload: Payload::Unsigned,
             // The upstream request is built from the verified fields only.
             signed: Signed::Unchecked,

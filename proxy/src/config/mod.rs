@@ -20,11 +20,11 @@ use crate::freshness::sns::SnsOrigin;
 use crate::telemetry::traces::{LogFormat, TraceOptions};
 
 pub mod flags;
-mod units;
+
 mod validate;
 
 pub use flags::Flags;
-pub use units::{ByteSize, HumanDuration};
+pub use crate::units::{ByteSize, HumanDuration};
 
 /// How an option is given on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -766,6 +766,41 @@ buckets = ["lake", "warehouse"]
                 .unwrap_err()
                 .to_string();
             assert!(err.contains("mapped to two partitions"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's closure must return figment's own error
+    fn a_key_policy_takes_rates_and_refuses_ones_that_would_stall_it() {
+        figment::Jail::expect_with(|jail| {
+            let load = |text: &str| {
+                let path = jail.directory().join("larder.toml");
+                std::fs::write(&path, format!("auth_credentials = \"k\"\n{text}")).unwrap();
+                Config::load(Some(&path), Flags::default()).map_err(|e| e.to_string())
+            };
+            let c = load(
+                "[[auth_policies]]\naccess_key = \"batch\"\nrequests_per_second = 200\nbytes_per_second = \"50MiB\"\n",
+            )
+            .expect("loads");
+            let policy = &c.auth_policies[0];
+            assert_eq!(policy.requests_per_second.map(|r| r.get()), Some(200));
+            assert_eq!(policy.bytes_per_second, Some(ByteSize(50 << 20)));
+            // What --check-config prints loads back to the same policy.
+            let printed = toml::to_string(&c).unwrap();
+            assert!(printed.contains("bytes_per_second = \"50MiB\""), "{printed}");
+            for (text, want) in [
+                ("requests_per_second = 0", "nonzero"),
+                ("bytes_per_second = 512", "at least 1KiB"),
+                ("requests_per_second = 1.5", "requests_per_second"),
+            ] {
+                let err = load(&format!("[[auth_policies]]\naccess_key = \"a\"\n{text}\n"))
+                    .unwrap_err();
+                assert!(err.contains(want), "{text}: {err}");
+            }
+            let twice = "[[auth_policies]]\naccess_key = \"a\"\n[[auth_policies]]\naccess_key = \"a\"\nrequests_per_second = 5\n";
+            let err = load(twice).unwrap_err();
+            assert!(err.contains("\"a\" twice"), "{err}");
             Ok(())
         });
     }

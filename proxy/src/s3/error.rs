@@ -82,6 +82,10 @@ pub enum S3Error {
     /// 503 ServiceUnavailable: the upstream could not be reached or did not answer in time.
     #[error("{0}")]
     ServiceUnavailable(String),
+    /// 503 SlowDown: the client's key sent more requests than its policy allows a second
+    /// (`crate::qos`). Every SDK retries it with backoff.
+    #[error("Please reduce your request rate.")]
+    SlowDown,
     /// 500 InternalError.
     #[error("We encountered an internal error. Please try again.")]
     InternalError,
@@ -137,6 +141,7 @@ impl S3Error {
             S3Error::NotImplemented(_) => "NotImplemented",
             S3Error::MethodNotAllowed => "MethodNotAllowed",
             S3Error::ServiceUnavailable(_) => "ServiceUnavailable",
+            S3Error::SlowDown => "SlowDown",
             S3Error::InvalidAccessKeyId => "InvalidAccessKeyId",
             S3Error::SignatureDoesNotMatch => "SignatureDoesNotMatch",
             S3Error::AccessDenied(_) => "AccessDenied",
@@ -179,7 +184,7 @@ impl S3Error {
             S3Error::MissingContentLength => StatusCode::LENGTH_REQUIRED,
             S3Error::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             S3Error::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            S3Error::ServiceUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            S3Error::ServiceUnavailable(_) | S3Error::SlowDown => StatusCode::SERVICE_UNAVAILABLE,
             S3Error::InternalError => StatusCode::INTERNAL_SERVER_ERROR,
             S3Error::Upstream { status, .. } => {
                 StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_GATEWAY)

@@ -25,6 +25,7 @@ use tracing::Instrument;
 
 use crate::auth::Authenticator;
 use crate::freshness::Freshness;
+use crate::qos::Paced;
 use crate::front::handler::Handler;
 use crate::read::blocks::BlockStore;
 use crate::read::listing::ListingCache;
@@ -133,7 +134,8 @@ async fn handle(app: Arc<AppState>, req: Request) -> Response {
     let (mut response, cache) = match result {
         Ok((response, cache)) => (response, cache),
         Err(e) => {
-            if e.status().is_server_error() {
+            // A key's refusals past its rate are its own doing, counted by key, not logged.
+            if e.status().is_server_error() && !matches!(e, S3Error::SlowDown) {
                 span.in_scope(|| {
                     tracing::warn!(%method, %resource, %request_id, code = e.code(), error = %e, "request failed")
                 });
@@ -233,6 +235,13 @@ impl AppState {
             Target::Service => None,
             Target::Bucket(b) | Target::Object { bucket: b, .. } => Some(b.clone()),
         };
+        // A key over its requests a second is refused before any work is done for it.
+        let limits = principal.limits.clone();
+        if let Some(limits) = &limits {
+            if !limits.admit(Instant::now()) {
+                return (operation, bucket, Err(S3Error::SlowDown));
+            }
+        }
         // The copy source is authorised and forwarded as one parse, never as the client's text.
         let copy_source = match req.headers.get(names::X_AMZ_COPY_SOURCE) {
             Some(v) => match CopySource::parse(v.as_bytes()) {
@@ -288,6 +297,15 @@ impl AppState {
                     Box::pin(pass).await
                 }
             },
+        };
+        let result = match limits {
+            Some(limits) if limits.paces() => result.map(|(response, cache)| {
+                (
+                    response.map(|body| Body::new(Paced::new(body, limits))),
+                    cache,
+                )
+            }),
+            _ => result,
         };
         (operation, bucket, result)
     }

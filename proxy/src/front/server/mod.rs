@@ -377,6 +377,9 @@ pub async fn start(
         },
     ));
     let parts = PartLayouts::new(PARTS_BYTES, fleet.as_ref().map(|f| f.fleet.clone()));
+    if let Authenticator::SigV4(keys) = &auth {
+        metrics.observe_client_limits(keys.limits());
+    }
     let app = Arc::new(AppState {
         base_domain: config.base_domain.clone(),
         auth,

@@ -10,6 +10,8 @@ use cache_core::{DiskCache, MemoryTier};
 use parking_lot::Mutex;
 
 use super::{kv, Metrics};
+use crate::qos::Limits;
+use opentelemetry::KeyValue;
 
 /// What the fleet's gauges show, read at each collection.
 #[derive(Debug, Clone, Copy, Default)]
@@ -235,6 +237,42 @@ impl Metrics {
                 "Upstream requests sent again by the S3 client after a failed attempt",
             )
             .with_callback(move |o| o.observe(retries(), &[]))
+            .build();
+    }
+
+    /// Export what each limited client key was held back by (`auth_policies`' rates): its
+    /// requests refused with `SlowDown`, and the seconds its responses waited for its byte
+    /// rate. Only keys with limits are labelled, so the label's values are the configuration's.
+    pub fn observe_client_limits(&self, keys: Vec<(String, Arc<Limits>)>) {
+        if keys.is_empty() {
+            return;
+        }
+        let keys: Arc<[(KeyValue, Arc<Limits>)]> = keys
+            .into_iter()
+            .map(|(key, limits)| (KeyValue::new("access_key", key), limits))
+            .collect();
+        let refused = keys.clone();
+        self.meter
+            .u64_observable_counter("larder.client.throttled")
+            .with_description(
+                "Requests refused with SlowDown because their key sent more than its requests_per_second",
+            )
+            .with_callback(move |o| {
+                for (label, limits) in refused.iter() {
+                    o.observe(limits.refused(), std::slice::from_ref(label));
+                }
+            })
+            .build();
+        self.meter
+            .f64_observable_counter("larder.client.paced.seconds")
+            .with_description(
+                "Seconds responses to a key waited for its bytes_per_second, summed over its responses",
+            )
+            .with_callback(move |o| {
+                for (label, limits) in keys.iter() {
+                    o.observe(limits.paced_seconds(), std::slice::from_ref(label));
+                }
+            })
             .build();
     }
 
