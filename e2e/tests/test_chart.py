@@ -98,6 +98,9 @@ def test_lint_template_and_validate(values, workdir):
     assert 'admin_token_file = "/etc/larder/admin/token"' in check.stdout
 
     if values.stem.startswith("persistence"):
+        # A key's rates reach the configuration as numbers and sizes the binary reads back.
+        assert "requests_per_second = 200" in check.stdout
+        assert 'bytes_per_second = "50MiB"' in check.stdout
         (claim,) = sts["spec"]["volumeClaimTemplates"]
         assert claim["spec"]["storageClassName"] == "local-nvme"
         assert claim["spec"]["resources"]["requests"]["storage"] == "500Gi"

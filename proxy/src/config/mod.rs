@@ -23,8 +23,8 @@ pub mod flags;
 
 mod validate;
 
-pub use flags::Flags;
 pub use crate::units::{ByteSize, HumanDuration};
+pub use flags::Flags;
 
 /// How an option is given on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,7 +173,9 @@ options! {
     /// Per-key policies: the buckets a key may use and what it may do there (`read-only`,
     /// `read-write` for object writes, `admin` for bucket administration too). TOML only, e.g.
     /// `[[auth_policies]] access_key = "analytics", buckets = ["lake", "logs-*"],
-    /// access = "read-only"`. Keys without a policy may do everything. Default: none.
+    /// access = "read-only"`. A policy may also limit the key's `requests_per_second` (past
+    /// it, `503 SlowDown`) and `bytes_per_second` (its responses paced), per replica. Keys
+    /// without a policy may do everything, unlimited. Default: none.
     auth_policies: Vec<KeyPolicy> = Vec::new() => TomlOnly;
     /// PEM certificate chain for TLS on the S3 listener; with `tls_key`, the listener speaks
     /// HTTPS only. Both files are re-read when they change. Default: none (plain HTTP).
@@ -788,14 +790,17 @@ buckets = ["lake", "warehouse"]
             assert_eq!(policy.bytes_per_second, Some(ByteSize(50 << 20)));
             // What --check-config prints loads back to the same policy.
             let printed = toml::to_string(&c).unwrap();
-            assert!(printed.contains("bytes_per_second = \"50MiB\""), "{printed}");
+            assert!(
+                printed.contains("bytes_per_second = \"50MiB\""),
+                "{printed}"
+            );
             for (text, want) in [
                 ("requests_per_second = 0", "nonzero"),
                 ("bytes_per_second = 512", "at least 1KiB"),
                 ("requests_per_second = 1.5", "requests_per_second"),
             ] {
-                let err = load(&format!("[[auth_policies]]\naccess_key = \"a\"\n{text}\n"))
-                    .unwrap_err();
+                let err =
+                    load(&format!("[[auth_policies]]\naccess_key = \"a\"\n{text}\n")).unwrap_err();
                 assert!(err.contains(want), "{text}: {err}");
             }
             let twice = "[[auth_policies]]\naccess_key = \"a\"\n[[auth_policies]]\naccess_key = \"a\"\nrequests_per_second = 5\n";
@@ -897,6 +902,32 @@ access_key = "etl"
                     .then(|| [key, cells[1], cells[2], cells[3]].map(|c| c.trim().to_owned()))
             })
             .collect()
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment::Jail's closure must return figment's own error
+    fn the_documented_example_loads_as_its_comments_say() {
+        let doc = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../docs/configuration.md"
+        ))
+        .unwrap();
+        let example = doc
+            .split("## Example\n\n```toml\n")
+            .nth(1)
+            .and_then(|rest| rest.split("```").next())
+            .expect("docs/configuration.md has an example");
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("larder.toml", example)?;
+            let path = jail.directory().join("larder.toml");
+            let c = Config::load(Some(&path), Flags::default()).expect("the example loads");
+            // A table's keys run to the next table: options written after one are its own.
+            assert_eq!(c.disk_capacity, ByteSize(500 << 30));
+            let batch = &c.auth_policies[1];
+            assert_eq!(batch.requests_per_second.map(|r| r.get()), Some(200));
+            assert_eq!(batch.bytes_per_second, Some(ByteSize(50 << 20)));
+            Ok(())
+        });
     }
 
     #[test]

@@ -181,7 +181,10 @@ impl Config {
             {
                 return invalid(
                     "auth_policies",
-                    &format!("name access key {:?} twice; give it one policy", policy.access_key),
+                    &format!(
+                        "name access key {:?} twice; give it one policy",
+                        policy.access_key
+                    ),
                 );
             }
             // Below this a paced response's 64 KiB slice would wait over a minute.

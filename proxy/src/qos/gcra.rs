@@ -121,6 +121,9 @@ mod tests {
         assert_eq!(waits[29], 2900 * MS);
         assert!(waits.windows(2).all(|w| w[0] <= w[1]));
         // Time that has passed is paid for.
-        assert_eq!(rate.take(100_000, t0 + Duration::from_secs(10)), Duration::ZERO);
+        assert_eq!(
+            rate.take(100_000, t0 + Duration::from_secs(10)),
+            Duration::ZERO
+        );
     }
 }

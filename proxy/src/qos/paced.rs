@@ -107,9 +107,9 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
     use http_body_util::{BodyExt, Full, StreamBody};
     use std::num::NonZeroU32;
+    use std::time::Duration;
 
     fn limits(bytes_per_second: u64) -> Arc<Limits> {
         Arc::new(Limits::new(None::<NonZeroU32>, Some(bytes_per_second)).expect("a byte rate"))
@@ -118,7 +118,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_body_is_sent_at_its_rate_in_slices_with_its_length_known() {
         // 1 MiB at 256 KiB/s, a tenth of a second's burst: about 4 s.
-        let body = Paced::new(Full::new(Bytes::from(vec![7u8; 1 << 20])), limits(256 << 10));
+        let body = Paced::new(
+            Full::new(Bytes::from(vec![7u8; 1 << 20])),
+            limits(256 << 10),
+        );
         assert_eq!(body.size_hint().exact(), Some(1 << 20));
         let started = tokio::time::Instant::now();
         let mut body = body;
@@ -140,7 +143,9 @@ mod tests {
     async fn two_bodies_of_one_key_share_its_rate() {
         let limits = limits(512 << 10);
         let read = |limits: Arc<Limits>| async move {
-            let chunks = (0..8).map(|_| Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from(vec![1u8; 128 << 10]))));
+            let chunks = (0..8).map(|_| {
+                Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from(vec![1u8; 128 << 10])))
+            });
             let body = Paced::new(StreamBody::new(futures::stream::iter(chunks)), limits);
             body.collect().await.unwrap().to_bytes().len()
         };

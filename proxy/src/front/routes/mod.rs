@@ -25,8 +25,8 @@ use tracing::Instrument;
 
 use crate::auth::Authenticator;
 use crate::freshness::Freshness;
-use crate::qos::Paced;
 use crate::front::handler::Handler;
+use crate::qos::Paced;
 use crate::read::blocks::BlockStore;
 use crate::read::listing::ListingCache;
 use crate::read::metadata::MetadataCache;
