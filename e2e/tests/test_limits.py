@@ -10,7 +10,7 @@ import urllib.request
 
 from botocore.exceptions import ClientError
 
-from conftest import CLIENT_KEY, READER_KEY, READER_SECRET, metric, wait_until
+from conftest import CLIENT_KEY, READER_KEY, READER_SECRET, assert_dashboard_metrics_exported, metric, wait_until
 from test_headers_errors import raw
 
 
@@ -255,6 +255,7 @@ def test_a_key_over_its_request_rate_is_told_to_slow_down_whichever_way_it_signs
         assert (503, "SlowDown") in way, (i, way)
     assert metric(larder, "larder_client_throttled_total", access_key=READER_KEY) == refused
     assert 'access_key="' + CLIENT_KEY + '"' not in larder.metrics()
+    assert_dashboard_metrics_exported(larder, ("larder_client_",), 2, "a Larder with a key's limits")
     assert "request failed" not in larder.log_path.read_text()
     # An SDK retries SlowDown with backoff: a client that keeps to its retries slows down, and
     # every read succeeds.

@@ -29,6 +29,8 @@ DASHBOARDS = ROOT / "charts" / "larder" / "dashboards"
 FLEET_ONLY = ("larder_peer_", "larder_fleet_")
 # Exported only where events are expected; checked on such a Larder (test_events.py).
 EVENTS_ONLY = ("larder_events_",)
+# Exported only where some key has a limit; checked on such a Larder (test_limits.py).
+LIMITS_ONLY = ("larder_client_",)
 ARTIFACTS = ROOT / "target" / "e2e-artifacts"
 # Round prices make the expected dollars easy to state: $1 per GET-class request, $10 per
 # PUT-class request, $1 per GB (10^9 bytes) of transfer.
@@ -130,8 +132,8 @@ def test_every_dashboard_metric_exists_on_a_live_larder(observed):
         for expr in exprs:
             for name in re.findall(r"\blarder_[a-z0-9_]+", expr):
                 names.add(name)
-                if name.startswith(FLEET_ONLY + EVENTS_ONLY):
-                    continue  # checked on a live fleet replica (test_fleet.py), or one expecting events
+                if name.startswith(FLEET_ONLY + EVENTS_ONLY + LIMITS_ONLY):
+                    continue  # checked on a live fleet replica (test_fleet.py), one expecting events, one with limits
                 assert re.search(rf"^{name}[{{ ]", scrape, re.M), f"{path.name} queries {name}, which Larder does not export"
     assert len(names) >= 30, names
 

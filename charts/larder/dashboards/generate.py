@@ -70,6 +70,13 @@ OVERVIEW = [
           "ops",
           description="Faults the clients did not see. Stale answers mean the upstream is failing; paced requests "
                       "mean S3 answered SlowDown for a prefix and Larder slowed that prefix down."),
+    panel("Keys held back by their limits",
+          [(f"sum by (access_key) (rate(larder_client_throttled_total[{RI}]))", "{{access_key}} refused (SlowDown)"),
+           (f"sum by (access_key) (rate(larder_client_paced_seconds_total[{RI}]))", "{{access_key}} paced (s/s)")],
+          "short",
+          description="Keys with requests_per_second or bytes_per_second in auth_policies: requests a second refused "
+                      "with SlowDown, and seconds a second their responses waited for their byte rate. Empty when no "
+                      "key has a limit."),
     panel("Tier usage", [("larder_memory_used_bytes / larder_memory_capacity_bytes", "memory"),
                          ("larder_disk_live_bytes / larder_disk_capacity_bytes", "disk")], "percentunit"),
 ]
