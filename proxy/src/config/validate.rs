@@ -187,7 +187,7 @@ impl Config {
                     ),
                 );
             }
-            // Below this a paced response's 64 KiB slice would wait over a minute.
+            // Below this a paced response's slices (4 KiB at least) would come more than 4 s apart.
             if policy.bytes_per_second.is_some_and(|b| b.0 < 1024) {
                 return invalid(
                     "auth_policies",

@@ -20,7 +20,7 @@ mod gcra;
 mod paced;
 
 pub use gcra::Gcra;
-pub use paced::{Paced, SLICE};
+pub use paced::Paced;
 
 /// How many requests beyond the steady rate may arrive at once: a second's worth, so that
 /// "N requests a second" admits N sent together.
@@ -30,11 +30,18 @@ const REQUEST_BURST: Duration = Duration::from_secs(1);
 /// response's throughput, seen over a second, is the rate's.
 const BYTE_BURST: Duration = Duration::from_millis(100);
 
+/// A paced response's slices: a tenth of a second's bytes, within these bounds. Below 4 KiB a
+/// slice would cost more in wake-ups than it carries; above 1 MiB a fast key's responses would
+/// go in bursts. At the lowest rate allowed (1 KiB/s) a slice is 4 s apart, within any SDK's
+/// read timeout.
+const SLICE_BOUNDS: (u64, u64) = (4 << 10, 1 << 20);
+
 /// One key's limits, and what they held back.
 #[derive(Debug)]
 pub struct Limits {
     requests: Option<Gcra>,
     bytes: Option<Gcra>,
+    slice: usize,
     refused: AtomicU64,
     paced_nanos: AtomicU64,
 }
@@ -52,6 +59,9 @@ impl Limits {
         Some(Self {
             requests: requests_per_second.map(|r| Gcra::new(r.get().into(), REQUEST_BURST)),
             bytes: bytes_per_second.map(|b| Gcra::new(b, BYTE_BURST)),
+            slice: bytes_per_second.map_or(SLICE_BOUNDS.1, |b| {
+                (b / 10).clamp(SLICE_BOUNDS.0, SLICE_BOUNDS.1)
+            }) as usize,
             refused: AtomicU64::new(0),
             paced_nanos: AtomicU64::new(0),
         })
@@ -64,6 +74,11 @@ impl Limits {
             self.refused.fetch_add(1, Ordering::Relaxed);
         }
         admitted
+    }
+
+    /// The most a paced response sends between two takes from the byte rate.
+    pub fn slice(&self) -> usize {
+        self.slice
     }
 
     /// Whether responses are paced.
@@ -105,6 +120,11 @@ mod tests {
         let bytes_only = Limits::new(None, Some(1 << 20)).unwrap();
         assert!(bytes_only.paces());
         assert!((0..10_000).all(|_| bytes_only.admit(Instant::now())));
+        let slice = |rate| Limits::new(None, Some(rate)).unwrap().slice();
+        assert_eq!(
+            (slice(1024), slice(1 << 20), slice(100 << 20)),
+            (4096, 104_857, 1 << 20)
+        );
         let requests_only = Limits::new(NonZeroU32::new(5), None).unwrap();
         assert!(!requests_only.paces());
         assert_eq!(

@@ -1,9 +1,11 @@
 //! A response body sent no faster than its key's bytes a second.
 //!
-//! Each data frame is sent in slices of at most [`SLICE`] bytes (a `Bytes` split, never a
-//! copy), and each slice is taken from the key's rate before it goes: within the burst at once,
-//! beyond it after the wait the rate names. A cached block is one frame of up to `block_size`,
-//! so without slices a slow key would get a whole block at once and then nothing for seconds.
+//! Each data frame is sent in slices of a tenth of a second's bytes at the key's rate (at least
+//! 4 KiB, at most 1 MiB: [`Limits::slice`]), each a `Bytes` split, never a copy, and each
+//! taken from the key's rate before it goes: within the burst at once, beyond it after the
+//! wait the rate names. A cached block is one frame of up to `block_size`, so without slices a
+//! slow key would get a whole block at once and then nothing for longer than an SDK's read
+//! timeout (60 s in boto3: 8 MiB at 100 KiB/s is 80 s).
 //! Every body of the key takes from the same rate, so the key's responses together keep to
 //! it, served in the order their slices were taken. The body holds one frame of its inner
 //! body at most: a paced client is a slow reader, which the read path bounds already.
@@ -18,9 +20,6 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::time::Sleep;
 
 use super::Limits;
-
-/// The most a paced body sends between two takes from its rate.
-pub const SLICE: usize = 64 << 10;
 
 /// `inner`, sent at the rate of `limits`.
 pub struct Paced<B> {
@@ -68,7 +67,7 @@ where
                 return Poll::Ready(Some(Ok(Frame::data(slice))));
             }
             if !this.rest.is_empty() {
-                let slice = this.rest.split_to(SLICE.min(this.rest.len()));
+                let slice = this.rest.split_to(this.limits.slice().min(this.rest.len()));
                 // tokio's clock, so that a test's paused time paces as real time does.
                 let now = tokio::time::Instant::now().into_std();
                 let wait = this.limits.take_bytes(slice.len() as u64, now);
@@ -128,7 +127,7 @@ mod tests {
         let mut got = Vec::new();
         while let Some(frame) = body.frame().await {
             let data = frame.unwrap().into_data().unwrap();
-            assert!(data.len() <= SLICE);
+            assert!(data.len() <= 26_214);
             got.extend_from_slice(&data);
         }
         assert_eq!(got, vec![7u8; 1 << 20]);
