@@ -11,6 +11,7 @@ import urllib.request
 from botocore.exceptions import ClientError
 
 from conftest import CLIENT_KEY, READER_KEY, READER_SECRET, assert_dashboard_metrics_exported, metric, wait_until
+from test_attacks import _post_form
 from test_headers_errors import raw
 
 
@@ -212,8 +213,8 @@ def limited(make_larder, workdir, rates: str):
 
 def test_a_key_over_its_request_rate_is_told_to_slow_down_whichever_way_it_signs(make_larder, workdir, direct, bucket):
     """A key limited to 5 requests a second, signing in the header, with a SigV4 presigned
-    URL and with a SigV2 one in turn: the rate is the key's, whatever carries its signature.
-    The other key, in step with it, is never refused."""
+    URL, with a SigV2 one and with a browser form's POST policy in turn: the rate is the key's,
+    whatever carries its signature. The other key, in step with it, is never refused."""
     direct.put_object(Bucket=bucket, Key="k", Body=b"rated")
     larder = limited(make_larder, workdir, "requests_per_second = 5")
     # One attempt each: boto3's `max_attempts` counts retries, `total_max_attempts` all.
@@ -239,14 +240,20 @@ def test_a_key_over_its_request_rate_is_told_to_slow_down_whichever_way_it_signs
             body = e.read().decode()
             return e.code, body.split("<Code>")[1].split("</Code>")[0]
 
-    ways = [header_signed, lambda: presigned(urls[0]), lambda: presigned(urls[1])]
-    outcomes = {i: [] for i in range(3)}
+    form = larder.client(READER_KEY, READER_SECRET).generate_presigned_post(bucket, "form/${filename}", ExpiresIn=300)
+
+    def form_upload():
+        status, body = _post_form(form["url"], form["fields"], "f.txt", b"rated")
+        return (status, None) if status == 204 else (status, body.decode().split("<Code>")[1].split("</Code>")[0])
+
+    ways = [header_signed, lambda: presigned(urls[0]), lambda: presigned(urls[1]), form_upload]
+    outcomes = {i: [] for i in range(len(ways))}
     started = time.monotonic()
     for i in range(60):
-        outcomes[i % 3].append(ways[i % 3]())
+        outcomes[i % len(ways)].append(ways[i % len(ways)]())
         assert other.get_object(**params)["Body"].read() == b"rated"
     elapsed = time.monotonic() - started
-    admitted = sum(o == (200, None) for way in outcomes.values() for o in way)
+    admitted = sum(o in ((200, None), (204, None)) for way in outcomes.values() for o in way)
     refused = sum(o == (503, "SlowDown") for way in outcomes.values() for o in way)
     assert admitted + refused == 60, outcomes
     # A second's worth at once, then five a second.

@@ -172,6 +172,15 @@ impl Authenticator {
 }
 
 impl Principal {
+    /// Whether the key's requests a second (`crate::qos`) leave room for this request at
+    /// `now`: `SlowDown` otherwise, counted. Asked once per request, before any work for it.
+    pub fn admit(&self, now: std::time::Instant) -> Result<(), S3Error> {
+        match &self.limits {
+            Some(limits) if !limits.admit(now) => Err(S3Error::SlowDown),
+            _ => Ok(()),
+        }
+    }
+
     /// Whether the key's policy allows `method` on `target` with these headers and query
     /// sub-resources (`query_other`); `copy_source` is the object a copy reads, whose bucket
     /// must be readable too.

@@ -236,12 +236,10 @@ impl AppState {
             Target::Bucket(b) | Target::Object { bucket: b, .. } => Some(b.clone()),
         };
         // A key over its requests a second is refused before any work is done for it.
-        let limits = principal.limits.clone();
-        if let Some(limits) = &limits {
-            if !limits.admit(Instant::now()) {
-                return (operation, bucket, Err(S3Error::SlowDown));
-            }
+        if let Err(e) = principal.admit(Instant::now()) {
+            return (operation, bucket, Err(e));
         }
+        let limits = principal.limits.clone();
         // The copy source is authorised and forwarded as one parse, never as the client's text.
         let copy_source = match req.headers.get(names::X_AMZ_COPY_SOURCE) {
             Some(v) => match CopySource::parse(v.as_bytes()) {
