@@ -251,29 +251,31 @@ impl Metrics {
             .into_iter()
             .map(|(key, limits)| (KeyValue::new("access_key", key), limits))
             .collect();
-        let refused = keys.clone();
-        self.meter
-            .u64_observable_counter("larder.client.throttled")
-            .with_description(
+        type Read = fn(&Limits) -> f64;
+        let counters: [(&'static str, &'static str, Read); 2] = [
+            (
+                "larder.client.throttled",
                 "Requests refused with SlowDown because their key sent more than its requests_per_second",
-            )
-            .with_callback(move |o| {
-                for (label, limits) in refused.iter() {
-                    o.observe(limits.refused(), std::slice::from_ref(label));
-                }
-            })
-            .build();
-        self.meter
-            .f64_observable_counter("larder.client.paced.seconds")
-            .with_description(
+                |l| l.refused() as f64,
+            ),
+            (
+                "larder.client.paced.seconds",
                 "Seconds responses to a key waited for its bytes_per_second, summed over its responses",
-            )
-            .with_callback(move |o| {
-                for (label, limits) in keys.iter() {
-                    o.observe(limits.paced_seconds(), std::slice::from_ref(label));
-                }
-            })
-            .build();
+                Limits::paced_seconds,
+            ),
+        ];
+        for (name, description, read) in counters {
+            let keys = keys.clone();
+            self.meter
+                .f64_observable_counter(name)
+                .with_description(description)
+                .with_callback(move |o| {
+                    for (label, limits) in keys.iter() {
+                        o.observe(read(limits), std::slice::from_ref(label));
+                    }
+                })
+                .build();
+        }
     }
 
     /// Export the disk tier's counters and gauges, read at each collection.
