@@ -13,6 +13,7 @@ from botocore.exceptions import ClientError
 from conftest import CLIENT_KEY, READER_KEY, READER_SECRET, assert_dashboard_metrics_exported, metric, wait_until
 from test_attacks import _post_form
 from test_headers_errors import raw
+from test_reads import curl_h2
 
 
 def test_a_client_that_never_finishes_its_headers_is_disconnected(make_larder, direct, bucket):
@@ -273,7 +274,8 @@ def test_a_key_over_its_request_rate_is_told_to_slow_down_whichever_way_it_signs
 
 def test_a_key_limited_in_bytes_a_second_is_paced_and_no_other_key_is(make_larder, workdir, direct, bucket):
     """A key limited to 2 MiB a second reads a cached 6 MiB object in about three seconds,
-    every byte right; the other key reads it meanwhile at the cache's speed."""
+    every byte right, over HTTP/1.1 (boto3) and HTTP/2 (curl) alike; the other key reads it
+    meanwhile at the cache's speed."""
     body = os.urandom(6 << 20)
     direct.put_object(Bucket=bucket, Key="big", Body=body)
     larder = limited(make_larder, workdir, 'bytes_per_second = "2MiB"')
@@ -300,6 +302,15 @@ def test_a_key_limited_in_bytes_a_second_is_paced_and_no_other_key_is(make_larde
     assert result["took"] >= 2.5, result["took"]
     assert len(fast) == 5 and max(fast) < 1.0, fast
     assert metric(larder, "larder_client_paced_seconds_total", access_key=READER_KEY) >= 2.5
+    # Over HTTP/2 too (curl, cleartext with prior knowledge, a presigned URL).
+    url = larder.client(READER_KEY, READER_SECRET, signature_version="s3v4").generate_presigned_url(
+        "get_object", Params={"Bucket": bucket, "Key": "big"}, ExpiresIn=300)
+    out = workdir / "paced-h2"
+    started = time.monotonic()
+    assert curl_h2(url, out) == ["2", "200"]
+    took = time.monotonic() - started
+    assert out.read_bytes() == body
+    assert took >= 2.5, took
     # A range of it is paced by its own bytes: 512 KiB in about a quarter of a second.
     started = time.monotonic()
     part = batch.get_object(Bucket=bucket, Key="big", Range="bytes=1048576-1572863")["Body"].read()
