@@ -172,11 +172,12 @@ impl Authenticator {
 }
 
 impl Principal {
-    /// Whether the key's requests a second (`crate::qos`) leave room for this request at
-    /// `now`: `SlowDown` otherwise, counted. Asked once per request, before any work for it.
-    pub fn admit(&self, now: std::time::Instant) -> Result<(), S3Error> {
+    /// Whether the key's requests a second (`crate::qos`) leave room for this request:
+    /// `SlowDown` otherwise, counted. Asked once per request, before any work for it; the
+    /// clock is read only for a key with limits.
+    pub fn admit(&self) -> Result<(), S3Error> {
         match &self.limits {
-            Some(limits) if !limits.admit(now) => Err(S3Error::SlowDown),
+            Some(limits) if !limits.admit(std::time::Instant::now()) => Err(S3Error::SlowDown),
             _ => Ok(()),
         }
     }

@@ -112,7 +112,7 @@ pub async fn upload(
         return Err(S3Error::KeyTooLong);
     }
     let (principal, range) = app.auth.form_upload(&head, &bucket, &key)?;
-    principal.admit(std::time::Instant::now())?;
+    principal.admit()?;
     let target = Target::Object {
         bucket: bucket.as_str().into(),
         key: key.as_str().into(),

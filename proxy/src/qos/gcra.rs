@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 /// `per_second` units a second, with bursts of up to `burst` worth of them at once.
 #[derive(Debug)]
-pub struct Gcra {
+pub(super) struct Gcra {
     origin: Instant,
     per_second: u64,
     burst: u64,
@@ -19,7 +19,7 @@ pub struct Gcra {
 
 impl Gcra {
     /// A rate of `per_second` (at least 1) with bursts of `burst`.
-    pub fn new(per_second: u64, burst: Duration) -> Self {
+    pub(super) fn new(per_second: u64, burst: Duration) -> Self {
         Self {
             origin: Instant::now(),
             per_second: per_second.max(1),
@@ -39,7 +39,7 @@ impl Gcra {
     }
 
     /// Take `n` units at `now` if the burst has room for them; otherwise take nothing.
-    pub fn try_take(&self, n: u64, now: Instant) -> bool {
+    pub(super) fn try_take(&self, n: u64, now: Instant) -> bool {
         let now = self.since_origin(now);
         let cost = self.cost(n);
         self.paid_until
@@ -52,7 +52,7 @@ impl Gcra {
 
     /// Take `n` units at `now` whatever is owed already, and say how long to wait before using
     /// them: zero while within the burst. Callers that wait are served in the order they took.
-    pub fn take(&self, n: u64, now: Instant) -> Duration {
+    pub(super) fn take(&self, n: u64, now: Instant) -> Duration {
         let now = self.since_origin(now);
         let cost = self.cost(n);
         let paid = self

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 mod gcra;
 mod paced;
 
-pub use gcra::Gcra;
+use gcra::Gcra;
 pub use paced::Paced;
 
 /// How many requests beyond the steady rate may arrive at once: a second's worth, so that

@@ -6,6 +6,7 @@
 //! wait the rate names. A cached block is one frame of up to `block_size`, so without slices a
 //! slow key would get a whole block at once and then nothing for longer than an SDK's read
 //! timeout (60 s in boto3: 8 MiB at 100 KiB/s is 80 s).
+//!
 //! Every body of the key takes from the same rate, so the key's responses together keep to
 //! it, served in the order their slices were taken. The body holds one frame of its inner
 //! body at most: a paced client is a slow reader, which the read path bounds already.

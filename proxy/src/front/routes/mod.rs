@@ -236,10 +236,10 @@ impl AppState {
             Target::Bucket(b) | Target::Object { bucket: b, .. } => Some(b.clone()),
         };
         // A key over its requests a second is refused before any work is done for it.
-        if let Err(e) = principal.admit(Instant::now()) {
+        if let Err(e) = principal.admit() {
             return (operation, bucket, Err(e));
         }
-        let limits = principal.limits.clone();
+        let paced = principal.limits.clone().filter(|l| l.paces());
         // The copy source is authorised and forwarded as one parse, never as the client's text.
         let copy_source = match req.headers.get(names::X_AMZ_COPY_SOURCE) {
             Some(v) => match CopySource::parse(v.as_bytes()) {
@@ -296,14 +296,14 @@ impl AppState {
                 }
             },
         };
-        let result = match limits {
-            Some(limits) if limits.paces() => result.map(|(response, cache)| {
+        let result = match paced {
+            Some(limits) => result.map(|(response, cache)| {
                 (
                     response.map(|body| Body::new(Paced::new(body, limits))),
                     cache,
                 )
             }),
-            _ => result,
+            None => result,
         };
         (operation, bucket, result)
     }
