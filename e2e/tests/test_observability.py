@@ -12,6 +12,7 @@ import socketserver
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -20,8 +21,9 @@ import botocore.exceptions
 import pytest
 import yaml
 
-from conftest import ROOT, free_port
+from conftest import CLIENT_KEY, READER_KEY, READER_SECRET, ROOT, free_port, metric
 from counting_proxy import CountingProxy
+from test_attacks import _post_form
 
 MiB = 1 << 20
 DASHBOARDS = ROOT / "charts" / "larder" / "dashboards"
@@ -38,6 +40,8 @@ PRICES = ("--price-get-per-1000", "1000", "--price-put-per-1000", "10000",
           "--upstream-transfer", "internet", "--price-internet-per-gb", "1")
 CACHEABLE = {"hit-memory", "hit-disk", "partial", "coalesced", "miss"}
 HITS = {"hit-memory", "hit-disk"}
+# Answers for which Larder sent no upstream request of its own: what a key's saving counts.
+FROM_CACHE = HITS | {"coalesced"}
 
 
 def eventually(check, timeout=30.0, interval=0.3):
@@ -47,6 +51,23 @@ def eventually(check, timeout=30.0, interval=0.3):
         if value or time.monotonic() > deadline:
             return value
         time.sleep(interval)
+
+
+def upstream_dollars(upstream: CountingProxy, bucket: str, sizes: dict) -> float:
+    """What the requests the counting pass-through saw for `bucket` cost at PRICES: reads $1,
+    listings and writes $10, and the object bytes fetched at $1 per GB."""
+    seen = upstream.seen(path_prefix=f"/{bucket}")
+    lists = [r for r in seen if r[0] == "GET" and "list-type" in r[1]]
+    object_reads = [r for r in seen if r[0] in ("GET", "HEAD") and r not in lists]
+    writes = [r for r in seen if r[0] in ("PUT", "POST")]
+    fetched = 0
+    for method, path, rng in object_reads:
+        if method == "GET":
+            start, end = map(int, rng.removeprefix("bytes=").split("-"))
+            # A cold read asks for a whole block; the upstream sends what the object has.
+            size = sizes[path.split("?")[0].rsplit("/", 1)[1]]
+            fetched += min(end + 1, size) - start
+    return len(object_reads) + 10 * (len(lists) + len(writes)) + fetched / 1e9
 
 
 class Workload:
@@ -60,18 +81,7 @@ class Workload:
 
     def expected_dollars(self, upstream: CountingProxy, bucket: str) -> tuple[float, float]:
         direct = self.client_requests["get"] + 10 * self.client_requests["put"] + self.served / 1e9
-        seen = upstream.seen(path_prefix=f"/{bucket}")
-        lists = [r for r in seen if r[0] == "GET" and "list-type" in r[1]]
-        object_reads = [r for r in seen if r[0] in ("GET", "HEAD") and r not in lists]
-        fetched = 0
-        for method, path, rng in object_reads:
-            if method == "GET":
-                start, end = map(int, rng.removeprefix("bytes=").split("-"))
-                # A cold read asks for a whole block; the upstream sends what the object has.
-                size = self.sizes[path.split("?")[0].rsplit("/", 1)[1]]
-                fetched += min(end + 1, size) - start
-        spent = len(object_reads) + 10 * len(lists) + fetched / 1e9
-        return direct, spent
+        return direct, upstream_dollars(upstream, bucket, self.sizes)
 
     def hit_ratio(self) -> float:
         cacheable = [c for c in self.x_cache if c in CACHEABLE]
@@ -211,6 +221,108 @@ def test_prometheus_scrapes_the_hit_ratio_and_dollars_the_workload_implies(obser
         proc.terminate()
         proc.wait(timeout=30)
         log.close()
+
+
+def test_the_saving_splits_by_bucket_and_by_key_as_the_answers_imply(workdir, minio, make_larder, direct, bucket):
+    """Two teams' keys share one Larder over two buckets. Each key's direct cost and saving is
+    what its own requests' answers imply (their X-Cache and bodies, tallied here), and each
+    bucket's upstream cost is what the counting pass-through saw for that bucket: so a bucket's
+    net saving, and what the cache saved each key, are the figures a chargeback needs."""
+    other = f"other-{bucket}"
+    direct.create_bucket(Bucket=other)
+    upstream = CountingProxy("127.0.0.1", minio.port)
+    larder = make_larder("--metrics-buckets", bucket, "--list-ttl", "60s", *PRICES, name="savings",
+                         upstream_url=f"http://127.0.0.1:{upstream.port}")
+    sizes = {"a.bin": 1 * MiB, "b.bin": 2 * MiB + 5, "c.bin": 70_000}
+    for b in (bucket, other):
+        for key, size in sizes.items():
+            direct.put_object(Bucket=b, Key=key, Body=bytes([size % 251]) * size)
+    clients = {CLIENT_KEY: larder.client(), READER_KEY: larder.client(READER_KEY, READER_SECRET)}
+    # Per key: dollars [requests, transfer] direct and saved, and requests [all, from the cache].
+    want = {k: {"direct": [0.0, 0.0], "saved": [0.0, 0.0], "requests": [0, 0]} for k in clients}
+
+    def tally(key, response, body=b"", price=1):
+        cache = response["ResponseMetadata"]["HTTPHeaders"]["x-cache"]
+        w, cached = want[key], cache in FROM_CACHE
+        w["direct"][0] += price
+        w["requests"][0] += 1
+        if cached:
+            w["saved"][0] += price
+            w["requests"][1] += 1
+        if cache not in ("pass", "error"):
+            w["direct"][1] += len(body) / 1e9
+            if cached:
+                w["saved"][1] += len(body) / 1e9
+
+    def read(key, b, name, **kw):
+        r = clients[key].get_object(Bucket=b, Key=name, **kw)
+        body = r["Body"].read()
+        tally(key, r, body)
+        return r["ResponseMetadata"]["HTTPHeaders"]["x-cache"]
+
+    # Team A reads the first bucket cold, then until its blocks are in memory.
+    for name, size in sizes.items():
+        read(CLIENT_KEY, bucket, name)
+        for _ in range(100):
+            if read(CLIENT_KEY, bucket, name, Range="bytes=0-0") == "hit-memory":
+                break
+            time.sleep(0.1)
+    # Team B reads what A fetched (its saving, though A's reads paid the fetch), and the other
+    # bucket cold and again.
+    for name, size in sizes.items():
+        assert read(READER_KEY, bucket, name) in HITS
+        tally(READER_KEY, clients[READER_KEY].head_object(Bucket=bucket, Key=name))
+        read(READER_KEY, other, name)
+        for _ in range(100):
+            if read(READER_KEY, other, name, Range=f"bytes={size - 10}-{size - 1}") == "hit-memory":
+                break
+            time.sleep(0.1)
+    # A's listing twice (the second from the listing cache) and a write: PUT-class requests.
+    for _ in range(2):
+        tally(CLIENT_KEY, clients[CLIENT_KEY].list_objects_v2(Bucket=bucket), price=10)
+    tally(CLIENT_KEY, clients[CLIENT_KEY].put_object(Bucket=bucket, Key="new.bin", Body=b"n" * 1000), price=10)
+    # B's browser-form upload: verified from its form, not a header, and counted to B all the same.
+    form = clients[READER_KEY].generate_presigned_post(bucket, "form/${filename}", ExpiresIn=300)
+    status, body = _post_form(form["url"], form["fields"], "f.txt", b"from a form")
+    assert status == 204, body
+    want[READER_KEY]["direct"][0] += 10
+    want[READER_KEY]["requests"][0] += 1
+    # An unsigned request is refused before any key is known, and counted to none.
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"{larder.endpoint}/{bucket}/a.bin", timeout=5)
+    assert refused.value.code == 403
+    try:
+        for key, w in want.items():
+            # Each team saved something, and not everything.
+            assert 0 < w["requests"][1] < w["requests"][0], (key, w)
+
+        def matches():
+            for key, w in want.items():
+                for i, kind in enumerate(("requests", "transfer")):
+                    for name in ("direct", "saved"):
+                        got = metric(larder, f"larder_key_cost_{name}_dollars_total", access_key=key, kind=kind)
+                        if abs(got - w[name][i]) > 1e-9 * max(1.0, w[name][i]):
+                            return f"{key} {name} {kind}: {got} != {w[name][i]}"
+                if metric(larder, "larder_key_requests_total", access_key=key) != w["requests"][0]:
+                    return f"{key} requests"
+                if metric(larder, "larder_key_requests_cached_total", access_key=key) != w["requests"][1]:
+                    return f"{key} cached requests"
+            return None
+
+        assert eventually(lambda: matches() is None, timeout=10), matches()
+        # Every request was signed by one of the two keys: their direct costs are the total.
+        keys_direct = sum(metric(larder, "larder_key_cost_direct_dollars_total", access_key=k) for k in want)
+        assert keys_direct == pytest.approx(metric(larder, "larder_cost_direct_dollars_total"), rel=1e-9)
+        # Every upstream request is priced to its bucket: the listed one by name, the other as
+        # `other`, each what the pass-through saw for it.
+        sizes_here = {**sizes, "new.bin": 1000}
+        for label, name in ((bucket, bucket), ("other", other)):
+            spent = upstream_dollars(upstream, name, sizes_here)
+            assert spent > 0
+            got = metric(larder, "larder_cost_upstream_dollars_total", bucket=label)
+            assert got == pytest.approx(spent, rel=1e-9), (label, got, spent)
+    finally:
+        upstream.close()
 
 
 def test_status_page_in_headless_chromium(observed, workdir):

@@ -93,9 +93,21 @@ COST = [
           [(f"sum by (kind) (rate(larder_cost_direct_dollars_total[{RI}])) * 86400", "direct {{kind}}"),
            (f"sum by (kind) (rate(larder_cost_upstream_dollars_total[{RI}])) * 86400", "upstream {{kind}}")],
           "currencyUSD", "Requests and transfer, as S3 would bill them; the gap is the saving."),
-    panel("Saving per day by bucket",
-          [(f"sum by (bucket) (rate(larder_cost_direct_dollars_total[{RI}])) * 86400", "{{bucket}}")],
-          "currencyUSD", "Direct cost by bucket; buckets are labelled only when listed in metrics_buckets."),
+    panel("Net saving per day by bucket",
+          [(f"(sum by (bucket) (rate(larder_cost_direct_dollars_total[{RI}])) - sum by (bucket) "
+            f"(rate(larder_cost_upstream_dollars_total[{RI}])) or sum by (bucket) "
+            f"(rate(larder_cost_direct_dollars_total[{RI}]))) * 86400", "{{bucket}}")],
+          "currencyUSD", "Each bucket's direct cost minus everything Larder spent upstream on it (misses, read-ahead, "
+                         "revalidation); buckets are labelled only when listed in metrics_buckets."),
+    panel("Saved per day by client key",
+          [(f"sum by (access_key) (rate(larder_key_cost_saved_dollars_total[{RI}])) * 86400", "{{access_key}} saved"),
+           (f"sum by (access_key) (rate(larder_key_cost_direct_dollars_total[{RI}])) * 86400", "{{access_key}} without the cache")],
+          "currencyUSD", "What each key's requests would have cost straight from S3, and how much of it the cache answered "
+                         "(hits, joined fetches, cached listings). Upstream spending is shared and counted by bucket, not by key."),
+    panel("Share of each key's requests answered from the cache",
+          [(f"sum by (access_key) (rate(larder_key_requests_cached_total[{RI}])) / sum by (access_key) "
+            f"(rate(larder_key_requests_total[{RI}]))", "{{access_key}}")],
+          "percentunit"),
     panel("Requests: asked of Larder vs. sent upstream",
           [(f"sum(rate(larder_requests_total[{RI}]))", "asked of Larder"),
            (f"sum(rate(larder_upstream_requests_total[{RI}]))", "sent upstream")], "reqps"),

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::signing_key::{SigningKey, SigningKeys};
 use crate::qos::Limits;
+use crate::telemetry::metrics::KeyTally;
 use crate::units::ByteSize;
 
 /// Access a key's policy grants. Each level includes the ones before it.
@@ -77,6 +78,8 @@ pub struct Key {
     pub policy: Option<KeyPolicy>,
     /// What the key may take (its policy's rates), shared by all its requests; `None`: no limit.
     pub limits: Option<Arc<Limits>>,
+    /// What the key's requests asked, and what the cache saved them; shared by all of them.
+    pub tally: Arc<KeyTally>,
     /// SigV4 signing keys derived from `secret`. Owned with it, so they cannot outlive it.
     signing: Arc<SigningKeys>,
 }
@@ -88,6 +91,7 @@ impl Key {
             secret: secret.into(),
             policy: None,
             limits: None,
+            tally: Arc::default(),
             signing: Arc::default(),
         }
     }
@@ -227,6 +231,14 @@ impl KeyStore {
         self.keys
             .iter()
             .filter_map(|(id, key)| Some((id.clone(), key.limits.clone()?)))
+            .collect()
+    }
+
+    /// Every key, and its tally.
+    pub fn tallies(&self) -> Vec<(String, Arc<KeyTally>)> {
+        self.keys
+            .iter()
+            .map(|(id, key)| (id.clone(), key.tally.clone()))
             .collect()
     }
 

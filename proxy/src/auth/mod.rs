@@ -33,6 +33,7 @@ use crate::s3::copy_source::CopySource;
 use crate::s3::query::Query;
 use crate::s3::request::{self, Target};
 use crate::s3::S3Error;
+use crate::telemetry::metrics::KeyTally;
 
 /// How clients are authenticated.
 pub enum Authenticator {
@@ -62,6 +63,8 @@ pub struct Principal {
     pub policy: Option<KeyPolicy>,
     /// What the key may take (`crate::qos`); `None`: no limit.
     pub limits: Option<Arc<Limits>>,
+    /// What the key's requests asked and were saved (`larder_key_*`); `None`: no key.
+    pub tally: Option<Arc<KeyTally>>,
     /// How the body is protected.
     pub payload: Payload,
     /// Which headers the signature covers: only those (and the standard ones S3 takes unsigned)
@@ -112,6 +115,7 @@ impl Authenticator {
                     access_key: Some(access_key),
                     policy: key.policy,
                     limits: key.limits,
+                    tally: Some(key.tally),
                     payload: Payload::Unsigned,
                     signed: Signed::AllAmz,
                 }
@@ -122,6 +126,7 @@ impl Authenticator {
                     access_key: Some(v.access_key),
                     policy: v.key.policy,
                     limits: v.key.limits,
+                    tally: Some(v.key.tally),
                     payload: v.payload,
                     signed: v.signed,
                 }
@@ -131,6 +136,7 @@ impl Authenticator {
                     access_key: None,
                     policy: None,
                     limits: None,
+                    tally: None,
                     payload: sigv4::payload_of(parts)?,
                     signed: Signed::Unchecked,
                 })
@@ -159,6 +165,7 @@ impl Authenticator {
                     access_key: None,
                     policy: None,
                     limits: None,
+                    tally: None,
                     payload: Payload::Unsigned,
                     signed: Signed::Unchecked,
                 },
@@ -290,6 +297,7 @@ mod tests {
                 bytes_per_second: None,
             }),
             limits: None,
+            tally: None,
             payload: Payload::Unsigned,
             signed: Signed::Unchecked,
         }
@@ -349,6 +357,7 @@ mod tests {
             access_key: None,
             policy: None,
             limits: None,
+            tally: None,
             payload: Payload::Unsigned,
             signed: Signed::Unchecked,
         };

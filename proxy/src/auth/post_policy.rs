@@ -161,6 +161,7 @@ pub fn verify(
             access_key: Some(access_key),
             policy: key_entry.policy.clone(),
             limits: key_entry.limits.clone(),
+            tally: Some(key_entry.tally.clone()),
             payload: Payload::Unsigned,
             // The upstream request is built from the verified fields only.
             signed: Signed::Unchecked,

@@ -423,6 +423,10 @@ options! {
     /// other buckets are counted as `other`. Empty leaves the label out, so an unbounded set of
     /// bucket names never reaches the metrics. Default: none.
     metrics_buckets: Vec<String> = Vec::new() => List;
+    /// Count each client key's requests, and what the cache saved them, in `larder_key_*`
+    /// series labelled by access key: every key of the credentials file has its series (a
+    /// bounded set the configuration names). `false` leaves them out. Default: `true`.
+    metrics_keys: bool = true => Switch;
     /// Dollars per 1,000 GET-class requests (GET, HEAD and all others not listed below), for the
     /// cost metrics. Default: `0.0004` (S3 Standard, us-east-1).
     price_get_per_1000: f64 = 0.0004;

@@ -542,21 +542,25 @@ mod tests {
         );
         m.upstream(
             Operation::GetObject,
+            None,
             UpstreamOutcome::Http(206),
             Duration::ZERO,
         );
         m.upstream(
             Operation::GetObject,
+            None,
             UpstreamOutcome::Http(503),
             Duration::ZERO,
         );
         m.upstream(
             Operation::HeadObject,
+            None,
             UpstreamOutcome::Failed("timeout"),
             Duration::ZERO,
         );
         m.upstream(
             Operation::HeadObject,
+            None,
             UpstreamOutcome::Http(404),
             Duration::ZERO,
         );

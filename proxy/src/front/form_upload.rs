@@ -8,6 +8,8 @@
 //! delimiter, and the length is checked against the policy's `content-length-range` before a
 //! byte goes up, so a malformed or oversized upload never completes upstream.
 
+use std::sync::Arc;
+
 use axum::body::Body;
 use axum::response::Response;
 use bytes::{Bytes, BytesMut};
@@ -19,8 +21,10 @@ use crate::auth::Authenticator;
 use crate::freshness::{Freshness, Learnt};
 use crate::model::ObjectId;
 use crate::s3::form::{self, FormHead};
+use crate::s3::operation::Operation;
 use crate::s3::request::{Target, MAX_KEY_LEN};
 use crate::s3::S3Error;
+use crate::telemetry::metrics::{KeyTally, Metrics};
 use crate::upstream::forward::{Forward, Forwarder, Reshaped};
 
 /// Whether a request is a browser-form upload: a POST of `multipart/form-data` to a bucket,
@@ -67,14 +71,18 @@ pub struct Uploader<'a> {
     pub freshness: &'a Freshness,
     /// The upstream the file goes to.
     pub forwarder: &'a Forwarder,
+    /// Where the upload's upstream request is counted.
+    pub metrics: &'a Metrics,
 }
 
-/// Serve one form upload to `bucket`.
+/// Serve one form upload to `bucket`. Once the form's signature is verified, `signer` holds
+/// its key's tally, to count the upload to the key whatever its answer.
 pub async fn upload(
     app: Uploader<'_>,
     req: Parts,
     body: Body,
     bucket: String,
+    signer: &mut Option<Arc<KeyTally>>,
 ) -> Result<Response, S3Error> {
     let boundary = req
         .headers
@@ -112,6 +120,7 @@ pub async fn upload(
         return Err(S3Error::KeyTooLong);
     }
     let (principal, range) = app.auth.form_upload(&head, &bucket, &key)?;
+    signer.clone_from(&principal.tally);
     principal.admit()?;
     let target = Target::Object {
         bucket: bucket.as_str().into(),
@@ -153,7 +162,7 @@ pub async fn upload(
     };
     let response = app
         .forwarder
-        .send(forward)
+        .send_counted(forward, Operation::PostObject, app.metrics)
         .await
         .map_err(|e| S3Error::ServiceUnavailable(format!("upstream unavailable: {e}")))?;
     if !response.status().is_success() {

@@ -38,6 +38,16 @@ pub enum Target {
     },
 }
 
+impl Target {
+    /// The bucket addressed; `None` for the service.
+    pub fn bucket(&self) -> Option<&Arc<str>> {
+        match self {
+            Target::Service => None,
+            Target::Bucket(b) | Target::Object { bucket: b, .. } => Some(b),
+        }
+    }
+}
+
 /// Work out the target from the `Host` header and the still-encoded path.
 ///
 /// With `base_domain` set, a host `<bucket>.<base_domain>` selects virtual-hosted style, where

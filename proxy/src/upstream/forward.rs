@@ -1,7 +1,7 @@
 //! Pass-through: every request the cache does not answer goes upstream as it came, re-signed with
 //! Larder's own credentials, its body and the response streamed both ways.
 
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use aws_credential_types::provider::{ProvideCredentials, SharedCredentialsProvider};
 use aws_sigv4::http_request::{
@@ -16,11 +16,14 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use tracing::Instrument;
 
 use super::roots::ExtraRoots;
 
 use crate::model::{error_chain, UpstreamOutcome};
+use crate::s3::operation::Operation;
 use crate::s3::request::{encode_path, Target, PRESIGNED_PARAMS};
+use crate::telemetry::metrics::Metrics;
 
 /// Query parameters of a presigned URL besides SigV4's own ([`PRESIGNED_PARAMS`]): the client's
 /// session token and SigV2's signature, not to be sent upstream.
@@ -226,6 +229,37 @@ impl Forwarder {
     }
 
     /// Send `request` upstream and return the upstream's response, its body still streaming.
+    /// [`Self::send`] for a client's request as `operation`: in a client span, timed, counted
+    /// in `metrics` and priced to its bucket, its failure kept as the last upstream error. The
+    /// one way a client's request goes upstream as it came (pass-through, form uploads), so
+    /// none of them escapes the upstream counters.
+    pub async fn send_counted(
+        &self,
+        request: Forward,
+        operation: Operation,
+        metrics: &Metrics,
+    ) -> Result<Response<Body>, ForwardError> {
+        let bucket = request.target.bucket().cloned();
+        let started = Instant::now();
+        let result = self
+            .send(request)
+            .instrument(tracing::info_span!(
+                "upstream",
+                otel.name = operation.as_str(),
+                otel.kind = "client"
+            ))
+            .await;
+        let status = match &result {
+            Ok(r) => UpstreamOutcome::Http(r.status().as_u16()),
+            Err(e) => e.outcome(),
+        };
+        metrics.upstream(operation, bucket.as_deref(), status, started.elapsed());
+        if let Err(e) = &result {
+            metrics.upstream_failed(e);
+        }
+        result
+    }
+
     pub async fn send(&self, request: Forward) -> Result<Response<Body>, ForwardError> {
         let bodiless = matches!(request.method, Method::GET | Method::HEAD | Method::DELETE);
         let upstream = self.build(request).await?;

@@ -30,11 +30,13 @@ impl Instrumented {
         Self { inner, metrics }
     }
 
-    /// Send `request` as `operation`: in its span, timed, counted with its status (`ok` gives
-    /// it from an answer), and its failure, unless "not found", kept as the last error.
+    /// Send `request` for `bucket` as `operation`: in its span, timed, counted with its status
+    /// (`ok` gives it from an answer) and priced to its bucket, and its failure, unless "not
+    /// found", kept as the last error.
     async fn counted<T: Send>(
         &self,
         operation: Operation,
+        bucket: &str,
         ok: impl FnOnce(&T) -> u16 + Send,
         request: impl Future<Output = Result<T, UpstreamError>> + Send,
     ) -> Result<T, UpstreamError> {
@@ -44,7 +46,8 @@ impl Instrumented {
             Ok(answer) => UpstreamOutcome::Http(ok(answer)),
             Err(e) => e.outcome(),
         };
-        self.metrics.upstream(operation, outcome, started.elapsed());
+        self.metrics
+            .upstream(operation, Some(bucket), outcome, started.elapsed());
         if let Err(e) = &result {
             if !e.is_not_found() {
                 self.metrics.upstream_failed(e);
@@ -65,8 +68,13 @@ fn span(operation: Operation) -> tracing::Span {
 #[async_trait::async_trait]
 impl Upstream for Instrumented {
     async fn head(&self, object: &ObjectId) -> Result<ObjectMeta, UpstreamError> {
-        self.counted(Operation::HeadObject, |_| 200, self.inner.head(object))
-            .await
+        self.counted(
+            Operation::HeadObject,
+            &object.bucket,
+            |_| 200,
+            self.inner.head(object),
+        )
+        .await
     }
 
     async fn get(
@@ -78,6 +86,7 @@ impl Upstream for Instrumented {
         let status = if range.is_some() { 206 } else { 200 };
         self.counted(
             Operation::GetObject,
+            &object.bucket,
             |_| status,
             self.inner.get(object, if_match, range),
         )
@@ -93,6 +102,7 @@ impl Upstream for Instrumented {
         let status = |answer: &Option<_>| if answer.is_some() { 206 } else { 416 };
         self.counted(
             Operation::GetObject,
+            &object.bucket,
             status,
             self.inner.get_with_meta(object, range),
         )
@@ -109,6 +119,7 @@ impl Upstream for Instrumented {
         let status = |answer: &Option<_>| if answer.is_some() { 206 } else { 200 };
         self.counted(
             Operation::GetObject,
+            &object.bucket,
             status,
             self.inner.get_part(object, part),
         )
@@ -123,6 +134,7 @@ impl Upstream for Instrumented {
     ) -> Result<(Vec<(String, u64)>, Option<String>), UpstreamError> {
         self.counted(
             Operation::ListObjectsV2,
+            bucket,
             |_| 200,
             self.inner.list(bucket, prefix, token),
         )

@@ -38,7 +38,7 @@ use crate::s3::query::Query;
 use crate::s3::request::{self, ObjectQuery, Target};
 use crate::s3::S3Error;
 use crate::telemetry::labels::XCache;
-use crate::telemetry::metrics::Metrics;
+use crate::telemetry::metrics::{KeyTally, Metrics};
 use crate::upstream::forward::Forwarder;
 use crate::upstream::Upstream;
 
@@ -118,7 +118,7 @@ async fn handle(app: Arc<AppState>, req: Request) -> Response {
     )
     .catch_unwind()
     .await;
-    let (operation, bucket, result) = dispatched.unwrap_or_else(|_| {
+    let (operation, bucket, tally, result) = dispatched.unwrap_or_else(|_| {
         // A bug, not the client's doing. Answered as S3 answers its own faults (500
         // InternalError, which SDKs retry), counted and logged as any failed request, so the
         // client gets an answer and its connection goes on; left to unwind, the panic would
@@ -129,7 +129,7 @@ async fn handle(app: Arc<AppState>, req: Request) -> Response {
         span.in_scope(
             || tracing::error!(%method, %resource, %request_id, "the request's handler panicked"),
         );
-        (named, None, Err(S3Error::InternalError))
+        (named, None, None, Err(S3Error::InternalError))
     });
     let (mut response, cache) = match result {
         Ok((response, cache)) => (response, cache),
@@ -166,10 +166,17 @@ async fn handle(app: Arc<AppState>, req: Request) -> Response {
         cache,
         started.elapsed(),
     );
+    if let Some(tally) = &tally {
+        tally.request(operation, cache);
+    }
     let done = ResponseDone {
         metrics: app.metrics.clone(),
         operation,
         started,
+        // A GET's object bytes are counted to its key as they are sent.
+        tally: tally
+            .filter(|_| operation == Operation::GetObject)
+            .map(|t| (t, cache)),
     };
     response.map(|body| Body::new(TimedBody::new(body, span, done)))
 }
@@ -199,7 +206,7 @@ impl AppState {
         body: Body,
         params: &Query<'_>,
         (target, query, operation): (Result<Target, S3Error>, ObjectQuery, Operation),
-    ) -> (Operation, Option<Arc<str>>, Handled) {
+    ) -> (Operation, Option<Arc<str>>, Option<Arc<KeyTally>>, Handled) {
         // A browser-form upload carries its signature in the form: verified there.
         if let Ok(t @ Target::Bucket(bucket)) = &target {
             if crate::front::form_upload::is_form_upload(&req, t) {
@@ -208,13 +215,21 @@ impl AppState {
                     auth: &self.auth,
                     freshness: &self.freshness,
                     forwarder: &self.forwarder,
+                    metrics: &self.metrics,
                 };
-                let upload =
-                    crate::front::form_upload::upload(uploader, req, body, bucket.to_string());
+                let mut signer = None;
+                let upload = crate::front::form_upload::upload(
+                    uploader,
+                    req,
+                    body,
+                    bucket.to_string(),
+                    &mut signer,
+                );
                 let result = Box::pin(upload).await;
                 return (
                     Operation::PostObject,
                     Some(bucket),
+                    signer,
                     result.map(|r| (r, XCache::Pass)),
                 );
             }
@@ -225,26 +240,24 @@ impl AppState {
             .authenticate(&req, params, self.base_domain.as_deref())
         {
             Ok(p) => p,
-            Err(e) => return (Operation::Unauthenticated, None, Err(e)),
+            Err(e) => return (Operation::Unauthenticated, None, None, Err(e)),
         };
+        let tally = principal.tally.clone();
         let target = match target {
             Ok(t) => t,
-            Err(e) => return (operation, None, Err(e)),
+            Err(e) => return (operation, None, tally, Err(e)),
         };
-        let bucket = match &target {
-            Target::Service => None,
-            Target::Bucket(b) | Target::Object { bucket: b, .. } => Some(b.clone()),
-        };
+        let bucket = target.bucket().cloned();
         // A key over its requests a second is refused before any work is done for it.
         if let Err(e) = principal.admit() {
-            return (operation, bucket, Err(e));
+            return (operation, bucket, tally, Err(e));
         }
         let paced = principal.limits.clone().filter(|l| l.paces());
         // The copy source is authorised and forwarded as one parse, never as the client's text.
         let copy_source = match req.headers.get(names::X_AMZ_COPY_SOURCE) {
             Some(v) => match CopySource::parse(v.as_bytes()) {
                 Ok(source) => Some(source),
-                Err(e) => return (operation, bucket, Err(e)),
+                Err(e) => return (operation, bucket, tally, Err(e)),
             },
             None => None,
         };
@@ -255,7 +268,7 @@ impl AppState {
             &req.headers,
             copy_source.as_ref(),
         ) {
-            return (operation, bucket, Err(e));
+            return (operation, bucket, tally, Err(e));
         }
         // The target is moved into what answers it: a read takes its bucket and key as they are.
         // A read of one part of a multipart upload, which the cache may answer.
@@ -305,7 +318,7 @@ impl AppState {
             }),
             None => result,
         };
-        (operation, bucket, result)
+        (operation, bucket, tally, result)
     }
 }
 

@@ -3,19 +3,17 @@
 //! its object.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::body::Body;
 use futures::TryStreamExt;
 use http::request::Parts;
 use http::{HeaderValue, Method};
 use parking_lot::Mutex;
-use tracing::Instrument;
 
 use crate::auth::chunked::{self, ChunkError, Decoder};
 use crate::auth::{Payload, Principal};
 use crate::freshness::Learnt;
-use crate::model::{ObjectId, UpstreamOutcome};
+use crate::model::ObjectId;
 use crate::s3::copy_source::CopySource;
 use crate::s3::headers::names;
 use crate::s3::operation::Operation;
@@ -97,24 +95,10 @@ impl AppState {
             payload: (&principal.payload).into(),
             reshaped,
         };
-        let started = Instant::now();
         let result = self
             .forwarder
-            .send(forward)
-            .instrument(tracing::info_span!(
-                "upstream",
-                otel.name = operation.as_str(),
-                otel.kind = "client"
-            ))
+            .send_counted(forward, operation, &self.metrics)
             .await;
-        let status = match &result {
-            Ok(r) => UpstreamOutcome::Http(r.status().as_u16()),
-            Err(e) => e.outcome(),
-        };
-        self.metrics.upstream(operation, status, started.elapsed());
-        if let Err(e) = &result {
-            self.metrics.upstream_failed(e);
-        }
         match result {
             Ok(response) => {
                 if write && response.status().is_success() {

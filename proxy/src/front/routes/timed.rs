@@ -1,5 +1,5 @@
 //! A response body that records the whole response's duration when it ends or the client
-//! goes away.
+//! goes away, and the object bytes it sent to its key's tally.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -7,19 +7,26 @@ use std::time::Instant;
 use axum::body::Body;
 
 use crate::s3::operation::Operation;
-use crate::telemetry::metrics::Metrics;
+use crate::telemetry::labels::XCache;
+use crate::telemetry::metrics::{KeyTally, Metrics};
 
 /// Records a response's whole duration when its body ends or the client goes away.
 pub(super) struct ResponseDone {
     pub(super) metrics: Arc<Metrics>,
     pub(super) operation: Operation,
     pub(super) started: Instant,
+    /// The tally of the key a GET's object bytes are counted to, and how it was answered.
+    pub(super) tally: Option<(Arc<KeyTally>, XCache)>,
 }
 
 impl ResponseDone {
-    fn record(self) {
+    /// The response ended after `sent` body bytes.
+    fn record(self, sent: u64) {
         self.metrics
             .response_done(self.operation, self.started.elapsed());
+        if let Some((tally, cache)) = self.tally {
+            tally.object_bytes(cache, sent);
+        }
     }
 }
 
@@ -29,6 +36,8 @@ pub(super) struct TimedBody {
     inner: Body,
     span: tracing::Span,
     done: Option<ResponseDone>,
+    /// Body bytes sent so far.
+    sent: u64,
 }
 
 impl TimedBody {
@@ -37,6 +46,7 @@ impl TimedBody {
             inner,
             span,
             done: Some(done),
+            sent: 0,
         }
     }
 }
@@ -54,10 +64,16 @@ impl http_body::Body for TimedBody {
             let _entered = this.span.enter();
             std::pin::Pin::new(&mut this.inner).poll_frame(cx)
         };
-        if let std::task::Poll::Ready(None | Some(Err(_))) = &polled {
-            if let Some(done) = this.done.take() {
-                done.record();
+        match &polled {
+            std::task::Poll::Ready(Some(Ok(frame))) => {
+                this.sent += frame.data_ref().map_or(0, |d| d.len() as u64);
             }
+            std::task::Poll::Ready(None | Some(Err(_))) => {
+                if let Some(done) = this.done.take() {
+                    done.record(this.sent);
+                }
+            }
+            std::task::Poll::Pending => {}
         }
         polled
     }
@@ -74,7 +90,7 @@ impl http_body::Body for TimedBody {
 impl Drop for TimedBody {
     fn drop(&mut self) {
         if let Some(done) = self.done.take() {
-            done.record();
+            done.record(self.sent);
         }
     }
 }

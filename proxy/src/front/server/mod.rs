@@ -379,6 +379,9 @@ pub async fn start(
     let parts = PartLayouts::new(PARTS_BYTES, fleet.as_ref().map(|f| f.fleet.clone()));
     if let Authenticator::SigV4(keys) = &auth {
         metrics.observe_client_limits(keys.limits());
+        if config.metrics_keys {
+            metrics.observe_key_savings(keys.tallies());
+        }
     }
     let app = Arc::new(AppState {
         base_domain: config.base_domain.clone(),

@@ -79,7 +79,7 @@ impl BlockStore {
         let body = body
             .inspect(move |chunk| {
                 if let Ok(b) = chunk {
-                    metrics.upstream_received(b.len() as u64);
+                    metrics.upstream_received(&bucket, b.len() as u64);
                     metrics.served(Source::Upstream, Some(&bucket), b.len() as u64);
                 }
             })

@@ -488,7 +488,8 @@ impl BlockStore {
                             }
                             match supplier {
                                 Supplier::Upstream => {
-                                    self.metrics.upstream_received(chunk.len() as u64);
+                                    self.metrics
+                                        .upstream_received(&object.bucket, chunk.len() as u64);
                                     match &mut streaming {
                                         None => streaming = Some(self.pace.gain.started()),
                                         Some(s) => s.chunk(chunk.len() as u64),

@@ -35,10 +35,12 @@ mod bound;
 pub mod cost;
 mod observe;
 pub mod snapshot;
+mod tally;
 
 pub use cost::{Prices, RequestClass};
 pub use observe::FleetGauges;
 pub use snapshot::Snapshot;
+pub use tally::KeyTally;
 
 /// How metrics are exported beyond `/metrics`.
 #[derive(Debug, Clone, Default)]
@@ -489,8 +491,15 @@ impl Metrics {
         });
     }
 
-    /// A request upstream answered with `status` (or failed, as `status` says) after `elapsed`.
-    pub fn upstream(&self, operation: Operation, status: UpstreamOutcome, elapsed: Duration) {
+    /// A request upstream for `bucket` (`None`: of no bucket, ListBuckets) answered with
+    /// `status` (or failed, as `status` says) after `elapsed`.
+    pub fn upstream(
+        &self,
+        operation: Operation,
+        bucket: Option<&str>,
+        status: UpstreamOutcome,
+        elapsed: Duration,
+    ) {
         let with_operation = |status: KeyValue| vec![kv("operation", operation.as_str()), status];
         match status {
             UpstreamOutcome::Http(code) => {
@@ -509,7 +518,8 @@ impl Metrics {
         });
         let price = self.prices.request(RequestClass::of(operation));
         if price > 0.0 {
-            self.cost(&self.cost_upstream, CostKind::Requests, 0, price);
+            let bucket = self.bucket_slot(bucket);
+            self.cost(&self.cost_upstream, CostKind::Requests, bucket, price);
         }
     }
 
@@ -521,12 +531,13 @@ impl Metrics {
         self.health.lock().last_error = Some((at, what.to_string()));
     }
 
-    /// Object bytes received from upstream for the cache.
-    pub fn upstream_received(&self, bytes: u64) {
+    /// Object bytes of `bucket` received from upstream for the cache.
+    pub fn upstream_received(&self, bucket: &str, bytes: u64) {
         self.upstream_bytes.add(bytes, &[]);
         if self.prices.transfer_byte > 0.0 {
             let dollars = bytes as f64 * self.prices.transfer_byte;
-            self.cost(&self.cost_upstream, CostKind::Transfer, 0, dollars);
+            let bucket = self.bucket_slot(Some(bucket));
+            self.cost(&self.cost_upstream, CostKind::Transfer, bucket, dollars);
         }
     }
 
@@ -868,13 +879,14 @@ mod tests {
     }
 
     #[test]
-    fn costs_add_up_to_the_net_saving() {
+    fn costs_add_up_to_the_net_saving_and_split_by_bucket() {
         let m = Metrics::new(MetricsOptions {
             prices: Prices {
                 get_request: 0.001,
                 put_request: 0.01,
                 transfer_byte: 0.5,
             },
+            buckets: vec!["lake".into()],
             ..Default::default()
         })
         .unwrap();
@@ -882,27 +894,50 @@ mod tests {
         for _ in 0..10 {
             m.request(
                 Operation::GetObject,
-                None,
+                Some("lake"),
                 200,
                 XCache::HitMemory,
                 Duration::ZERO,
             );
-            m.served(Source::Memory, None, 4);
+            m.served(Source::Memory, Some("lake"), 4);
         }
         m.upstream(
             Operation::GetObject,
+            Some("lake"),
             UpstreamOutcome::Http(206),
             Duration::ZERO,
         );
-        m.upstream_received(8);
-        let s = m.snapshot();
-        let direct = s.sum("larder_cost_direct_dollars_total", &[]);
-        let upstream = s.sum("larder_cost_upstream_dollars_total", &[]);
-        assert!(
-            (direct - (10.0 * 0.001 + 40.0 * 0.5)).abs() < 1e-9,
-            "{direct}"
+        m.upstream_received("lake", 8);
+        // Another bucket's miss: one GET of 2 bytes, asked and fetched.
+        m.request(
+            Operation::GetObject,
+            Some("logs"),
+            200,
+            XCache::Miss,
+            Duration::ZERO,
         );
-        assert!((upstream - (0.001 + 8.0 * 0.5)).abs() < 1e-9, "{upstream}");
+        m.served(Source::Upstream, Some("logs"), 2);
+        m.upstream(
+            Operation::GetObject,
+            Some("logs"),
+            UpstreamOutcome::Http(206),
+            Duration::ZERO,
+        );
+        m.upstream_received("logs", 2);
+        let s = m.snapshot();
+        let close = |got: f64, want: f64| assert!((got - want).abs() < 1e-9, "{got} {want}");
+        let direct = |bucket| s.sum("larder_cost_direct_dollars_total", &[("bucket", bucket)]);
+        let upstream = |bucket| s.sum("larder_cost_upstream_dollars_total", &[("bucket", bucket)]);
+        close(direct("lake"), 10.0 * 0.001 + 40.0 * 0.5);
+        close(upstream("lake"), 0.001 + 8.0 * 0.5);
+        // A miss saves nothing: what it would have cost is what it cost.
+        close(direct("other"), 0.001 + 2.0 * 0.5);
+        close(upstream("other"), direct("other"));
+        close(
+            s.sum("larder_cost_direct_dollars_total", &[])
+                - s.sum("larder_cost_upstream_dollars_total", &[]),
+            10.0 * 0.001 + 40.0 * 0.5 - (0.001 + 8.0 * 0.5),
+        );
         assert_eq!(
             s.sum(
                 "larder_requests_total",
@@ -912,8 +947,52 @@ mod tests {
         );
         assert_eq!(
             s.sum("larder_upstream_requests_total", &[("status", "206")]),
-            1.0
+            2.0
         );
+    }
+
+    #[test]
+    fn each_keys_saving_is_priced_at_collection() {
+        let m = Metrics::new(MetricsOptions {
+            prices: Prices {
+                get_request: 0.001,
+                put_request: 0.01,
+                transfer_byte: 0.5,
+            },
+            ..Default::default()
+        })
+        .unwrap();
+        let (a, b) = (Arc::new(KeyTally::default()), Arc::new(KeyTally::default()));
+        m.observe_key_savings(vec![
+            ("team-a".into(), a.clone()),
+            ("team-b".into(), b.clone()),
+        ]);
+        for cache in [XCache::HitMemory, XCache::HitDisk, XCache::Miss] {
+            a.request(Operation::GetObject, cache);
+            a.object_bytes(cache, 10);
+        }
+        a.request(Operation::ListObjectsV2, XCache::HitMemory);
+        b.request(Operation::PutObject, XCache::Pass);
+        let s = m.snapshot();
+        let get = |name: &str, key: &str, kind: Option<&str>| {
+            let mut labels = vec![("access_key", key)];
+            labels.extend(kind.map(|k| ("kind", k)));
+            s.sum(name, &labels)
+        };
+        assert_eq!(get("larder_key_requests_total", "team-a", None), 4.0);
+        assert_eq!(get("larder_key_requests_cached_total", "team-a", None), 3.0);
+        assert_eq!(get("larder_key_bytes_total", "team-a", None), 30.0);
+        assert_eq!(get("larder_key_bytes_cached_total", "team-a", None), 20.0);
+        let close = |got: f64, want: f64| assert!((got - want).abs() < 1e-12, "{got} {want}");
+        let direct = "larder_key_cost_direct_dollars_total";
+        let saved = "larder_key_cost_saved_dollars_total";
+        close(get(direct, "team-a", Some("requests")), 0.003 + 0.01);
+        close(get(saved, "team-a", Some("requests")), 0.002 + 0.01);
+        close(get(direct, "team-a", Some("transfer")), 15.0);
+        close(get(saved, "team-a", Some("transfer")), 10.0);
+        close(get(direct, "team-b", Some("requests")), 0.01);
+        assert_eq!(get(saved, "team-b", None), 0.0);
+        assert_eq!(get("larder_key_requests_total", "team-b", None), 1.0);
     }
 
     #[test]

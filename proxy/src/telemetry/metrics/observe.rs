@@ -9,6 +9,7 @@ use cache_core::disk::{DiskStats, DropReason};
 use cache_core::{DiskCache, MemoryTier};
 use parking_lot::Mutex;
 
+use super::tally::{KeyTally, Read as TallyRead};
 use super::{kv, Metrics};
 use crate::qos::Limits;
 use opentelemetry::KeyValue;
@@ -272,6 +273,84 @@ impl Metrics {
                 .with_callback(move |o| {
                     for (label, limits) in keys.iter() {
                         o.observe(read(limits), std::slice::from_ref(label));
+                    }
+                })
+                .build();
+        }
+    }
+
+    /// Export what each client key asked of Larder and what the cache saved it
+    /// ([`KeyTally`]): its requests and object bytes, those answered from the cache, and both
+    /// in dollars at the cost counters' prices. The keys are the credentials file's, so the
+    /// label's values are the configuration's.
+    pub fn observe_key_savings(&self, keys: Vec<(String, Arc<KeyTally>)>) {
+        if keys.is_empty() {
+            return;
+        }
+        let keys: Arc<[(KeyValue, Arc<KeyTally>)]> = keys
+            .into_iter()
+            .map(|(key, tally)| (KeyValue::new("access_key", key), tally))
+            .collect();
+        let prices = self.prices;
+        type Counted = fn(&TallyRead) -> u64;
+        let counts: [(&'static str, &'static str, Counted); 4] = [
+            (
+                "larder.key.requests",
+                "Requests of each client key that S3 would have billed (GET and PUT class)",
+                |r| r.requests.all,
+            ),
+            (
+                "larder.key.requests.cached",
+                "Of those, the ones Larder answered without an upstream request of their own",
+                |r| r.requests.cached,
+            ),
+            (
+                "larder.key.bytes",
+                "Object bytes sent to each client key from cached reads",
+                |r| r.bytes.all,
+            ),
+            (
+                "larder.key.bytes.cached",
+                "Of those, the bytes of reads answered from the cache",
+                |r| r.bytes.cached,
+            ),
+        ];
+        for (name, description, read) in counts {
+            let keys = keys.clone();
+            self.meter
+                .u64_observable_counter(name)
+                .with_description(description)
+                .with_callback(move |o| {
+                    for (label, tally) in keys.iter() {
+                        o.observe(read(&tally.read(&prices)), std::slice::from_ref(label));
+                    }
+                })
+                .build();
+        }
+        type Dollars = fn(&TallyRead) -> [f64; 2];
+        let dollars: [(&'static str, &'static str, Dollars); 2] = [
+            (
+                "larder.key.cost.direct.dollars",
+                "What each client key's requests would have cost sent straight to S3, by kind",
+                |r| r.direct,
+            ),
+            (
+                "larder.key.cost.saved.dollars",
+                "Of that, what Larder answered from the cache, by kind",
+                |r| r.saved,
+            ),
+        ];
+        for (name, description, read) in dollars {
+            let keys = keys.clone();
+            self.meter
+                .f64_observable_counter(name)
+                .with_description(description)
+                .with_callback(move |o| {
+                    for (label, tally) in keys.iter() {
+                        let [requests, transfer] = read(&tally.read(&prices));
+                        for (kind, dollars) in [("requests", requests), ("transfer", transfer)] {
+                            o.observe(dollars, &[label.clone(), kv("kind", kind)]);
+                        }
                     }
                 })
                 .build();
