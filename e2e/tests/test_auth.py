@@ -2,6 +2,8 @@
 S3's own code. Larder re-signs upstream with its own credentials, so clients never hold them."""
 
 import datetime
+import os
+import re
 import subprocess
 import time
 import urllib.error
@@ -13,7 +15,7 @@ from botocore import UNSIGNED
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from conftest import ACCESS_KEY, CLIENT_KEY, READER_KEY, READER_SECRET, SECRET_KEY, s3_client
+from conftest import ACCESS_KEY, CLIENT_KEY, READER_KEY, READER_SECRET, SECRET_KEY, metric, s3_client, wait_until
 from test_headers_errors import error_of, raw
 
 
@@ -115,6 +117,82 @@ def test_key_policies_limit_buckets_and_writes(make_larder, direct, bucket, work
     writer = l.client()
     writer.put_object(Bucket=other, Key="new", Body=b"yes")
     assert direct.get_object(Bucket=other, Key="new")["Body"].read() == b"yes"
+
+
+def replace_file(path, text):
+    """Write `path` whole at once, as Kubernetes swaps a mounted Secret's files: a reader sees
+    the old text or the new, never half of it."""
+    part = path.with_name(path.name + ".new")
+    part.write_text(text)
+    os.replace(part, path)
+
+
+def test_a_key_taken_out_of_the_credentials_file_is_refused_however_it_signs(make_larder, direct, bucket, workdir):
+    """Revoking a leaked key, rotating a secret and adding a key take a change of the
+    credentials file, not a restart: within seconds the leaked key is refused on every way it
+    could sign (a header, presigned URLs minted before, a browser form's policy), even for a
+    cached object, while the other keys, old and new, go on; a file that does not load changes
+    nothing."""
+    from test_attacks import _post_form  # test_attacks imports this module's `fetch`
+    direct.put_object(Bucket=bucket, Key="k", Body=b"rotated")
+    config = workdir / "rotating.toml"
+    # A policy names the leaked key: taking the key out of the file revokes it all the same.
+    config.write_text(f'[[auth_policies]]\naccess_key = "{CLIENT_KEY}"\nbuckets = ["{bucket}"]\n'
+                      f'[[auth_policies]]\naccess_key = "{READER_KEY}"\naccess = "read-only"\n')
+    larder = make_larder("--config", str(config), name="rotating")
+    leaked = larder.client()
+    assert leaked.get_object(Bucket=bucket, Key="k")["Body"].read() == b"rotated"
+    assert leaked.get_object(Bucket=bucket, Key="k")["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "hit-memory"
+    urls = [leaked.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": "k"}, ExpiresIn=3600),
+            larder.client(signature_version="s3").generate_presigned_url(
+                "get_object", Params={"Bucket": bucket, "Key": "k"}, ExpiresIn=3600)]
+    form = leaked.generate_presigned_post(bucket, "form/${filename}", ExpiresIn=3600)
+    assert all(fetch(u)[0] == 200 for u in urls)
+    assert _post_form(form["url"], form["fields"], "a.txt", b"before")[0] == 204
+
+    # The leaked key out, the reader's secret rotated, a new key in.
+    replace_file(larder.credentials, f"{READER_KEY}:rotated-reader-secret\nnewcomer:newcomer-secret\n")
+    def refused():
+        try:
+            leaked.get_object(Bucket=bucket, Key="k")["Body"].read()
+        except ClientError as e:
+            return (e.response["ResponseMetadata"]["HTTPStatusCode"], e.response["Error"]["Code"])
+        return None
+
+    wait_until(lambda: refused() == (403, "InvalidAccessKeyId"), timeout=20, what="the leaked key refused",
+               interval=0.2)
+    for url in urls:
+        status, body = fetch(url)
+        assert status == 403 and b"<Code>InvalidAccessKeyId</Code>" in body, (url, status, body)
+    status, body = _post_form(form["url"], form["fields"], "a.txt", b"after")
+    assert status == 403 and b"InvalidAccessKeyId" in body, (status, body)
+    # The refused form stored nothing: the object is the one uploaded before.
+    assert direct.get_object(Bucket=bucket, Key="form/a.txt")["Body"].read() == b"before"
+    # The reader's old secret no longer signs; its new one does, under its policy still.
+    assert error_of(larder.client(READER_KEY, READER_SECRET).get_object, Bucket=bucket, Key="k") == (403, "SignatureDoesNotMatch")
+    reader = larder.client(READER_KEY, "rotated-reader-secret")
+    assert reader.get_object(Bucket=bucket, Key="k")["Body"].read() == b"rotated"
+    assert error_of(reader.put_object, Bucket=bucket, Key="new", Body=b"no") == (403, "AccessDenied")
+    newcomer = larder.client("newcomer", "newcomer-secret")
+    assert newcomer.get_object(Bucket=bucket, Key="k")["Body"].read() == b"rotated"
+    assert metric(larder, "larder_auth_credentials_reloads_total", outcome="applied") == 1
+    keys = {m for m in re.findall(r'^larder_key_requests_total\{access_key="([^"]+)"', larder.metrics(), re.M)}
+    assert keys == {READER_KEY, "newcomer"}, keys
+
+    # A file that does not load is refused, and the keys in force stay.
+    replace_file(larder.credentials, "newcomer newcomer-secret\n")
+    wait_until(lambda: metric(larder, "larder_auth_credentials_reloads_total", outcome="refused") == 1,
+               timeout=20, what="the broken file refused", interval=0.2)
+    assert newcomer.get_object(Bucket=bucket, Key="k")["Body"].read() == b"rotated"
+    assert error_of(leaked.get_object, Bucket=bucket, Key="k") == (403, "InvalidAccessKeyId")
+    assert "client credentials not reloaded" in larder.log_path.read_text()
+    assert metric(larder, "larder_auth_credentials_refused") == 1
+    # Fixed, it loads, and the alert's gauge goes back to 0.
+    replace_file(larder.credentials, "newcomer:newcomer-secret\n")
+    wait_until(lambda: metric(larder, "larder_auth_credentials_reloads_total", outcome="applied") == 2,
+               timeout=20, what="the fixed file applied", interval=0.2)
+    assert metric(larder, "larder_auth_credentials_refused") == 0
+    assert error_of(reader.get_object, Bucket=bucket, Key="k") == (403, "InvalidAccessKeyId")
 
 
 def test_auth_none_must_be_chosen_and_says_so(make_larder, direct, bucket):

@@ -136,12 +136,13 @@ def test_lint_template_and_validate(values, workdir):
         promtool = shutil.which("promtool")
         assert promtool, "promtool comes with Debian's prometheus package (e2e/setup.sh)"
         out = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True)
-        assert out.returncode == 0 and "7 rules found" in out.stdout, out.stdout + out.stderr
-        # Three alerts evaluated by promtool on series as Larder exports them. The certificate
+        assert out.returncode == 0 and "8 rules found" in out.stdout, out.stdout + out.stderr
+        # Four alerts evaluated by promtool on series as Larder exports them. The certificate
         # one fires on requests refused at TLS, and not on other transport faults; the event
         # stream's, once one replica has been without events for 15 minutes, not before; the
         # fleet's, once one replica has seen fewer members than there are replicas for 15
-        # minutes, and not while a new replica is being found.
+        # minutes, and not while a new replica is being found; the credentials', once a file
+        # has stayed refused for 5 minutes, not for a moment's half-written file.
         alerts = {r["alert"]: r for r in rule["spec"]["groups"][0]["rules"] if "alert" in r}
 
         def case(alert, series, quiet_at, fires_at=None):
@@ -177,6 +178,13 @@ def test_lint_template_and_validate(values, workdir):
                     f'{members}{{pod="larder-1"}}': "3x40",
                     f'{members}{{pod="larder-2"}}': "3x5 1x35",
                 }, quiet_at="15m", fires_at="25m"),
+                # A changed credentials file that did not load, for longer than a rewrite takes.
+                case("LarderCredentialsRefused", {
+                    'larder_auth_credentials_refused{pod="larder-0"}': "0x40",
+                    'larder_auth_credentials_refused{pod="larder-1"}': "0x10 1x30",
+                }, quiet_at="12m", fires_at="20m"),
+                case("LarderCredentialsRefused", {'larder_auth_credentials_refused{pod="larder-0"}': "0x5 1x3 0x32"},
+                     quiet_at="8m"),
                 # A third replica found within a minute of its start: no split.
                 case("LarderFleetSplit", {
                     f'{members}{{pod="larder-0"}}': "2x10 3x30",

@@ -95,7 +95,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     )?;
     match &auth {
         Authenticator::None => tracing::warn!("auth = none: any client that reaches the S3 listener reads and writes through Larder's upstream credentials"),
-        Authenticator::SigV4(keys) => tracing::info!(keys = keys.len(), "clients must sign requests (SigV4)"),
+        Authenticator::SigV4(keys) => tracing::info!(keys = keys.current().len(), "clients must sign requests (SigV4)"),
     }
     let upstream = Clients::s3(&S3UpstreamConfig {
         endpoint: config.upstream_endpoint.clone(),

@@ -24,7 +24,7 @@ use s3s::service::S3ServiceBuilder;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use larder::auth::{Authenticator, KeyStore};
+use larder::auth::{Authenticator, KeyStore, LiveKeys};
 use larder::config::{ByteSize, Config, HumanDuration};
 use larder::telemetry::metrics::Metrics;
 use larder::upstream::s3::S3UpstreamConfig;
@@ -119,7 +119,10 @@ async fn run(args: DemoArgs) -> anyhow::Result<()> {
     })
     .await?;
     // Clients hold their own key, which Larder verifies; only Larder holds the origin's.
-    let auth = Authenticator::SigV4(KeyStore::from_pairs([(CLIENT_KEY, CLIENT_SECRET)]));
+    let auth = Authenticator::SigV4(Arc::new(LiveKeys::fixed(KeyStore::from_pairs([(
+        CLIENT_KEY,
+        CLIENT_SECRET,
+    )]))));
     let larder = larder::front::server::start(&config, upstream, auth)
         .await
         .context("starting larder")?;

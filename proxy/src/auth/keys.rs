@@ -2,7 +2,6 @@
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
-use std::path::Path;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -153,18 +152,30 @@ pub enum KeysError {
 }
 
 impl KeyStore {
-    /// Read `access_key_id:secret_access_key` lines (`#` starts a comment) and attach policies.
-    pub fn load(path: &Path, policies: &[KeyPolicy]) -> Result<Self, KeysError> {
-        let name = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| KeysError::Read {
-            path: name.clone(),
-            source,
-        })?;
-        Self::parse(&text, &name, policies)
+    /// Parse the text of a credentials file, `access_key_id:secret_access_key` lines (`#`
+    /// starts a comment), and attach policies; `name` is used in errors. A policy naming a key
+    /// the text does not define is refused.
+    pub fn parse(text: &str, name: &str, policies: &[KeyPolicy]) -> Result<Self, KeysError> {
+        Self::parse_keys(text, name)?.with_policies(policies.iter())
     }
 
-    /// Parse the text of a credentials file; `name` is used in errors.
-    pub fn parse(text: &str, name: &str, policies: &[KeyPolicy]) -> Result<Self, KeysError> {
+    /// [`Self::parse`], with the policies of the keys the text defines only: a policy naming
+    /// another key applies to nothing. For a reload, where taking a key out of the file must
+    /// revoke it whether or not a policy names it.
+    pub fn parse_leniently(
+        text: &str,
+        name: &str,
+        policies: &[KeyPolicy],
+    ) -> Result<Self, KeysError> {
+        let store = Self::parse_keys(text, name)?;
+        let defined: Vec<&KeyPolicy> = policies
+            .iter()
+            .filter(|p| store.keys.contains_key(&p.access_key))
+            .collect();
+        store.with_policies(defined.into_iter())
+    }
+
+    fn parse_keys(text: &str, name: &str) -> Result<Self, KeysError> {
         let mut keys = HashMap::new();
         for (i, line) in text.lines().enumerate() {
             let line = line.split('#').next().unwrap_or("").trim();
@@ -198,8 +209,16 @@ impl KeyStore {
         if keys.is_empty() {
             return Err(KeysError::Empty(name.to_owned()));
         }
+        Ok(Self { keys })
+    }
+
+    fn with_policies<'a>(
+        mut self,
+        policies: impl Iterator<Item = &'a KeyPolicy>,
+    ) -> Result<Self, KeysError> {
         for policy in policies {
-            let key = keys
+            let key = self
+                .keys
                 .get_mut(&policy.access_key)
                 .ok_or_else(|| KeysError::UnknownPolicyKey(policy.access_key.clone()))?;
             key.limits = Limits::new(
@@ -209,7 +228,26 @@ impl KeyStore {
             .map(Arc::new);
             key.policy = Some(policy.clone());
         }
-        Ok(Self { keys })
+        Ok(self)
+    }
+
+    /// These keys, each keeping what the same key of `old` shared with its requests: its
+    /// tally, its limits' state (the policies are the same configuration's), and its derived
+    /// signing keys if its secret is unchanged.
+    pub fn carried_over_from(mut self, old: &KeyStore) -> Self {
+        for (id, key) in &mut self.keys {
+            let Some(was) = old.keys.get(id) else {
+                continue;
+            };
+            key.tally = was.tally.clone();
+            if key.limits.is_some() && was.limits.is_some() {
+                key.limits = was.limits.clone();
+            }
+            if key.secret == was.secret {
+                key.signing = was.signing.clone();
+            }
+        }
+        self
     }
 
     /// A store of the given keys, without policies (tests and the demo).

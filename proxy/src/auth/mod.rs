@@ -12,6 +12,7 @@
 
 pub mod chunked;
 pub mod keys;
+pub mod live;
 pub mod post_policy;
 pub mod signed;
 mod signing_key;
@@ -25,6 +26,7 @@ use http::request::Parts;
 use http::{HeaderMap, Method};
 
 pub use keys::{Access, KeyPolicy, KeyStore};
+pub use live::LiveKeys;
 pub use signed::Signed;
 pub use sigv4::Payload;
 
@@ -37,8 +39,9 @@ use crate::telemetry::metrics::KeyTally;
 
 /// How clients are authenticated.
 pub enum Authenticator {
-    /// Every request must carry a valid SigV4 signature by one of these keys.
-    SigV4(KeyStore),
+    /// Every request must carry a valid SigV4 signature by one of these keys (as the
+    /// credentials file says now).
+    SigV4(Arc<LiveKeys>),
     /// No authentication: anyone who reaches the listener uses Larder's upstream credentials.
     None,
 }
@@ -81,9 +84,10 @@ impl Authenticator {
         policies: &[KeyPolicy],
     ) -> Result<Self, keys::KeysError> {
         match (mode, credentials) {
-            (AuthMode::Sigv4, Some(path)) => {
-                Ok(Authenticator::SigV4(KeyStore::load(path, policies)?))
-            }
+            (AuthMode::Sigv4, Some(path)) => Ok(Authenticator::SigV4(Arc::new(LiveKeys::load(
+                path.to_owned(),
+                policies.to_vec(),
+            )?))),
             (AuthMode::Sigv4, None) => Err(keys::KeysError::Empty("auth_credentials".into())),
             (AuthMode::None, _) => Ok(Authenticator::None),
         }
@@ -110,7 +114,7 @@ impl Authenticator {
                     None => parts.uri.path().to_owned(),
                 };
                 let (access_key, key) =
-                    sigv2::verify(parts, query, &resource, keys, SystemTime::now())?;
+                    sigv2::verify(parts, query, &resource, &keys.current(), SystemTime::now())?;
                 Principal {
                     access_key: Some(access_key),
                     policy: key.policy,
@@ -121,7 +125,7 @@ impl Authenticator {
                 }
             }
             Authenticator::SigV4(keys) => {
-                let v = sigv4::verify(parts, query, keys, SystemTime::now())?;
+                let v = sigv4::verify(parts, query, &keys.current(), SystemTime::now())?;
                 Principal {
                     access_key: Some(v.access_key),
                     policy: v.key.policy,
@@ -158,7 +162,7 @@ impl Authenticator {
     ) -> Result<(Principal, post_policy::LengthRange), S3Error> {
         match self {
             Authenticator::SigV4(keys) => {
-                post_policy::verify(head, bucket, key, keys, SystemTime::now())
+                post_policy::verify(head, bucket, key, &keys.current(), SystemTime::now())
             }
             Authenticator::None => Ok((
                 Principal {

@@ -9,6 +9,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::live::Reload;
 use crate::auth::Authenticator;
 use crate::config::Config;
 use crate::config::{ColdRanges, PrefetchMode};
@@ -378,10 +379,17 @@ pub async fn start(
     ));
     let parts = PartLayouts::new(PARTS_BYTES, fleet.as_ref().map(|f| f.fleet.clone()));
     if let Authenticator::SigV4(keys) = &auth {
-        metrics.observe_client_limits(keys.limits());
-        if config.metrics_keys {
-            metrics.observe_key_savings(keys.tallies());
+        // Read from the keys in force at each collection: the credentials file is reloaded.
+        if !keys.current().limits().is_empty() {
+            let keys = keys.clone();
+            metrics.observe_client_limits(move || keys.current().limits());
         }
+        if config.metrics_keys {
+            let keys = keys.clone();
+            metrics.observe_key_savings(move || keys.current().tallies());
+        }
+        let keys = keys.clone();
+        metrics.observe_credentials(move || keys.file_refused());
     }
     let app = Arc::new(AppState {
         base_domain: config.base_domain.clone(),
@@ -438,6 +446,11 @@ pub async fn start(
         tokio::spawn(tls.clone().watch(shutdown.clone()));
     }
     tokio::spawn(freshness.clone().watch(shutdown.clone()));
+    if let Authenticator::SigV4(keys) = &app.auth {
+        let metrics = metrics.clone();
+        let reloaded = move |r| metrics.credentials_reloaded(r == Reload::Applied);
+        tokio::spawn(keys.clone().watch(shutdown.clone(), reloaded));
+    }
     if let Some(sqs) = sqs {
         tokio::spawn(sqs.run(shutdown.clone()));
     }

@@ -106,6 +106,7 @@ pub struct Metrics {
     peer_fallbacks: Counter<u64>,
     peer_bytes: Counter<u64>,
     fleet_changes: Counter<u64>,
+    credentials_reloads: Counter<u64>,
 }
 
 fn latency_boundaries() -> Vec<f64> {
@@ -325,7 +326,15 @@ impl Metrics {
             "Membership changes that moved block ownership",
         );
         fleet_changes.add(0, &[]);
+        let credentials_reloads = counter(
+            "larder.auth.credentials.reloads",
+            "Changes of the client credentials file by outcome: applied (its keys are in force), refused (it did not load; the keys in force were kept)",
+        );
+        for outcome in ["applied", "refused"] {
+            credentials_reloads.add(0, &[kv("outcome", outcome)]);
+        }
         Ok(Self {
+            credentials_reloads,
             peer_requests: counter(
                 "larder.peer.requests",
                 "Requests between replicas by direction (made, served), kind (block, open) and outcome",
@@ -649,6 +658,13 @@ impl Metrics {
         self.peer_bytes.add(bytes, &[kv("direction", direction)]);
     }
 
+    /// The client credentials file changed, and its keys were put in force (`applied`) or
+    /// refused.
+    pub fn credentials_reloaded(&self, applied: bool) {
+        let outcome = if applied { "applied" } else { "refused" };
+        self.credentials_reloads.add(1, &[kv("outcome", outcome)]);
+    }
+
     /// Membership changed ownership.
     pub fn fleet_changed(&self) {
         self.fleet_changes.add(1, &[]);
@@ -963,10 +979,12 @@ mod tests {
         })
         .unwrap();
         let (a, b) = (Arc::new(KeyTally::default()), Arc::new(KeyTally::default()));
-        m.observe_key_savings(vec![
-            ("team-a".into(), a.clone()),
-            ("team-b".into(), b.clone()),
-        ]);
+        let keys = [("team-a", a.clone()), ("team-b", b.clone())];
+        m.observe_key_savings(move || {
+            keys.iter()
+                .map(|(k, t)| ((*k).to_owned(), t.clone()))
+                .collect()
+        });
         for cache in [XCache::HitMemory, XCache::HitDisk, XCache::Miss] {
             a.request(Operation::GetObject, cache);
             a.object_bytes(cache, 10);

@@ -243,15 +243,13 @@ impl Metrics {
 
     /// Export what each limited client key was held back by (`auth_policies`' rates): its
     /// requests refused with `SlowDown`, and the seconds its responses waited for its byte
-    /// rate. Only keys with limits are labelled, so the label's values are the configuration's.
-    pub fn observe_client_limits(&self, keys: Vec<(String, Arc<Limits>)>) {
-        if keys.is_empty() {
-            return;
-        }
-        let keys: Arc<[(KeyValue, Arc<Limits>)]> = keys
-            .into_iter()
-            .map(|(key, limits)| (KeyValue::new("access_key", key), limits))
-            .collect();
+    /// rate, of the keys `keys` gives at each collection (the keys in force). Only keys with
+    /// limits are labelled, so the label's values are the configuration's.
+    pub fn observe_client_limits(
+        &self,
+        keys: impl Fn() -> Vec<(String, Arc<Limits>)> + Send + Sync + 'static,
+    ) {
+        let keys = Arc::new(keys);
         type Read = fn(&Limits) -> f64;
         let counters: [(&'static str, &'static str, Read); 2] = [
             (
@@ -271,8 +269,8 @@ impl Metrics {
                 .f64_observable_counter(name)
                 .with_description(description)
                 .with_callback(move |o| {
-                    for (label, limits) in keys.iter() {
-                        o.observe(read(limits), std::slice::from_ref(label));
+                    for (key, limits) in keys() {
+                        o.observe(read(&limits), &[KeyValue::new("access_key", key)]);
                     }
                 })
                 .build();
@@ -281,16 +279,13 @@ impl Metrics {
 
     /// Export what each client key asked of Larder and what the cache saved it
     /// ([`KeyTally`]): its requests and object bytes, those answered from the cache, and both
-    /// in dollars at the cost counters' prices. The keys are the credentials file's, so the
-    /// label's values are the configuration's.
-    pub fn observe_key_savings(&self, keys: Vec<(String, Arc<KeyTally>)>) {
-        if keys.is_empty() {
-            return;
-        }
-        let keys: Arc<[(KeyValue, Arc<KeyTally>)]> = keys
-            .into_iter()
-            .map(|(key, tally)| (KeyValue::new("access_key", key), tally))
-            .collect();
+    /// in dollars at the cost counters' prices, of the keys `keys` gives at each collection
+    /// (the credentials file's keys in force, so the label's values are the configuration's).
+    pub fn observe_key_savings(
+        &self,
+        keys: impl Fn() -> Vec<(String, Arc<KeyTally>)> + Send + Sync + 'static,
+    ) {
+        let keys = Arc::new(keys);
         let prices = self.prices;
         type Counted = fn(&TallyRead) -> u64;
         let counts: [(&'static str, &'static str, Counted); 4] = [
@@ -321,8 +316,9 @@ impl Metrics {
                 .u64_observable_counter(name)
                 .with_description(description)
                 .with_callback(move |o| {
-                    for (label, tally) in keys.iter() {
-                        o.observe(read(&tally.read(&prices)), std::slice::from_ref(label));
+                    for (key, tally) in keys() {
+                        let label = KeyValue::new("access_key", key);
+                        o.observe(read(&tally.read(&prices)), &[label]);
                     }
                 })
                 .build();
@@ -346,7 +342,8 @@ impl Metrics {
                 .f64_observable_counter(name)
                 .with_description(description)
                 .with_callback(move |o| {
-                    for (label, tally) in keys.iter() {
+                    for (key, tally) in keys() {
+                        let label = KeyValue::new("access_key", key);
                         let [requests, transfer] = read(&tally.read(&prices));
                         for (kind, dollars) in [("requests", requests), ("transfer", transfer)] {
                             o.observe(dollars, &[label.clone(), kv("kind", kind)]);
@@ -355,6 +352,19 @@ impl Metrics {
                 })
                 .build();
         }
+    }
+
+    /// Export whether the client credentials file as it is now was refused (1) or is in
+    /// force (0), read from `refused` at each collection: a gauge an alert can hold, where the
+    /// reload counter moves once per change.
+    pub fn observe_credentials(&self, refused: impl Fn() -> bool + Send + Sync + 'static) {
+        self.meter
+            .u64_observable_gauge("larder.auth.credentials.refused")
+            .with_description(
+                "1 while the client credentials file as it is now did not load, so the keys in force are older than it; 0 once a version of it is in force",
+            )
+            .with_callback(move |o| o.observe(u64::from(refused()), &[]))
+            .build();
     }
 
     /// Export the disk tier's counters and gauges, read at each collection.
