@@ -16,13 +16,17 @@ use sha2::Digest;
 use tokio_util::sync::CancellationToken;
 
 use crate::s3::headers::names;
+use crate::s3::operation::Operation;
 use crate::s3::request::Target;
+use crate::telemetry::metrics::Metrics;
 use crate::upstream::forward::{Forward, Forwarder, Reshaped, SignedBody};
 
 /// Where the heartbeat is written, and how often.
 pub struct Heartbeat {
     /// The upstream.
     pub forwarder: Arc<Forwarder>,
+    /// Where each write is counted and priced, as every upstream request of Larder's own.
+    pub metrics: Arc<Metrics>,
     /// The bucket.
     pub bucket: String,
     /// The key.
@@ -76,7 +80,7 @@ impl Heartbeat {
         };
         let response = self
             .forwarder
-            .send(forward)
+            .send_counted(forward, Operation::PutObject, &self.metrics)
             .await
             .map_err(|e| e.to_string())?;
         if response.status().is_success() {
@@ -117,14 +121,21 @@ mod tests {
             None,
         )
         .unwrap();
+        let metrics = Arc::new(Metrics::default());
         let heartbeat = Heartbeat {
             forwarder: Arc::new(forwarder),
+            metrics: metrics.clone(),
             bucket: "b".to_owned(),
             key: ".larder/heartbeat".to_owned(),
             every: Duration::from_secs(1),
             requester_pays,
         };
         heartbeat.beat().await.unwrap();
+        // Counted and priced like every upstream request of Larder's own.
+        let s = metrics.snapshot();
+        let puts = [("operation", "PutObject"), ("status", "200")];
+        assert_eq!(s.sum("larder_upstream_requests_total", &puts), 1.0);
+        assert!(s.sum("larder_cost_upstream_dollars_total", &[]) > 0.0);
         server.await.unwrap()
     }
 

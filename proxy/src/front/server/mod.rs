@@ -461,6 +461,7 @@ pub async fn start(
     {
         let heartbeat = Heartbeat {
             forwarder: forwarder.clone(),
+            metrics: metrics.clone(),
             bucket: bucket.to_owned(),
             key: key.to_owned(),
             every: config.events_max_silence.0 / 3,
