@@ -228,11 +228,10 @@ impl Forwarder {
         })
     }
 
-    /// Send `request` upstream and return the upstream's response, its body still streaming.
-    /// [`Self::send`] for a client's request as `operation`: in a client span, timed, counted
-    /// in `metrics` and priced to its bucket, its failure kept as the last upstream error. The
-    /// one way a client's request goes upstream as it came (pass-through, form uploads), so
-    /// none of them escapes the upstream counters.
+    /// [`Self::send`] as `operation`: in a client span, timed, counted in `metrics` and priced
+    /// to its bucket, its failure kept as the last upstream error. The way every request sent
+    /// through the forwarder is counted (pass-through, form uploads, the events heartbeat),
+    /// except the block reads, which the read path's own upstream counts (`Instrumented`).
     pub async fn send_counted(
         &self,
         request: Forward,
@@ -260,6 +259,7 @@ impl Forwarder {
         result
     }
 
+    /// Send `request` upstream and return the upstream's response, its body still streaming.
     pub async fn send(&self, request: Forward) -> Result<Response<Body>, ForwardError> {
         let bodiless = matches!(request.method, Method::GET | Method::HEAD | Method::DELETE);
         let upstream = self.build(request).await?;

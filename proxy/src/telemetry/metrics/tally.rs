@@ -10,7 +10,7 @@
 //! of a block a range fell in) serves no key in particular. It is counted by bucket
 //! (`larder_cost_upstream_dollars_total`), where every upstream request belongs.
 //!
-//! Counted on atomics the key holds (a request adds to two at most), and priced at collection:
+//! Counted on atomics the key holds (a request adds to at most four), and priced at collection:
 //! a request's cost is its class's price, so counts times prices are the dollars.
 
 use std::sync::atomic::{AtomicU64, Ordering};
