@@ -347,6 +347,12 @@ def test_status_page_in_headless_chromium(observed, workdir):
         return m.group(1)
 
     assert shown("hit-ratio") == f"{w.hit_ratio() * 100:.1f} %"
+    # The workload's one key, with the requests the clients sent and what the cache saved it.
+    (key,) = [k for k in status["keys"] if k["requests"]]
+    assert key["access_key"] == CLIENT_KEY
+    assert key["requests"] == w.client_requests["get"] + w.client_requests["put"]
+    assert 0 < key["cached_requests"] < key["requests"] and 0 < key["dollars_saved"] < key["dollars_direct"]
+    assert shown(f"key-saved-{CLIENT_KEY}").startswith("$") and float(shown(f"key-saved-{CLIENT_KEY}")[1:]) > 0
     assert shown("saved").startswith("$") and float(shown("saved")[1:]) > 0
     assert re.fullmatch(r"[\d.]+ (B|KiB|MiB|GiB)", shown("memory")) and shown("memory") != "0 B"
     assert shown("disk") != "off"

@@ -354,10 +354,22 @@ pub struct Status {
     upstream_failures: u64,
     upstream_received_bytes: u64,
     upstream: UpstreamHealth,
+    /// What each client key's requests would have cost and what the cache saved them
+    /// (`larder_key_*`), the keys that saved the most first.
+    keys: Vec<KeySaving>,
     /// Warm-up jobs still running.
     warm_jobs: Vec<Progress>,
     /// The S3 event stream, when events are expected.
     events: Option<EventStream>,
+}
+
+#[derive(Debug, Serialize)]
+struct KeySaving {
+    access_key: String,
+    requests: u64,
+    cached_requests: u64,
+    dollars_direct: f64,
+    dollars_saved: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -436,6 +448,28 @@ impl Status {
                 .map(|s| s * 1000.0)
         };
         let gauge = |name: &str| snap.sum(name, &[]) as u64;
+        let by_key = |name: &str| snap.sum_by(name, "access_key");
+        let (requests, cached) = (
+            by_key("larder_key_requests_total"),
+            by_key("larder_key_requests_cached_total"),
+        );
+        let (key_direct, key_saved) = (
+            by_key("larder_key_cost_direct_dollars_total"),
+            by_key("larder_key_cost_saved_dollars_total"),
+        );
+        let of =
+            |m: &std::collections::BTreeMap<String, f64>, k: &str| m.get(k).copied().unwrap_or(0.0);
+        let mut keys: Vec<KeySaving> = requests
+            .keys()
+            .map(|k| KeySaving {
+                access_key: k.clone(),
+                requests: of(&requests, k) as u64,
+                cached_requests: of(&cached, k) as u64,
+                dollars_direct: of(&key_direct, k),
+                dollars_saved: of(&key_saved, k),
+            })
+            .collect();
+        keys.sort_by(|a, b| b.dollars_saved.total_cmp(&a.dollars_saved));
         Status {
             uptime_seconds: metrics.uptime().as_secs(),
             requests: by_cache.values().sum::<f64>() as u64,
@@ -464,6 +498,7 @@ impl Status {
             upstream_failures: failures as u64,
             upstream_received_bytes: gauge("larder_upstream_received_bytes_total"),
             upstream: metrics.upstream_health(),
+            keys,
             warm_jobs,
             events: None,
         }
@@ -515,6 +550,21 @@ mod tests {
     fn status_figures_follow_the_metrics() {
         let m = Metrics::default();
         m.observe_memory(cache_core::MemoryTier::<u32>::new(1 << 20));
+        let tallies: Vec<_> = ["quiet", "busy"]
+            .into_iter()
+            .map(|k| (k, Arc::new(crate::telemetry::metrics::KeyTally::default())))
+            .collect();
+        for cache in [XCache::HitMemory, XCache::HitMemory, XCache::Miss] {
+            tallies[1].1.request(Operation::GetObject, cache);
+        }
+        tallies[0].1.request(Operation::GetObject, XCache::Miss);
+        let observed = tallies.clone();
+        m.observe_key_savings(move || {
+            observed
+                .iter()
+                .map(|(k, t)| ((*k).to_owned(), t.clone()))
+                .collect()
+        });
         for _ in 0..3 {
             m.request(
                 Operation::GetObject,
@@ -579,5 +629,14 @@ mod tests {
             "{}",
             s.dollars_saved
         );
+        // The keys that saved the most first, each with its own figures.
+        let keys: Vec<_> = s
+            .keys
+            .iter()
+            .map(|k| (k.access_key.as_str(), k.requests, k.cached_requests))
+            .collect();
+        assert_eq!(keys, [("busy", 3, 2), ("quiet", 1, 0)]);
+        assert!((s.keys[0].dollars_saved - 2.0 * 0.0004 / 1000.0).abs() < 1e-15);
+        assert!((s.keys[1].dollars_direct - 0.0004 / 1000.0).abs() < 1e-15);
     }
 }
