@@ -119,8 +119,8 @@ pub async fn upload(
     if key.is_empty() || key.len() > MAX_KEY_LEN {
         return Err(S3Error::KeyTooLong);
     }
-    let (principal, range) = app.auth.form_upload(&head, &bucket, &key)?;
-    signer.clone_from(&principal.tally);
+    let (mut principal, range) = app.auth.form_upload(&head, &bucket, &key)?;
+    *signer = principal.tally.take();
     principal.admit()?;
     let target = Target::Object {
         bucket: bucket.as_str().into(),

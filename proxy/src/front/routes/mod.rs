@@ -235,14 +235,15 @@ impl AppState {
             }
         }
         // Authenticate before looking at anything else, so an unknown client learns nothing.
-        let principal = match self
+        let mut principal = match self
             .auth
             .authenticate(&req, params, self.base_domain.as_deref())
         {
             Ok(p) => p,
             Err(e) => return (Operation::Unauthenticated, None, None, Err(e)),
         };
-        let tally = principal.tally.clone();
+        // Taken, not cloned: nothing after this reads the principal's tally.
+        let tally = principal.tally.take();
         let target = match target {
             Ok(t) => t,
             Err(e) => return (operation, None, tally, Err(e)),
