@@ -11,6 +11,7 @@
 //! - recovery: fill `--recovery-size` of cache, close, and time the reopen.
 //!
 //! Each of ceiling/fill/read runs once per engine in `--engines` (default `psync,uring`).
+//! `--sealed` encrypts every entry (as `disk_encryption_key_file` does), for its cost.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -18,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cache_core::disk::{
-    AlignedBuf, DiskCache, DiskConfig, DropReason, EngineKind, IoEngine, Priority, PsyncEngine,
-    Recovery, UringEngine,
+    AlignedBuf, DeviceKey, DiskCache, DiskConfig, DropReason, EngineKind, IoEngine, Priority,
+    PsyncEngine, Recovery, UringEngine,
 };
 use clap::Parser;
 use rand::{Rng, SeedableRng};
@@ -62,6 +63,9 @@ struct Args {
     /// Entry size for the recovery phase (smaller entries: more entries to recover).
     #[arg(long, default_value_t = 1 << 20)]
     recovery_entry: usize,
+    /// Seal every entry (encryption at rest) with a random key, to measure what it costs.
+    #[arg(long)]
+    sealed: bool,
 }
 
 fn rss_kib(field: &str) -> u64 {
@@ -169,6 +173,9 @@ fn config(args: &Args, kind: &str, capacity: u64) -> DiskConfig {
     };
     cfg.recovery = Recovery::None;
     cfg.io_threads = args.io_threads;
+    if args.sealed {
+        cfg.encryption = Some(Arc::new(DeviceKey::new(&rand::random())));
+    }
     cfg
 }
 
@@ -371,12 +378,14 @@ async fn main() {
         let resident = disk.stats().entries as usize;
         let r = read(&args, &disk, &f.keys, resident).await;
         println!(
-            "| read ({}) | {kind} | {:.2} GB/s | {:.2} | {} hits, {} misses; latency ms p50 {:.2} p90 {:.2} p99 {:.2} p99.9 {:.2} p99.99 {:.2}; index {:.1} B/entry; peak RSS {} MiB |",
+            "| read ({}) | {kind} | {:.2} GB/s | {:.2} | {} hits, {} misses ({} corrupt, {} raced); latency ms p50 {:.2} p90 {:.2} p99 {:.2} p99.9 {:.2} p99.99 {:.2}; index {:.1} B/entry; peak RSS {} MiB |",
             args.keys,
             r.gbps,
             r.gbps / cr,
             r.hits,
             r.misses,
+            disk.stats().corrupt,
+            disk.stats().raced,
             r.p[0],
             r.p[1],
             r.p[2],

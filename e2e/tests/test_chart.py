@@ -96,6 +96,17 @@ def test_lint_template_and_validate(values, workdir):
     dns = 'fleet_peers_dns = "larder-headless.default.svc.cluster.local:9002"'
     assert (dns in check.stdout) == fleet
     assert 'admin_token_file = "/etc/larder/admin/token"' in check.stdout
+    # The disk tier is encrypted by default: the key's Secret mounted where the option points,
+    # made by the chart (64 hex digits, what the binary accepts) unless one is given.
+    assert 'disk_encryption_key_file = "/etc/larder/disk-key/key"' in check.stdout
+    assert "/etc/larder/disk-key" in {m["mountPath"] for m in container["volumeMounts"]}
+    disk_key = {v["name"]: v for v in pod["volumes"]}["disk-key"]["secret"]["secretName"]
+    made = [d for d in by_kind(docs, "Secret") if d["metadata"]["name"] == "larder-disk-key"]
+    if values.stem.startswith("persistence"):
+        assert disk_key == "larder-disk-key" and not made
+    else:
+        (made,) = made
+        assert re.fullmatch("[0-9a-f]{64}", base64.b64decode(made["data"]["key"]).decode())
 
     if values.stem.startswith("persistence"):
         # A key's rates reach the configuration as numbers and sizes the binary reads back.

@@ -436,3 +436,117 @@ def test_idle_buffers_kept_for_reuse_stay_within_a_quarter_of_the_response_buffe
     # Buffers came back (six 8 MiB disk reads at once, twice), none beyond the bound.
     assert 0 < held <= 12 * MiB, held
     assert metric(larder, "buffer_pool_fresh") > 0
+
+
+def sealed_entries(path):
+    """(offset, header length, value length) of every sealed entry (`LENC`) on a cache device:
+    entries start on a page, their header's length at byte 24 and the value's at byte 16."""
+    found = []
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as device:
+        at = device.find(b"LENC")
+        while at >= 0:
+            if at % 4096 == 0:
+                found.append((at, int.from_bytes(device[at + 24:at + 28], "little"),
+                              int.from_bytes(device[at + 16:at + 24], "little")))
+            at = device.find(b"LENC", at + 4)
+    return found
+
+
+def test_an_encrypted_disk_tier_holds_nothing_in_clear_and_serves_nothing_changed_or_foreign(
+        workdir, make_larder, direct, bucket, upstream):
+    # The threat: whoever holds the device (a stolen or recycled disk, a volume snapshot) reads
+    # the cached objects, or writes bytes for Larder to serve. With `disk_encryption_key_file`
+    # the device holds no object byte and no object name in clear, a changed byte is fetched
+    # again instead of served, and a device sealed under another key (or none) is started
+    # empty, never read.
+    rng = random.Random(21)
+    objects = {"hr/payroll-2026-confidential.csv": rng.randbytes(3 * MiB + 77),
+               "hr/small-confidential.txt": rng.randbytes(3000)}
+    for key, data in objects.items():
+        direct.put_object(Bucket=bucket, Key=key, Body=data)
+    key_a, key_b = workdir / "disk-a.key", workdir / "disk-b.key"
+    key_a.write_text(rng.randbytes(32).hex() + "\n")
+    key_b.write_text(rng.randbytes(32).hex())
+    device = workdir / "sealed.cache"
+
+    def start(name, *extra):
+        return make_larder(*disk_args(workdir, "sealed", *extra), name=name)
+
+    def refused(name, *extra):
+        """The log of a Larder that must not start."""
+        try:
+            start(name, *extra)
+        except RuntimeError:
+            (log,) = workdir.glob(f"{name}-*.log")
+            return log.read_text()
+        raise AssertionError(f"{name} started")
+
+    def read_all(larder):
+        got = {}
+        for key, data in objects.items():
+            resp = larder.client().get_object(Bucket=bucket, Key=key)
+            assert resp["Body"].read() == data, key
+            got[key] = resp["ResponseMetadata"]["HTTPHeaders"]["x-cache"]
+        return got
+
+    first = start("sealed-first", "--disk-encryption-key-file", str(key_a))
+    read_all(first)
+    first.stop()  # writes the memory tier down to disk, sealed
+    assert "wrote the memory tier down to disk" in first.log_path.read_text()
+
+    raw = device.read_bytes()
+    big = objects["hr/payroll-2026-confidential.csv"]
+    for at in (0, 4096, MiB + 5, 3 * MiB):
+        assert big[at:at + 64] not in raw, f"bytes {at}.. of the object are on the device in clear"
+    assert objects["hr/small-confidential.txt"][:64] not in raw
+    for name in (b"payroll-2026", b"small-confidential", bucket.encode()):
+        assert name not in raw, f"{name!r} is on the device in clear"
+    entries = sealed_entries(device)
+    assert {value for _, _, value in entries} >= {len(big), 3000}, entries
+    del raw
+
+    # The same key: everything is read back from disk, decrypted, with no upstream GET.
+    upstream.reset()
+    second = start("sealed-second", "--disk-encryption-key-file", str(key_a))
+    assert metric(second, "disk_recovered_entries") >= 2
+    assert set(read_all(second).values()) == {"hit-disk"}
+    assert upstream.seen("GET", f"/{bucket}/hr/payroll-2026-confidential.csv") == []
+    second.stop()
+
+    # A byte changed on the device, 2 MiB into the object's ciphertext, fails authentication:
+    # the client gets the object's bytes, the rest of the block from the upstream.
+    at, header_len, _ = next(e for e in entries if e[2] == len(big))
+    with open(device, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+        m[at + header_len + 2 * MiB] ^= 0x01
+        m.flush()
+    upstream.reset()
+    third = start("sealed-third", "--disk-encryption-key-file", str(key_a))
+    assert third.client().get_object(Bucket=bucket, Key="hr/payroll-2026-confidential.csv")["Body"].read() == big
+    assert len(upstream.seen("GET", f"/{bucket}/hr/payroll-2026-confidential.csv")) == 1
+    wait_until(lambda: metric(third, "disk_corrupt_reads") == 1, 5, "the failed authentication counted")
+    third.stop()
+
+    # Another key: the device is started empty, nothing of it read; the objects come from the
+    # upstream. `strict` refuses to start instead.
+    with_b = ("--disk-encryption-key-file", str(key_b))
+    assert "encryption key changed" in refused("sealed-strict", *with_b, "--disk-recovery", "strict")
+    upstream.reset()
+    fourth = start("sealed-other-key", *with_b)
+    assert "encryption key changed" in fourth.log_path.read_text()
+    assert metric(fourth, "disk_recovered_entries") == 0
+    assert set(read_all(fourth).values()) == {"miss"}
+    assert len(upstream.seen("GET", f"/{bucket}/hr/small-confidential.txt")) == 1
+    fourth.stop()
+
+    # Encryption turned off: the sealed device is started empty, its ciphertext never served.
+    fifth = start("sealed-off")
+    assert "encryption turned off" in fifth.log_path.read_text()
+    assert metric(fifth, "disk_recovered_entries") == 0
+    assert set(read_all(fifth).values()) == {"miss"}
+    fifth.stop()
+
+    # A key file that is not 32 bytes of hex stops the start, naming the file.
+    short = workdir / "short.key"
+    short.write_text("00112233")
+    log = refused("sealed-short", "--disk-encryption-key-file", str(short))
+    assert "short.key" in log and "64 hexadecimal digits" in log, log[:1000]

@@ -13,6 +13,7 @@ mod io;
 #[cfg(target_os = "linux")]
 mod page_cache;
 mod recovery;
+mod sealing;
 mod stats;
 mod store;
 #[cfg(target_os = "linux")]
@@ -30,6 +31,7 @@ use thiserror::Error;
 pub use admission::Admission;
 pub use format::FormatError;
 pub use io::{AlignedBuf, IoEngine, Priority, PsyncEngine};
+pub use sealing::{DeviceKey, KEY_LEN as DEVICE_KEY_LEN};
 pub use stats::{DiskStats, DropReason};
 pub use store::{ReadFailed, ValueStream};
 #[cfg(target_os = "linux")]
@@ -119,6 +121,10 @@ pub struct DiskConfig {
     /// Partitions; empty means one partition `default` over the whole device. Capacity left over
     /// after the listed partitions goes to `default` if none is listed.
     pub partitions: Vec<PartitionConfig>,
+    /// Seal (encrypt and authenticate) every entry with this key. A device written under
+    /// another key, or none, is started empty (reformatted; `strict` refuses instead). Default:
+    /// none.
+    pub encryption: Option<Arc<DeviceKey>>,
 }
 
 impl DiskConfig {
@@ -139,6 +145,7 @@ impl DiskConfig {
             max_entry: u64::MAX,
             recovery: Recovery::default(),
             partitions: Vec::new(),
+            encryption: None,
         }
     }
 }
@@ -185,6 +192,8 @@ pub struct RecoveryReport {
     pub direct: bool,
     /// Whether demand reads go through the page cache.
     pub page_cache: bool,
+    /// Whether entries are sealed (encrypted and authenticated).
+    pub sealed: bool,
 }
 
 struct Shared {
@@ -352,16 +361,32 @@ impl DiskCache {
             .await
             .map_err(dev_err)?;
         let found = Superblock::decode(first.as_slice());
+        let sealing = cfg
+            .encryption
+            .as_ref()
+            .map_or([0u8; sealing::CHECK_LEN], |k| k.check());
         let wanted = |generation| Superblock {
             region_size: cfg.region_size,
             generation,
             partitions: extents.clone(),
+            sealing,
         };
         let format_reason = match (&found, cfg.recovery) {
             (Ok(sb), Recovery::None) => Some(format!(
                 "recovery is none: generation {} discarded",
                 sb.generation
             )),
+            (Ok(sb), _) if sb.sealing != sealing => Some(
+                match (
+                    sb.sealing == [0u8; sealing::CHECK_LEN],
+                    cfg.encryption.is_some(),
+                ) {
+                    (true, _) => "encryption turned on",
+                    (false, false) => "encryption turned off",
+                    (false, true) => "encryption key changed",
+                }
+                .to_owned(),
+            ),
             (Ok(sb), _) if *sb != wanted(sb.generation) => {
                 Some("region size or partitions changed".to_owned())
             }
@@ -398,6 +423,7 @@ impl DiskCache {
             engine: io.name(),
             direct: device.direct,
             page_cache,
+            sealed: cfg.encryption.is_some(),
             ..RecoveryReport::default()
         };
         let mut partitions = Vec::new();
@@ -414,6 +440,7 @@ impl DiskCache {
                     write_rate: cfg.write_rate,
                     write_buffer: cfg.write_buffer,
                     max_entry: cfg.max_entry,
+                    sealing: cfg.encryption.clone(),
                 },
                 io.clone(),
             );
@@ -437,6 +464,7 @@ impl DiskCache {
             engine = report.engine,
             direct = report.direct,
             page_cache = report.page_cache,
+            sealed = report.sealed,
             entries = report.entries,
             regions = report.regions,
             scanned = report.scanned_regions,

@@ -168,7 +168,7 @@ async fn scan(store: &Store, base: u64, epoch: u64) -> (Vec<SummaryRecord>, u64)
         } else {
             first
         };
-        let Ok(header) = EntryHeader::decode(buf.as_slice()) else {
+        let Ok(header) = EntryHeader::decode(buf.as_slice(), store.cfg.sealing.as_deref()) else {
             break;
         };
         let total = header.layout.total_len() as u64;

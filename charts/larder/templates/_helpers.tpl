@@ -44,6 +44,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- default (printf "%s-events" (include "larder.fullname" .)) .Values.events.existingSecret -}}
 {{- end -}}
 
+{{- define "larder.diskKeySecret" -}}
+{{- default (printf "%s-disk-key" (include "larder.fullname" .)) .Values.disk.encryption.existingSecret -}}
+{{- end -}}
+
 {{- define "larder.fleetSecret" -}}
 {{- default (printf "%s-fleet" (include "larder.fullname" .)) .Values.fleet.existingSecret -}}
 {{- end -}}

@@ -359,6 +359,15 @@ options! {
     /// `[[disk_partitions]] name = "tables", capacity = "100GiB", buckets = ["lake"]`.
     /// Default: none (one partition).
     disk_partitions: Vec<DiskPartition> = Vec::new() => TomlOnly;
+    /// File holding the key the disk tier is encrypted with: 32 random bytes written as 64
+    /// hexadecimal digits (`openssl rand -hex 32`), surrounding whitespace ignored. Every block
+    /// written to disk is then sealed with AES-256-GCM under a key of its own derived from it:
+    /// the device holds neither object bytes nor object names in clear, and bytes changed on it
+    /// fail their authentication and are fetched again, never served. The key never reaches the
+    /// device; read at start only. A restart with another key, or with encryption turned on or
+    /// off, starts the disk tier empty (`disk_recovery = "strict"` refuses to start instead).
+    /// Default: none: blocks on disk are checksummed (CRC32C), not encrypted.
+    disk_encryption_key_file: Option<PathBuf> = None;
     /// Longest wait to connect to the upstream. Default: `5s`.
     upstream_connect_timeout: HumanDuration = HumanDuration::secs(5);
     /// Longest wait for an upstream response's headers, per attempt. Default: `30s`.
@@ -772,6 +781,12 @@ buckets = ["lake", "warehouse"]
                 .unwrap_err()
                 .to_string();
             assert!(err.contains("mapped to two partitions"), "{err}");
+            // An encryption key with no disk tier to encrypt is a mistake, not a no-op.
+            jail.create_file("key.toml", "disk_encryption_key_file = \"/k\"\n")?;
+            let err = Config::load(Some(&jail.directory().join("key.toml")), Flags::default())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("no disk tier to encrypt"), "{err}");
             Ok(())
         });
     }

@@ -56,6 +56,12 @@ impl Config {
         if !((1 << 20)..=(256 << 20)).contains(&region) || !region.is_multiple_of(1 << 20) {
             return invalid("disk_region_size", "must be 1MiB to 256MiB in whole MiB");
         }
+        if self.disk_encryption_key_file.is_some() && self.disk_path.is_none() {
+            return invalid(
+                "disk_encryption_key_file",
+                "is set but there is no disk tier to encrypt (disk_path)",
+            );
+        }
         if self.disk_path.is_some() && region <= self.block_size.0 {
             return invalid("disk_region_size", "must be larger than block_size");
         }

@@ -24,6 +24,7 @@ use crate::disk::format::{
 };
 use crate::disk::index::{Addr, Index};
 use crate::disk::io::{AlignedBuf, IoEngine};
+use crate::disk::sealing::DeviceKey;
 use crate::disk::stats::{Counters, DropReason};
 
 mod read;
@@ -111,6 +112,8 @@ pub(crate) struct StoreConfig {
     pub(crate) write_rate: u64,
     pub(crate) write_buffer: u64,
     pub(crate) max_entry: u64,
+    /// The key every entry is sealed with, if any.
+    pub(crate) sealing: Option<Arc<DeviceKey>>,
 }
 
 pub(crate) struct Store {
@@ -281,12 +284,34 @@ impl Store {
         written
     }
 
+    /// The bytes of an entry, `total` long. In a reused buffer: `encode_entry` writes every
+    /// byte, padding included. Sealing a block is milliseconds of AES for a large one, so it
+    /// runs on a blocking thread, not on a worker that serves hits meanwhile; the write budget
+    /// bounds how many run at once.
+    async fn encode(&self, epoch: u64, key: &Bytes, value: &Bytes, total: usize) -> AlignedBuf {
+        let mut buf = AlignedBuf::reused(total);
+        match &self.cfg.sealing {
+            None => {
+                format::encode_entry(buf.as_mut_slice(), epoch, key, value, None);
+                buf
+            }
+            Some(device) => {
+                let (device, key, value) = (device.clone(), key.clone(), value.clone());
+                let sealed = tokio::task::spawn_blocking(move || {
+                    format::encode_entry(buf.as_mut_slice(), epoch, &key, &value, Some(&device));
+                    buf
+                });
+                sealed.await.expect("sealing an entry does not panic")
+            }
+        }
+    }
+
     /// The entry's layout, if the store is open and the entry is one it can hold.
     fn fits(&self, key: &[u8], value: &Bytes) -> Result<EntryLayout, DropReason> {
         if self.closed.load(Ordering::Relaxed) {
             return Err(DropReason::Closed);
         }
-        let layout = EntryLayout::new(key.len(), value.len());
+        let layout = EntryLayout::new(key.len(), value.len(), self.cfg.sealing.is_some());
         if key.len() > MAX_KEY_LEN
             || value.len() as u64 > self.cfg.max_entry
             || layout.total_len() as u64 > self.max_total()
@@ -359,9 +384,7 @@ impl Store {
             })
             .await;
         let written = if header_ok {
-            // A reused buffer: encode_entry writes every byte, padding included.
-            let mut buf = AlignedBuf::reused(total as usize);
-            format::encode_entry(buf.as_mut_slice(), epoch, &key, &value);
+            let buf = self.encode(epoch, &key, &value, total as usize).await;
             self.io.write(self.entry_offset(addr), buf).await
         } else {
             Err(std::io::Error::other("region header write failed"))

@@ -112,24 +112,30 @@ impl Store {
         priority: Priority,
     ) -> Result<ReadEntry, Fault> {
         let len = addr.pages as usize * PAGE;
-        let buf = self
+        let mut buf = self
             .io
             .read(self.entry_offset(addr), len, priority)
             .await
             .map_err(|_| Fault::Io)?;
         self.check_epoch(addr, epoch)?;
-        let header = EntryHeader::decode(buf.as_slice()).map_err(|_| Fault::Corrupt)?;
+        let header = self.decode_header(buf.as_slice())?;
         if header.epoch != epoch || header.layout.total_len() != len {
             return Err(Fault::Corrupt);
         }
         if key.is_some_and(|k| header.key(buf.as_slice()) != k) {
             return Err(Fault::Collision);
         }
-        let data = &buf.as_slice()[header.layout.header_len..][..header.layout.value_len];
-        if !header.verify(buf.as_slice(), 0, data) {
+        let (head, rest) = buf.as_mut_slice().split_at_mut(header.layout.header_len);
+        if !header.verify(head, 0, &mut rest[..header.layout.value_len]) {
             return Err(Fault::Corrupt);
         }
         Ok(ReadEntry { header, buf })
+    }
+
+    /// The entry header at the start of `b`, decoded and checked (and its key opened, if the
+    /// store seals its entries).
+    pub(super) fn decode_header(&self, b: &[u8]) -> Result<EntryHeader, Fault> {
+        EntryHeader::decode(b, self.cfg.sealing.as_deref()).map_err(|_| Fault::Corrupt)
     }
 
     async fn read_whole(
@@ -179,7 +185,7 @@ impl Store {
         } else {
             first
         };
-        let header = EntryHeader::decode(buf.as_slice()).map_err(|_| Fault::Corrupt)?;
+        let header = self.decode_header(buf.as_slice())?;
         if header.epoch != epoch || header.layout.total_len() != addr.pages as usize * PAGE {
             return Err(Fault::Corrupt);
         }
@@ -214,7 +220,7 @@ impl Store {
         let page_from = from / PAGE as u64 * PAGE as u64;
         let skip = (from - page_from) as usize;
         let read_len = format::round_up(skip as u64 + data_to - data_from, PAGE as u64) as usize;
-        let data = self
+        let mut data = self
             .io
             .read(
                 self.entry_offset(addr) + page_from,
@@ -228,7 +234,7 @@ impl Store {
         if !head.header.verify(
             &head.buf,
             first_chunk as usize,
-            &data.as_slice()[skip..skip + span],
+            &mut data.as_mut_slice()[skip..skip + span],
         ) {
             return Err(Fault::Corrupt);
         }
@@ -265,7 +271,8 @@ fn stream_spans(len: u64) -> impl Iterator<Item = Range<u64>> {
     )
 }
 
-/// A value's header, checked: its chunk CRCs verify every later read of the value.
+/// A value's header, checked: its chunk checks verify (and, sealed, its cipher opens) every
+/// later read of the value.
 struct Head {
     header: EntryHeader,
     buf: Bytes,

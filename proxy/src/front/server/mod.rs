@@ -38,6 +38,7 @@ use crate::upstream::resume::ResumePolicy;
 use crate::upstream::Clients;
 use crate::warm::{WarmLimits, Warmer};
 use cache_core::disk::PartitionConfig;
+use cache_core::disk::{DeviceKey, DEVICE_KEY_LEN};
 use cache_core::{DiskCache, DiskConfig};
 
 mod connections;
@@ -79,6 +80,14 @@ pub enum StartError {
     /// The disk tier could not be opened.
     #[error(transparent)]
     Disk(#[from] cache_core::disk::DiskError),
+    /// The disk tier's encryption key could not be read.
+    #[error("disk_encryption_key_file {path}: {why}")]
+    DiskKey {
+        /// The configured path.
+        path: std::path::PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
     /// The TLS certificate or key could not be loaded.
     #[error(transparent)]
     Tls(#[from] TlsError),
@@ -100,8 +109,11 @@ pub enum StartError {
 }
 
 /// The disk tier's configuration from Larder's.
-fn disk_config(config: &Config, path: &std::path::Path) -> DiskConfig {
+fn disk_config(config: &Config, path: &std::path::Path) -> Result<DiskConfig, StartError> {
     let mut d = DiskConfig::new(path, config.disk_capacity.0);
+    if let Some(key) = &config.disk_encryption_key_file {
+        d.encryption = Some(Arc::new(read_disk_key(key)?));
+    }
     d.region_size = config.disk_region_size.0;
     d.engine = config.io_engine;
     d.page_cache = config.disk_page_cache;
@@ -117,7 +129,34 @@ fn disk_config(config: &Config, path: &std::path::Path) -> DiskConfig {
             capacity: p.capacity.0,
         })
         .collect();
-    d
+    Ok(d)
+}
+
+/// The disk tier's key from `disk_encryption_key_file`: 64 hexadecimal digits and nothing else
+/// but whitespace, so a truncated or mistyped key stops the start instead of sealing the cache
+/// with a weaker one.
+fn read_disk_key(path: &std::path::Path) -> Result<DeviceKey, StartError> {
+    let err = |why: String| StartError::DiskKey {
+        path: path.to_owned(),
+        why,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    let digits = text.trim();
+    if digits.len() != 2 * DEVICE_KEY_LEN || !digits.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(err(format!(
+            "must hold {} random bytes as {} hexadecimal digits (openssl rand -hex {}), \
+             found {} characters",
+            DEVICE_KEY_LEN,
+            2 * DEVICE_KEY_LEN,
+            DEVICE_KEY_LEN,
+            digits.len()
+        )));
+    }
+    let mut key = [0u8; DEVICE_KEY_LEN];
+    for (i, byte) in key.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&digits[2 * i..2 * i + 2], 16).expect("checked hex digits");
+    }
+    Ok(DeviceKey::new(&key))
 }
 
 /// The freshness policy from the configuration.
@@ -265,7 +304,7 @@ pub async fn start(
         _ => None,
     };
     let disk = match &config.disk_path {
-        Some(path) => Some(DiskCache::open(disk_config(config, path)).await?),
+        Some(path) => Some(DiskCache::open(disk_config(config, path)?).await?),
         None => None,
     };
     let metrics = Arc::new(Metrics::new(MetricsOptions {
@@ -569,5 +608,45 @@ impl Running {
     /// A handle that shuts this Larder down when cancelled.
     pub fn shutdown_token(&self) -> CancellationToken {
         self.shutdown.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_disk_key_is_64_hex_digits_and_nothing_shorter_longer_or_else() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("disk.key");
+        let hex = "00112233445566778899aabbccddeeff00112233445566778899AABBCCDDEEFF";
+        std::fs::write(&path, format!("  {hex}\n")).expect("write");
+        let key = read_disk_key(&path).expect("64 hex digits, whitespace around");
+        let mut bytes = [0u8; DEVICE_KEY_LEN];
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b = (i % 16) as u8 * 0x11;
+        }
+        assert_eq!(
+            format!("{key:?}"),
+            format!("{:?}", DeviceKey::new(&bytes)),
+            "the digits are the key's bytes"
+        );
+        for bad in [
+            &hex[..62],
+            &format!("{hex}00")[..],
+            &hex.replace('0', "g")[..],
+            "",
+        ] {
+            std::fs::write(&path, bad).expect("write");
+            let err = read_disk_key(&path).err().expect("refused").to_string();
+            assert!(
+                err.contains("disk.key") && err.contains("64 hexadecimal digits"),
+                "{err}"
+            );
+        }
+        let missing = read_disk_key(&dir.path().join("none"))
+            .err()
+            .expect("refused");
+        assert!(missing.to_string().contains("none"), "{missing}");
     }
 }
