@@ -57,7 +57,8 @@ impl Addr {
     }
 }
 
-/// Keys are already xxh3 hashes; hashing them again would only cost time.
+/// Keys are already hashes (xxh3, or HMAC-SHA256 in a sealed store); hashing them again would
+/// only cost time.
 #[derive(Default)]
 struct PassThrough(u64);
 

@@ -9,7 +9,7 @@ use futures::stream::{self, StreamExt};
 use super::format::{self, EntryHeader, FormatError, RegionHeader, SummaryRecord, PAGE};
 use super::index::Addr;
 use super::io::Priority;
-use super::store::{hash_key, Ready, Store};
+use super::store::{Ready, Store};
 
 /// What recovery found in one store.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -176,7 +176,7 @@ async fn scan(store: &Store, base: u64, epoch: u64) -> (Vec<SummaryRecord>, u64)
             break;
         }
         records.push(SummaryRecord {
-            hash: hash_key(header.key(buf.as_slice())),
+            hash: store.hash(header.key(buf.as_slice())),
             page: (pos / PAGE as u64) as u32,
             pages: (total / PAGE as u64) as u32,
         });

@@ -29,6 +29,9 @@ const KEY_NONCE: u32 = u32::MAX;
 /// instead of failing every read.
 pub struct DeviceKey {
     mac: hmac::Key,
+    /// Keys the hashes the index and the region summaries hold, so a summary read off the
+    /// device cannot confirm a guessed cache key.
+    index: hmac::Key,
     check: [u8; CHECK_LEN],
 }
 
@@ -54,7 +57,20 @@ impl DeviceKey {
         check.copy_from_slice(
             &hmac::sign(&mac, b"larder disk cache key check, v1").as_ref()[..CHECK_LEN],
         );
-        Self { mac, check }
+        let index = hmac::Key::new(
+            hmac::HMAC_SHA256,
+            hmac::sign(&mac, b"larder disk cache index hash, v1").as_ref(),
+        );
+        Self { mac, index, check }
+    }
+
+    /// The 64-bit hash of a cache key in a sealed store: HMAC-SHA256 under a key derived from
+    /// this one, where a plain store uses xxh3.
+    pub(crate) fn hash_key(&self, key: &[u8]) -> u64 {
+        let mac = hmac::sign(&self.index, key);
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&mac.as_ref()[..8]);
+        u64::from_le_bytes(first)
     }
 
     /// The value a superblock keeps to tell this key from another.
@@ -184,5 +200,13 @@ mod tests {
         assert_ne!(a.check(), DeviceKey::new(&[2u8; KEY_LEN]).check());
         assert_ne!(a.check(), [0u8; CHECK_LEN], "zero means not sealed");
         assert!(!format!("{a:?}").contains(&hex(&[1u8; KEY_LEN])));
+        // Index hashes are keyed: the same cache key hashes apart under two device keys.
+        let b = DeviceKey::new(&[2u8; KEY_LEN]);
+        assert_eq!(
+            a.hash_key(b"k"),
+            DeviceKey::new(&[1u8; KEY_LEN]).hash_key(b"k")
+        );
+        assert_ne!(a.hash_key(b"k"), b.hash_key(b"k"));
+        assert_ne!(a.hash_key(b"k"), a.hash_key(b"l"));
     }
 }

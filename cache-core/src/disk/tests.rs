@@ -704,6 +704,29 @@ async fn a_sealed_disk_round_trips_recovers_an_open_region_and_starts_empty_unde
     assert_eq!(p.stats().corrupt, 0);
     disk.close().await;
     drop((p, disk));
+    // The region summaries (written at the close) hold keyed hashes: none of a key's plain
+    // xxh3, which a plain device's summaries do hold, so they confirm no guessed key.
+    let on_device = |path: &std::path::Path, key: &str| {
+        let hash = store::hash_key(key.as_bytes()).to_le_bytes();
+        std::fs::read(path)
+            .expect("read")
+            .windows(8)
+            .any(|w| w == hash)
+    };
+    assert!(!keys.iter().any(|k| on_device(&path, k)));
+    let plain_path = dir.path().join("plain");
+    let plain = DiskCache::open(small_config(&plain_path))
+        .await
+        .expect("plain");
+    let pp = plain.partition("default").expect("default");
+    pp.insert(keys[0].as_bytes(), value_of(keys[0].as_bytes(), 5000))
+        .expect("accepted");
+    plain.close().await;
+    drop((pp, plain));
+    assert!(
+        on_device(&plain_path, &keys[0]),
+        "the control: a plain summary"
+    );
 
     let mut strict = sealed(small_config(&path), 2);
     strict.recovery = Recovery::Strict;

@@ -33,7 +33,8 @@ mod reclaim;
 pub(crate) use read::stream;
 pub use read::{ReadFailed, ValueStream};
 
-/// Hash of a key, stable across builds and restarts (it is persisted in region summaries).
+/// Hash of a key in a plain store, stable across builds and restarts (it is persisted in region
+/// summaries). A sealed store keys its hashes instead ([`Store::hash`]).
 pub(crate) fn hash_key(key: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(key)
 }
@@ -199,8 +200,17 @@ impl Store {
         self.cfg.region_size - PAGE as u64 - format::summary_len(1)
     }
 
+    /// Hash of a key for the index and the region summaries: xxh3, or, when entries are sealed,
+    /// keyed by the device key, so the summaries on the device do not confirm a guessed key.
+    pub(crate) fn hash(&self, key: &[u8]) -> u64 {
+        match &self.cfg.sealing {
+            None => hash_key(key),
+            Some(device) => device.hash_key(key),
+        }
+    }
+
     pub(crate) fn contains(&self, key: &[u8]) -> bool {
-        let hash = hash_key(key);
+        let hash = self.hash(key);
         self.inflight.lock().contains_key(&hash) || self.index.contains(hash)
     }
 
@@ -221,7 +231,7 @@ impl Store {
 
     fn admit(self: &Arc<Self>, key: &[u8], value: &Bytes, offer: Offer) -> Result<(), DropReason> {
         let layout = self.fits(key, value)?;
-        let hash = hash_key(key);
+        let hash = self.hash(key);
         if offer != Offer::Reinsert {
             if offer == Offer::New && !self.admits_new(hash) {
                 return Err(DropReason::Admission);
@@ -274,7 +284,7 @@ impl Store {
                 .acquire_many_owned(pages)
                 .await
                 .map_err(|_| DropReason::Closed)?;
-            self.start_write(hash_key(key), key, &value, layout, permit);
+            self.start_write(self.hash(key), key, &value, layout, permit);
             Ok(())
         }
         .await;
@@ -554,7 +564,7 @@ impl Store {
     /// Drop `key` from the in-flight table and the index. Keys name immutable values, so a
     /// removal is not persisted: after a restart the entry may be found again, with its bytes.
     pub(crate) fn remove(&self, key: &[u8]) {
-        let hash = hash_key(key);
+        let hash = self.hash(key);
         self.inflight.lock().remove(&hash);
         if let Some(old) = self.index.remove(hash) {
             self.dead(old);

@@ -13,7 +13,7 @@ use crate::disk::format::{self, EntryHeader, CHUNK, PAGE};
 use crate::disk::index::Addr;
 use crate::disk::io::Priority;
 
-use super::{hash_key, ReadEntry, Store};
+use super::{ReadEntry, Store};
 
 impl Store {
     /// The whole value of `key`, from the in-flight table or the device.
@@ -28,7 +28,7 @@ impl Store {
     }
 
     async fn get_with(&self, key: &[u8], range: Option<Range<u64>>) -> Option<Bytes> {
-        let hash = hash_key(key);
+        let hash = self.hash(key);
         // A read that loses a race with reclaim looks once more: reclaim may have just copied
         // the entry forward (it is then in flight or at its new address).
         for attempt in 0..2 {
@@ -319,7 +319,7 @@ pub struct ReadFailed;
 /// piece rather than the whole value, and the device reads while the reader sends. `None` on a
 /// miss or a fault in the header.
 pub(crate) async fn stream(store: Arc<Store>, key: &[u8]) -> Option<ValueStream> {
-    let hash = hash_key(key);
+    let hash = store.hash(key);
     if let Some(value) = store.inflight_value(hash, key) {
         store.counters.hit(value.len() as u64, true);
         return Some(ValueStream {

@@ -638,15 +638,13 @@ mod tests {
             "",
         ] {
             std::fs::write(&path, bad).expect("write");
-            let err = read_disk_key(&path).err().expect("refused").to_string();
+            let err = read_disk_key(&path).expect_err("refused").to_string();
             assert!(
                 err.contains("disk.key") && err.contains("64 hexadecimal digits"),
                 "{err}"
             );
         }
-        let missing = read_disk_key(&dir.path().join("none"))
-            .err()
-            .expect("refused");
+        let missing = read_disk_key(&dir.path().join("none")).expect_err("refused");
         assert!(missing.to_string().contains("none"), "{missing}");
     }
 }
