@@ -490,6 +490,7 @@ def test_an_encrypted_disk_tier_holds_nothing_in_clear_and_serves_nothing_change
         return got
 
     first = start("sealed-first", "--disk-encryption-key-file", str(key_a))
+    assert metric(first, "disk_encrypted") == 1
     read_all(first)
     first.stop()  # writes the memory tier down to disk, sealed
     assert "wrote the memory tier down to disk" in first.log_path.read_text()
@@ -541,6 +542,7 @@ def test_an_encrypted_disk_tier_holds_nothing_in_clear_and_serves_nothing_change
     # Encryption turned off: the sealed device is started empty, its ciphertext never served.
     fifth = start("sealed-off")
     assert "encryption turned off" in fifth.log_path.read_text()
+    assert metric(fifth, "disk_encrypted") == 0
     assert metric(fifth, "disk_recovered_entries") == 0
     assert set(read_all(fifth).values()) == {"miss"}
     fifth.stop()

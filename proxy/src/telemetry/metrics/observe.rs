@@ -503,6 +503,13 @@ impl Metrics {
             .with_description("Time the disk tier took to open at start")
             .with_callback(move |o| o.observe(recovery_ms, &[]))
             .build();
+        // For an audit: whether what reaches the device is sealed (disk_encryption_key_file).
+        let sealed = u64::from(disk.recovery().sealed);
+        self.meter
+            .u64_observable_gauge("larder.disk.encrypted")
+            .with_description("1 if every disk entry is encrypted at rest, 0 if in clear")
+            .with_callback(move |o| o.observe(sealed, &[]))
+            .build();
         self.meter
             .u64_observable_counter("larder.disk.writes.dropped")
             .with_description("Blocks offered to the disk tier and not written, by reason")
