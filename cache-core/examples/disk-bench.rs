@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cache_core::disk::{
-    AlignedBuf, DeviceKey, DiskCache, DiskConfig, DropReason, EngineKind, IoEngine, Priority,
-    PsyncEngine, Recovery, UringEngine,
+    AlignedBuf, DeviceKey, DiskCache, DiskConfig, DropReason, Encryption, EngineKind, IoEngine,
+    Priority, PsyncEngine, Recovery, UringEngine,
 };
 use clap::Parser;
 use rand::{Rng, SeedableRng};
@@ -174,7 +174,10 @@ fn config(args: &Args, kind: &str, capacity: u64) -> DiskConfig {
     cfg.recovery = Recovery::None;
     cfg.io_threads = args.io_threads;
     if args.sealed {
-        cfg.encryption = Some(Arc::new(DeviceKey::new(&rand::random())));
+        cfg.encryption = Some(Encryption {
+            key: DeviceKey::new(&rand::random()),
+            previous: None,
+        });
     }
     cfg
 }

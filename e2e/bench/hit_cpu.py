@@ -17,12 +17,13 @@ tier in front of a disk tier twice their total (compare.py's disk-hit setup), wa
 admin API; wrk reads the N keys in turn. Make N × `--size` well over 8 MiB (e.g. 1,024 × 64
 KiB), or most reads are memory hits: the closing metrics line says which tier served them.
 
-Larders run with the default `metadata_ttl` (60 s) and refresh-ahead; nginx caches for an hour
-without revalidating. A Larder left idle, while the other variants run, past the last tenth of
-a key's TTL revalidates it when its next round starts, every connection waiting for that HEAD
-(and wrk's percentiles, corrected for coordinated omission, count the wait once per request an
-open-loop client would have sent meanwhile). Add `--metadata-ttl;1h` to a variant's ARGS to
-compare on nginx's terms.
+Larders run with `--metadata-ttl 1h`, on nginx's terms (it caches for an hour without
+revalidating), as compare.py's do, unless a variant's ARGS give their own `--metadata-ttl`. With
+the default 60 s, a Larder left idle while the other variants run, past the last tenth of its
+keys' TTL, starts its next round revalidating every key, each connection waiting for a HEAD: the
+variant whose rounds fall there shows a 40 to 200 ms p99 and a fifth less throughput whatever
+its build (measured 2026-12-07, 1,024 × 64 KiB disk hits: p99 44 ms in the same variant's
+rounds 1 and 2 and 136 ms in another's round 0, against 2.0 to 3.2 ms for every round at 1 h).
 
 `--pin` runs the servers on the first core and the load generator on the others (with two
 cores: one each), as production has its clients on other machines. On a shared core a server's
@@ -119,8 +120,8 @@ def main():
                 raise SystemExit("--pin needs two cores")
             # Inherited by the servers started from here on (and their threads).
             os.sched_setaffinity(0, cores[:1])
-        # nginx is warmed first: 1,024 cold reads through it take longer than Larder's
-        # metadata_ttl, and Larders warmed before it would start round 0 revalidating every key.
+        # nginx is warmed first: 1,024 cold reads through it take longer than the default
+        # metadata_ttl, and a variant that sets it would start round 0 revalidating every key.
         tls = self_signed(bench.work) if args.tls else None
         nginx, nt = bench.nginx("nginx", 1 << 30, http2=args.h2, tls=tls)
         bench.warm_by_reading(nt, keys, sizes, {"HIT"})
@@ -138,7 +139,8 @@ def main():
                 tiers = ("--memory-capacity", "1GiB")
             if tls:
                 tiers += ("--tls-cert", str(tls[0]), "--tls-key", str(tls[1]))
-            larder = Larder(bench.work, bench.proxy.endpoint, *tiers, *extra, name=name, env=env)
+            ttl = () if "--metadata-ttl" in extra else ("--metadata-ttl", "1h")
+            larder = Larder(bench.work, bench.proxy.endpoint, *tiers, *ttl, *extra, name=name, env=env)
             bench.stoppers.append(larder.stop)
             # A Larder with `--auth none` is read as nginx is, with anonymous URLs.
             unsigned = "none" in (extra[i + 1] for i, a in enumerate(extra[:-1]) if a == "--auth")

@@ -256,6 +256,18 @@ def test_a_typo_or_a_missing_secret_fails_at_install():
     assert 'events_token_file = "/etc/larder/events/token"' in config["data"]["larder.toml"]
     no_keys = helm("template", "larder", str(CHART), check=False)
     assert no_keys.returncode != 0 and "auth.existingSecret" in no_keys.stderr
+    # A key rotation: the old key read from the same Secret, which must be one's own.
+    docs = render(CHART / "ci" / "minimal-values.yaml", "disk.encryption.rotating=true",
+                  "disk.encryption.existingSecret=my-disk-keys")
+    (config,) = [c for c in by_kind(docs, "ConfigMap") if "larder.toml" in c.get("data", {})]
+    assert 'disk_encryption_previous_key_file = "/etc/larder/disk-key/previous"' in config["data"]["larder.toml"]
+    assert "larder-disk-key" not in {d["metadata"]["name"] for d in by_kind(docs, "Secret")}
+    made = helm("template", "larder", str(CHART), "-f", str(CHART / "ci" / "minimal-values.yaml"),
+                "--set", "disk.encryption.rotating=true", check=False)
+    assert made.returncode != 0 and "disk.encryption.existingSecret" in made.stderr
+    refused = helm("template", "larder", str(CHART), "-f", str(CHART / "ci" / "minimal-values.yaml"),
+                   "--set", "config.disk_encryption_previous_key_file=/x", check=False)
+    assert refused.returncode != 0
 
 
 def test_every_value_is_documented_in_the_chart_readme():

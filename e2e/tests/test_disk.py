@@ -20,7 +20,7 @@ def disk_args(workdir, name, *extra, memory="64MiB"):
 
 
 def metric(larder, name):
-    m = re.search(rf"^larder_{name}(?:_total)? (\d+)", larder.metrics(), re.M)
+    m = re.search(rf"^larder_{name}(?:_total)?(?:{{[^}}]*}})? (\d+)", larder.metrics(), re.M)
     assert m, f"metric {name} missing"
     return int(m.group(1))
 
@@ -552,3 +552,93 @@ def test_an_encrypted_disk_tier_holds_nothing_in_clear_and_serves_nothing_change
     short.write_text("00112233")
     log = refused("sealed-short", "--disk-encryption-key-file", str(short))
     assert "short.key" in log and "64 hexadecimal digits" in log, log[:1000]
+
+
+def test_a_rotated_disk_key_keeps_the_cache_and_the_key_rotated_out_opens_it_no_more(
+        workdir, make_larder, direct, bucket, upstream):
+    # A key rotation (`disk_encryption_previous_key_file`): the device's data key is wrapped
+    # under the new key, so the cache survives it. The attack it must stop: the old key (leaked,
+    # or held by whoever was meant to lose access) still opening the device as it is now.
+    rng = random.Random(22)
+    objects = {"rotate/big.bin": rng.randbytes(2 * MiB + 5), "rotate/small.bin": rng.randbytes(5000)}
+    for key, data in objects.items():
+        direct.put_object(Bucket=bucket, Key=key, Body=data)
+    old, new = workdir / "old.key", workdir / "new.key"
+    old_bytes, new_bytes = rng.randbytes(32), rng.randbytes(32)
+    old.write_text(old_bytes.hex())
+    new.write_text(new_bytes.hex())
+    device = workdir / "rotate.cache"
+
+    def start(name, *extra):
+        return make_larder(*disk_args(workdir, "rotate", *extra), name=name)
+
+    def key_label(larder):
+        (label,) = re.findall(r'^larder_disk_encrypted\{.*key="([0-9a-f]{16})".*\} 1$', larder.metrics(), re.M)
+        return label
+
+    def read_all(larder):
+        got = set()
+        for key, data in objects.items():
+            resp = larder.client().get_object(Bucket=bucket, Key=key)
+            assert resp["Body"].read() == data, key
+            got.add(resp["ResponseMetadata"]["HTTPHeaders"]["x-cache"])
+        return got
+
+    first = start("rotate-old", "--disk-encryption-key-file", str(old))
+    old_label = key_label(first)
+    read_all(first)
+    first.stop()
+    superblock = device.read_bytes()[:4096]
+
+    # The new key with the old as the previous one: nothing refetched, the new key's
+    # fingerprint reported, the superblock rewritten.
+    upstream.reset()
+    rotating = ("--disk-encryption-key-file", str(new), "--disk-encryption-previous-key-file", str(old))
+    second = start("rotate-rotating", *rotating)
+    assert "disk encryption key rotated" in second.log_path.read_text()
+    assert metric(second, "disk_recovered_entries") >= 2
+    assert read_all(second) == {"hit-disk"}
+    assert upstream.seen("GET", f"/{bucket}/rotate/big.bin") == []
+    assert key_label(second) not in ("", old_label)
+    second.stop()
+    rotated = device.read_bytes()
+    assert rotated[:4096] != superblock
+    for secret in (old_bytes, new_bytes):
+        assert secret not in rotated, "a configured key is on the device"
+    del rotated
+
+    # Left set once done, the previous key changes nothing; the new key alone opens it.
+    for name, args in (("rotate-again", rotating), ("rotate-new", ("--disk-encryption-key-file", str(new)))):
+        upstream.reset()
+        larder = start(name, *args)
+        assert "disk encryption key rotated" not in larder.log_path.read_text()
+        assert read_all(larder) == {"hit-disk"}, name
+        assert upstream.seen("GET", f"/{bucket}/rotate/big.bin") == []
+        larder.stop()
+
+    # The old key opens the device no more: strict refuses it as another key, quiet starts
+    # empty and refetches.
+    try:
+        start("rotate-old-strict", "--disk-encryption-key-file", str(old), "--disk-recovery", "strict")
+        raise AssertionError("the old key opened the rotated device")
+    except RuntimeError:
+        (log,) = workdir.glob("rotate-old-strict-*.log")
+        assert "encryption key changed" in log.read_text()
+    upstream.reset()
+    stale = start("rotate-old-again", "--disk-encryption-key-file", str(old))
+    assert metric(stale, "disk_recovered_entries") == 0
+    assert read_all(stale) == {"miss"}
+    assert len(upstream.seen("GET", f"/{bucket}/rotate/small.bin")) == 1
+    stale.stop()
+
+    # A previous key file that is not a key stops the start, naming its option.
+    short = workdir / "previous-short.key"
+    short.write_text("0011")
+    try:
+        start("rotate-short", "--disk-encryption-key-file", str(new), "--disk-encryption-previous-key-file",
+              str(short))
+        raise AssertionError("a short previous key was accepted")
+    except RuntimeError:
+        (log,) = workdir.glob("rotate-short-*.log")
+        text = log.read_text()
+        assert "disk_encryption_previous_key_file" in text and "previous-short.key" in text, text[:1000]

@@ -6,7 +6,7 @@
 
 use thiserror::Error;
 
-use super::sealing::{DeviceKey, EntryCipher, CHECK_LEN, SALT_LEN, TAG_LEN};
+use super::sealing::{DataKey, EntryCipher, CHECK_LEN, SALT_LEN, TAG_LEN, WRAPPED_LEN};
 
 /// The unit of every I/O and every on-disk offset.
 pub(crate) const PAGE: usize = 4096;
@@ -39,7 +39,9 @@ const SEALED_MAGIC: u32 = u32::from_le_bytes(*b"LENC");
 /// superblock written before encryption holds there) when the device is not sealed.
 const SUPER_CHECK_AT: usize = PAGE - 4 - CHECK_LEN;
 // The check comes after the largest partition table.
-const _: () = assert!(36 + MAX_PARTITIONS * (1 + MAX_PARTITION_NAME + 8) <= SUPER_CHECK_AT);
+/// Where it keeps the data key wrapped (zeros: none, the configured key is the data key).
+const SUPER_WRAP_AT: usize = SUPER_CHECK_AT - WRAPPED_LEN;
+const _: () = assert!(36 + MAX_PARTITIONS * (1 + MAX_PARTITION_NAME + 8) <= SUPER_WRAP_AT);
 const ENTRY_FIXED: usize = 32;
 const REGION_HEADER_LEN: usize = 40;
 /// Bytes per region-summary record: key hash, page offset, page length.
@@ -103,9 +105,13 @@ pub(crate) struct Superblock {
     /// Bumping it empties the cache lazily: regions of another generation read as free.
     pub(crate) generation: u64,
     pub(crate) partitions: Vec<PartitionExtent>,
-    /// The check value of the key every entry is sealed with ([`DeviceKey::check`]), zeros if
+    /// The check value of the key every entry is sealed with ([`DataKey::check`]), zeros if
     /// entries are not sealed.
     pub(crate) sealing: [u8; CHECK_LEN],
+    /// That key wrapped under the configured key ([`super::sealing::DeviceKey::wrap`]); zeros
+    /// on a plain device, and on one sealed under the configured key itself (written before
+    /// data keys were wrapped).
+    pub(crate) wrapped: [u8; WRAPPED_LEN],
 }
 
 impl Superblock {
@@ -128,6 +134,7 @@ impl Superblock {
             at += 8;
         }
         b[SUPER_CHECK_AT..SUPER_CHECK_AT + CHECK_LEN].copy_from_slice(&self.sealing);
+        b[SUPER_WRAP_AT..SUPER_WRAP_AT + WRAPPED_LEN].copy_from_slice(&self.wrapped);
         let crc = crc32c::crc32c(&b[..PAGE - 4]);
         b[PAGE - 4..].copy_from_slice(&crc.to_le_bytes());
         b
@@ -173,11 +180,14 @@ impl Superblock {
         }
         let mut sealing = [0u8; CHECK_LEN];
         sealing.copy_from_slice(&b[SUPER_CHECK_AT..SUPER_CHECK_AT + CHECK_LEN]);
+        let mut wrapped = [0u8; WRAPPED_LEN];
+        wrapped.copy_from_slice(&b[SUPER_WRAP_AT..SUPER_WRAP_AT + WRAPPED_LEN]);
         Ok(Self {
             region_size: u64_at(b, 16),
             generation: u64_at(b, 24),
             partitions,
             sealing,
+            wrapped,
         })
     }
 }
@@ -348,7 +358,7 @@ pub(crate) fn encode_entry(
     epoch: u64,
     key: &[u8],
     value: &[u8],
-    sealing: Option<&DeviceKey>,
+    sealing: Option<&DataKey>,
 ) {
     let layout = EntryLayout::new(key.len(), value.len(), sealing.is_some());
     let (h, rest) = out.split_at_mut(layout.header_len);
@@ -378,7 +388,7 @@ pub(crate) fn encode_entry(
             }
         }
         Some(device) => {
-            let salt = DeviceKey::salt();
+            let salt = DataKey::salt();
             h[ENTRY_FIXED..key_at].copy_from_slice(&salt);
             let cipher = device.entry(&salt);
             let len = value.len() as u64;
@@ -437,7 +447,7 @@ impl EntryHeader {
     /// Decode and check the header at the start of `b`. A cache given `sealing` reads sealed
     /// entries only, and one without reads plain entries only: bytes written under another
     /// configuration (or planted) are never taken for a value.
-    pub(crate) fn decode(b: &[u8], sealing: Option<&DeviceKey>) -> Result<Self, FormatError> {
+    pub(crate) fn decode(b: &[u8], sealing: Option<&DataKey>) -> Result<Self, FormatError> {
         Self::peek_len(b)?;
         let sealed = u32_at(b, 0) == SEALED_MAGIC;
         if sealed != sealing.is_some() {
@@ -545,6 +555,7 @@ mod tests {
                 },
             ],
             sealing: [9u8; CHECK_LEN],
+            wrapped: [3u8; WRAPPED_LEN],
         };
         let mut b = sb.encode();
         assert_eq!(Superblock::decode(&b), Ok(sb));
@@ -622,7 +633,7 @@ mod tests {
         assert!(!header.verify(&buf, 0, &mut bad.clone()));
         // The damaged chunk is not read by a range read of chunk 2 onwards.
         assert!(header.verify(&buf, 2, &mut bad[2 * CHUNK..]));
-        let key_check = DeviceKey::new(&[1u8; 32]);
+        let key_check = DataKey::new(&[1u8; 32]);
         assert_eq!(
             EntryHeader::decode(&buf, Some(&key_check)).err(),
             Some(FormatError::Sealing),
@@ -637,7 +648,7 @@ mod tests {
 
     #[test]
     fn a_sealed_entry_holds_neither_its_value_nor_its_key_and_opens_only_with_its_key() {
-        let device = DeviceKey::new(&[5u8; 32]);
+        let device = DataKey::new(&[5u8; 32]);
         let key = b"bucket/secret-report.csv/etag/0";
         let value: Vec<u8> = (0..150_000u32).map(|i| (i % 253) as u8).collect();
         let layout = EntryLayout::new(key.len(), value.len(), true);
@@ -678,7 +689,7 @@ mod tests {
             "a cache without the key never reads ciphertext"
         );
         assert_eq!(
-            EntryHeader::decode(&buf, Some(&DeviceKey::new(&[6u8; 32]))).err(),
+            EntryHeader::decode(&buf, Some(&DataKey::new(&[6u8; 32]))).err(),
             Some(FormatError::Checksum),
             "another key does not open the entry"
         );

@@ -31,7 +31,7 @@ use thiserror::Error;
 pub use admission::Admission;
 pub use format::FormatError;
 pub use io::{AlignedBuf, IoEngine, Priority, PsyncEngine};
-pub use sealing::{DeviceKey, KEY_LEN as DEVICE_KEY_LEN};
+pub use sealing::{DeviceKey, Encryption, KEY_LEN as DEVICE_KEY_LEN};
 pub use stats::{DiskStats, DropReason};
 pub use store::{ReadFailed, ValueStream};
 #[cfg(target_os = "linux")]
@@ -39,6 +39,7 @@ pub use uring::UringEngine;
 
 use admission::Offer;
 use format::{PartitionExtent, Superblock, DATA_START, FORMAT_VERSION, MAX_REGION_SIZE, PAGE};
+use sealing::{DataKey, CHECK_LEN, WRAPPED_LEN};
 use stats::PageCacheCounters;
 use store::{Store, StoreConfig};
 
@@ -121,10 +122,10 @@ pub struct DiskConfig {
     /// Partitions; empty means one partition `default` over the whole device. Capacity left over
     /// after the listed partitions goes to `default` if none is listed.
     pub partitions: Vec<PartitionConfig>,
-    /// Seal (encrypt and authenticate) every entry with this key. A device written under
-    /// another key, or none, is started empty (reformatted; `strict` refuses instead). Default:
-    /// none.
-    pub encryption: Option<Arc<DeviceKey>>,
+    /// Seal (encrypt and authenticate) every entry, under a data key wrapped with these keys.
+    /// A device whose data key neither unwraps, or a plain one, is started empty (reformatted;
+    /// `strict` refuses instead). Default: none.
+    pub encryption: Option<Encryption>,
 }
 
 impl DiskConfig {
@@ -194,6 +195,11 @@ pub struct RecoveryReport {
     pub page_cache: bool,
     /// Whether entries are sealed (encrypted and authenticated).
     pub sealed: bool,
+    /// Whether the device's data key was opened with [`Encryption::previous`] and is now
+    /// wrapped under [`Encryption::key`]: a key rotation, contents kept.
+    pub rekeyed: bool,
+    /// The configured key's [`DeviceKey::fingerprint`], if entries are sealed.
+    pub key_fingerprint: Option<String>,
 }
 
 struct Shared {
@@ -302,6 +308,53 @@ fn engine(cfg: &DiskConfig, file: &std::fs::File) -> Result<Arc<dyn IoEngine>, s
     )?))
 }
 
+/// What a device's superblock says of the configured keys.
+enum Unlock {
+    /// A plain device, and no key configured.
+    Plain,
+    /// Its data key opened; `rewrapped` holds it wrapped under the current key if it opened
+    /// only with the previous one.
+    Open {
+        data: Arc<DataKey>,
+        rewrapped: Option<[u8; WRAPPED_LEN]>,
+    },
+    /// It cannot be read as configured: why.
+    Refused(&'static str),
+}
+
+fn unlock(sb: &Superblock, encryption: Option<&Encryption>) -> Unlock {
+    let plain = sb.sealing == [0u8; CHECK_LEN];
+    let Some(enc) = encryption else {
+        return if plain {
+            Unlock::Plain
+        } else {
+            Unlock::Refused("encryption turned off")
+        };
+    };
+    if plain {
+        return Unlock::Refused("encryption turned on");
+    }
+    // A wrapped key that authenticates under a key, and whose check matches, is the device's.
+    let open = |key: &DeviceKey| {
+        key.unwrap(&sb.wrapped)
+            .map(|bytes| (bytes, Arc::new(DataKey::new(&bytes))))
+            .filter(|(_, data)| data.check() == sb.sealing)
+    };
+    if let Some((_, data)) = open(&enc.key) {
+        return Unlock::Open {
+            data,
+            rewrapped: None,
+        };
+    }
+    match enc.previous.as_ref().and_then(open) {
+        Some((bytes, data)) => Unlock::Open {
+            data,
+            rewrapped: Some(enc.key.wrap(&bytes)),
+        },
+        None => Unlock::Refused("encryption key changed"),
+    }
+}
+
 fn fresh_generation(old: u64) -> u64 {
     // Above every generation this device has seen (old + 1) and, after a wipe of the superblock,
     // unlikely to match any stale region header (the clock).
@@ -361,38 +414,24 @@ impl DiskCache {
             .await
             .map_err(dev_err)?;
         let found = Superblock::decode(first.as_slice());
-        let sealing = cfg
-            .encryption
-            .as_ref()
-            .map_or([0u8; sealing::CHECK_LEN], |k| k.check());
-        let wanted = |generation| Superblock {
-            region_size: cfg.region_size,
-            generation,
-            partitions: extents.clone(),
-            sealing,
+        let keys = match &found {
+            Ok(sb) => unlock(sb, cfg.encryption.as_ref()),
+            Err(_) => Unlock::Refused("no superblock"),
         };
-        let format_reason = match (&found, cfg.recovery) {
-            (Ok(sb), Recovery::None) => Some(format!(
+        let same_geometry =
+            |sb: &Superblock| sb.region_size == cfg.region_size && sb.partitions == extents;
+        let format_reason = match (&found, cfg.recovery, &keys) {
+            (Ok(sb), Recovery::None, _) => Some(format!(
                 "recovery is none: generation {} discarded",
                 sb.generation
             )),
-            (Ok(sb), _) if sb.sealing != sealing => Some(
-                match (
-                    sb.sealing == [0u8; sealing::CHECK_LEN],
-                    cfg.encryption.is_some(),
-                ) {
-                    (true, _) => "encryption turned on",
-                    (false, false) => "encryption turned off",
-                    (false, true) => "encryption key changed",
-                }
-                .to_owned(),
-            ),
-            (Ok(sb), _) if *sb != wanted(sb.generation) => {
+            (Ok(_), _, Unlock::Refused(why)) => Some((*why).to_owned()),
+            (Ok(sb), _, _) if !same_geometry(sb) => {
                 Some("region size or partitions changed".to_owned())
             }
-            (Ok(_), _) => None,
-            (Err(FormatError::Magic), _) => Some("no Larder cache on the device".to_owned()),
-            (Err(e), _) => Some(format!("superblock unreadable: {e}")),
+            (Ok(_), _, _) => None,
+            (Err(FormatError::Magic), _, _) => Some("no Larder cache on the device".to_owned()),
+            (Err(e), _, _) => Some(format!("superblock unreadable: {e}")),
         };
         let fresh_device = matches!(found, Err(FormatError::Magic));
         if let (Some(reason), Recovery::Strict, false) =
@@ -403,18 +442,55 @@ impl DiskCache {
                  aside or start with recovery quiet or none to reformat"
             )));
         }
-        let generation = match (&found, &format_reason) {
-            (Ok(sb), None) => sb.generation,
-            (Ok(sb), Some(_)) => fresh_generation(sb.generation),
-            (Err(_), _) => fresh_generation(0),
+        // The data key, and the superblock to write if it changes: a formatted device gets a
+        // data key of its own; a rotation keeps it and wraps it anew.
+        let (data_key, rewrite, generation, rekeyed) = match (&found, &format_reason, keys) {
+            (Ok(sb), None, Unlock::Open { data, rewrapped }) => (
+                Some(data),
+                rewrapped.map(|wrapped| Superblock {
+                    wrapped,
+                    ..sb.clone()
+                }),
+                sb.generation,
+                rewrapped.is_some(),
+            ),
+            (Ok(sb), None, _) => (None, None, sb.generation, false),
+            (found, _, _) => {
+                let generation = fresh_generation(found.as_ref().map_or(0, |sb| sb.generation));
+                let (data, sealing, wrapped) = match &cfg.encryption {
+                    Some(enc) => {
+                        let bytes = DataKey::generate();
+                        let data = Arc::new(DataKey::new(&bytes));
+                        let check = data.check();
+                        (Some(data), check, enc.key.wrap(&bytes))
+                    }
+                    None => (None, [0u8; CHECK_LEN], [0u8; WRAPPED_LEN]),
+                };
+                let sb = Superblock {
+                    region_size: cfg.region_size,
+                    generation,
+                    partitions: extents.clone(),
+                    sealing,
+                    wrapped,
+                };
+                (data, Some(sb), generation, false)
+            }
         };
         if let Some(reason) = &format_reason {
             if !fresh_device {
                 tracing::warn!(path = %cfg.path.display(), reason, "formatting the disk cache");
             }
+        }
+        if rekeyed {
+            tracing::warn!(
+                path = %cfg.path.display(),
+                "disk encryption key rotated: the device's data key is now wrapped under the new \
+                 key, its contents kept; the previous key opens it no more"
+            );
+        }
+        if let Some(sb) = rewrite {
             let mut buf = AlignedBuf::zeroed(PAGE);
-            buf.as_mut_slice()
-                .copy_from_slice(&wanted(generation).encode());
+            buf.as_mut_slice().copy_from_slice(&sb.encode());
             io.write(0, buf).await.map_err(dev_err)?;
         }
         let mut report = RecoveryReport {
@@ -424,6 +500,8 @@ impl DiskCache {
             direct: device.direct,
             page_cache,
             sealed: cfg.encryption.is_some(),
+            rekeyed,
+            key_fingerprint: cfg.encryption.as_ref().map(|e| e.key.fingerprint()),
             ..RecoveryReport::default()
         };
         let mut partitions = Vec::new();
@@ -440,7 +518,7 @@ impl DiskCache {
                     write_rate: cfg.write_rate,
                     write_buffer: cfg.write_buffer,
                     max_entry: cfg.max_entry,
-                    sealing: cfg.encryption.clone(),
+                    sealing: data_key.clone(),
                 },
                 io.clone(),
             );
@@ -465,6 +543,8 @@ impl DiskCache {
             direct = report.direct,
             page_cache = report.page_cache,
             sealed = report.sealed,
+            key = report.key_fingerprint.as_deref().unwrap_or("none"),
+            rekeyed = report.rekeyed,
             entries = report.entries,
             regions = report.regions,
             scanned = report.scanned_regions,

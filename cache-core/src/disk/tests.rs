@@ -652,8 +652,17 @@ mod crash {
     }
 }
 
-fn sealed(mut cfg: DiskConfig, key: u8) -> DiskConfig {
-    cfg.encryption = Some(Arc::new(DeviceKey::new(&[key; DEVICE_KEY_LEN])));
+fn sealed(cfg: DiskConfig, key: u8) -> DiskConfig {
+    rotating(cfg, key, None)
+}
+
+/// Sealed under `key`, with `previous` the key it is being rotated from.
+fn rotating(mut cfg: DiskConfig, key: u8, previous: Option<u8>) -> DiskConfig {
+    let device_key = |k| DeviceKey::new(&[k; DEVICE_KEY_LEN]);
+    cfg.encryption = Some(Encryption {
+        key: device_key(key),
+        previous: previous.map(device_key),
+    });
     cfg
 }
 
@@ -811,4 +820,115 @@ async fn a_changed_byte_of_a_sealed_value_is_a_counted_miss_never_served() {
     assert_eq!(p.get(b"big").await, None);
     assert_eq!(disk.stats().corrupt, 1);
     assert_eq!(p.get(b"big").await, None, "dropped, not failed again");
+}
+
+#[tokio::test]
+async fn a_rotated_key_keeps_the_contents_and_the_key_rotated_out_opens_them_no_more() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("cache");
+    let keys: Vec<String> = (0..10).map(|i| format!("bucket/rotated-{i}")).collect();
+    let reads_all = |disk: &DiskCache| {
+        let p = disk.partition("default").expect("default");
+        let keys = keys.clone();
+        async move {
+            for key in &keys {
+                assert_value(
+                    p.get(key.as_bytes()).await,
+                    &value_of(key.as_bytes(), 30_000),
+                    key,
+                );
+            }
+            assert_eq!(p.stats().corrupt, 0);
+        }
+    };
+    let disk = DiskCache::open(sealed(small_config(&path), 1))
+        .await
+        .expect("open");
+    let p = disk.partition("default").expect("default");
+    for key in &keys {
+        p.insert(key.as_bytes(), value_of(key.as_bytes(), 30_000))
+            .expect("accepted");
+    }
+    disk.close().await;
+    drop((p, disk));
+    // The configured key seals no entry: the device's data key is random, wrapped under it.
+    let sb = format::Superblock::decode(&std::fs::read(&path).expect("read")).expect("superblock");
+    assert_ne!(sb.wrapped, [0u8; WRAPPED_LEN]);
+    assert_ne!(sb.sealing, DataKey::new(&[1; DEVICE_KEY_LEN]).check());
+
+    // Key 2 with key 1 as the previous one: a rotation, not a format.
+    let disk = DiskCache::open(rotating(small_config(&path), 2, Some(1)))
+        .await
+        .expect("rotate");
+    let report = disk.recovery();
+    assert_eq!(
+        (report.formatted, report.rekeyed, report.entries),
+        (false, true, 10)
+    );
+    reads_all(&disk).await;
+    disk.close().await;
+    drop(disk);
+    // Key 2 alone opens it; the previous key given again changes nothing.
+    for previous in [None, Some(1)] {
+        let disk = DiskCache::open(rotating(small_config(&path), 2, previous))
+            .await
+            .expect("key 2");
+        let report = disk.recovery();
+        assert_eq!((report.formatted, report.rekeyed), (false, false));
+        reads_all(&disk).await;
+        disk.close().await;
+    }
+    // Key 1 opens it no more.
+    let mut strict = sealed(small_config(&path), 1);
+    strict.recovery = Recovery::Strict;
+    let err = DiskCache::open(strict).await.err().expect("strict refuses");
+    assert!(err.to_string().contains("encryption key changed"), "{err}");
+    // Neither key right: empty, as any other key.
+    let disk = DiskCache::open(rotating(small_config(&path), 3, Some(4)))
+        .await
+        .expect("unrelated keys");
+    assert_eq!(
+        disk.recovery().format_reason.as_deref(),
+        Some("encryption key changed")
+    );
+}
+
+#[tokio::test]
+async fn a_device_sealed_under_the_configured_key_itself_opens_and_rotates() {
+    // As a build before wrapped data keys left it: the check is the configured key's, and no
+    // wrapped key.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("cache");
+    let disk = DiskCache::open(sealed(small_config(&path), 5))
+        .await
+        .expect("open");
+    disk.close().await;
+    drop(disk);
+    let mut bytes = std::fs::read(&path).expect("read");
+    let mut sb = format::Superblock::decode(&bytes).expect("superblock");
+    sb.sealing = DataKey::new(&[5; DEVICE_KEY_LEN]).check();
+    sb.wrapped = [0u8; WRAPPED_LEN];
+    bytes[..format::PAGE].copy_from_slice(&sb.encode());
+    std::fs::write(&path, &bytes).expect("write");
+
+    let disk = DiskCache::open(sealed(small_config(&path), 5))
+        .await
+        .expect("the old form");
+    assert!(!disk.recovery().formatted);
+    let p = disk.partition("default").expect("default");
+    p.insert(b"old-form", value_of(b"old-form", 9000))
+        .expect("accepted");
+    disk.close().await;
+    drop((p, disk));
+    let disk = DiskCache::open(rotating(small_config(&path), 6, Some(5)))
+        .await
+        .expect("rotated");
+    let report = disk.recovery();
+    assert_eq!((report.formatted, report.rekeyed), (false, true));
+    let p = disk.partition("default").expect("default");
+    assert_value(
+        p.get(b"old-form").await,
+        &value_of(b"old-form", 9000),
+        "after rotation",
+    );
 }

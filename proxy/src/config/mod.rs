@@ -361,13 +361,21 @@ options! {
     disk_partitions: Vec<DiskPartition> = Vec::new() => TomlOnly;
     /// File holding the key the disk tier is encrypted with: 32 random bytes written as 64
     /// hexadecimal digits (`openssl rand -hex 32`), surrounding whitespace ignored. Every block
-    /// written to disk is then sealed with AES-256-GCM under a key of its own derived from it:
-    /// the device holds neither object bytes nor object names in clear, and bytes changed on it
-    /// fail their authentication and are fetched again, never served. The key never reaches the
-    /// device; read at start only. A restart with another key, or with encryption turned on or
-    /// off, starts the disk tier empty (`disk_recovery = "strict"` refuses to start instead).
-    /// Default: none: blocks on disk are checksummed (CRC32C), not encrypted.
+    /// written to disk is then sealed with AES-256-GCM under a key of its own, derived from the
+    /// device's data key (random, kept on the device wrapped under this key): the device holds
+    /// neither object bytes nor object names in clear, and bytes changed on it fail their
+    /// authentication and are fetched again, never served. This key never reaches the device;
+    /// read at start only. A restart with another key (unless it is rotated in with
+    /// `disk_encryption_previous_key_file`), or with encryption turned on or off, starts the disk
+    /// tier empty (`disk_recovery = "strict"` refuses to start instead). Default: none: blocks
+    /// on disk are checksummed (CRC32C), not encrypted.
     disk_encryption_key_file: Option<PathBuf> = None;
+    /// File holding the key being rotated out, in the same form: a device whose data key it
+    /// unwraps (and `disk_encryption_key_file`'s does not) keeps its contents, its data key
+    /// wrapped under the new key from then on, and the old key opens it no more. Harmless once
+    /// the rotation is done, so it can stay set until every replica restarted. Needs
+    /// `disk_encryption_key_file`. Default: none.
+    disk_encryption_previous_key_file: Option<PathBuf> = None;
     /// Longest wait to connect to the upstream. Default: `5s`.
     upstream_connect_timeout: HumanDuration = HumanDuration::secs(5);
     /// Longest wait for an upstream response's headers, per attempt. Default: `30s`.
@@ -787,6 +795,18 @@ buckets = ["lake", "warehouse"]
                 .unwrap_err()
                 .to_string();
             assert!(err.contains("no disk tier to encrypt"), "{err}");
+            // A key to rotate from with none to rotate to: refused, naming the option.
+            jail.create_file(
+                "previous.toml",
+                "disk_path = \"/d\"\ndisk_encryption_previous_key_file = \"/k\"\n",
+            )?;
+            let err = Config::load(
+                Some(&jail.directory().join("previous.toml")),
+                Flags::default(),
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(err.contains("no key to rotate to"), "{err}");
             Ok(())
         });
     }

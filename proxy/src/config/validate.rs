@@ -62,6 +62,14 @@ impl Config {
                 "is set but there is no disk tier to encrypt (disk_path)",
             );
         }
+        if self.disk_encryption_previous_key_file.is_some()
+            && self.disk_encryption_key_file.is_none()
+        {
+            return invalid(
+                "disk_encryption_previous_key_file",
+                "is set but there is no key to rotate to (disk_encryption_key_file)",
+            );
+        }
         if self.disk_path.is_some() && region <= self.block_size.0 {
             return invalid("disk_region_size", "must be larger than block_size");
         }

@@ -24,7 +24,7 @@ use crate::disk::format::{
 };
 use crate::disk::index::{Addr, Index};
 use crate::disk::io::{AlignedBuf, IoEngine};
-use crate::disk::sealing::DeviceKey;
+use crate::disk::sealing::DataKey;
 use crate::disk::stats::{Counters, DropReason};
 
 mod read;
@@ -114,7 +114,7 @@ pub(crate) struct StoreConfig {
     pub(crate) write_buffer: u64,
     pub(crate) max_entry: u64,
     /// The key every entry is sealed with, if any.
-    pub(crate) sealing: Option<Arc<DeviceKey>>,
+    pub(crate) sealing: Option<Arc<DataKey>>,
 }
 
 pub(crate) struct Store {

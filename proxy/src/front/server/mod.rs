@@ -38,7 +38,7 @@ use crate::upstream::resume::ResumePolicy;
 use crate::upstream::Clients;
 use crate::warm::{WarmLimits, Warmer};
 use cache_core::disk::PartitionConfig;
-use cache_core::disk::{DeviceKey, DEVICE_KEY_LEN};
+use cache_core::disk::{DeviceKey, Encryption, DEVICE_KEY_LEN};
 use cache_core::{DiskCache, DiskConfig};
 
 mod connections;
@@ -81,8 +81,10 @@ pub enum StartError {
     #[error(transparent)]
     Disk(#[from] cache_core::disk::DiskError),
     /// The disk tier's encryption key could not be read.
-    #[error("disk_encryption_key_file {path}: {why}")]
+    #[error("{option} {path}: {why}")]
     DiskKey {
+        /// The option naming the file.
+        option: &'static str,
         /// The configured path.
         path: std::path::PathBuf,
         /// What is wrong with it.
@@ -112,7 +114,13 @@ pub enum StartError {
 fn disk_config(config: &Config, path: &std::path::Path) -> Result<DiskConfig, StartError> {
     let mut d = DiskConfig::new(path, config.disk_capacity.0);
     if let Some(key) = &config.disk_encryption_key_file {
-        d.encryption = Some(Arc::new(read_disk_key(key)?));
+        let previous = config.disk_encryption_previous_key_file.as_deref();
+        d.encryption = Some(Encryption {
+            key: read_disk_key("disk_encryption_key_file", key)?,
+            previous: previous
+                .map(|p| read_disk_key("disk_encryption_previous_key_file", p))
+                .transpose()?,
+        });
     }
     d.region_size = config.disk_region_size.0;
     d.engine = config.io_engine;
@@ -135,8 +143,9 @@ fn disk_config(config: &Config, path: &std::path::Path) -> Result<DiskConfig, St
 /// The disk tier's key from `disk_encryption_key_file`: 64 hexadecimal digits and nothing else
 /// but whitespace, so a truncated or mistyped key stops the start instead of sealing the cache
 /// with a weaker one.
-fn read_disk_key(path: &std::path::Path) -> Result<DeviceKey, StartError> {
+fn read_disk_key(option: &'static str, path: &std::path::Path) -> Result<DeviceKey, StartError> {
     let err = |why: String| StartError::DiskKey {
+        option,
         path: path.to_owned(),
         why,
     };
@@ -621,7 +630,7 @@ mod tests {
         let path = dir.path().join("disk.key");
         let hex = "00112233445566778899aabbccddeeff00112233445566778899AABBCCDDEEFF";
         std::fs::write(&path, format!("  {hex}\n")).expect("write");
-        let key = read_disk_key(&path).expect("64 hex digits, whitespace around");
+        let key = read_disk_key("k", &path).expect("64 hex digits, whitespace around");
         let mut bytes = [0u8; DEVICE_KEY_LEN];
         for (i, b) in bytes.iter_mut().enumerate() {
             *b = (i % 16) as u8 * 0x11;
@@ -638,13 +647,13 @@ mod tests {
             "",
         ] {
             std::fs::write(&path, bad).expect("write");
-            let err = read_disk_key(&path).expect_err("refused").to_string();
+            let err = read_disk_key("k", &path).expect_err("refused").to_string();
             assert!(
                 err.contains("disk.key") && err.contains("64 hexadecimal digits"),
                 "{err}"
             );
         }
-        let missing = read_disk_key(&dir.path().join("none")).expect_err("refused");
+        let missing = read_disk_key("k", &dir.path().join("none")).expect_err("refused");
         assert!(missing.to_string().contains("none"), "{missing}");
     }
 }

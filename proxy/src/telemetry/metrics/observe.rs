@@ -504,11 +504,19 @@ impl Metrics {
             .with_callback(move |o| o.observe(recovery_ms, &[]))
             .build();
         // For an audit: whether what reaches the device is sealed (disk_encryption_key_file).
+        // The key's fingerprint as a label: a rotation's progress across a fleet.
         let sealed = u64::from(disk.recovery().sealed);
+        let key: Vec<_> = disk
+            .recovery()
+            .key_fingerprint
+            .clone()
+            .map(|f| KeyValue::new("key", f))
+            .into_iter()
+            .collect();
         self.meter
             .u64_observable_gauge("larder.disk.encrypted")
             .with_description("1 if every disk entry is encrypted at rest, 0 if in clear")
-            .with_callback(move |o| o.observe(sealed, &[]))
+            .with_callback(move |o| o.observe(sealed, &key))
             .build();
         self.meter
             .u64_observable_counter("larder.disk.writes.dropped")
