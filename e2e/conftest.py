@@ -428,6 +428,32 @@ def fleet_state(node) -> dict:
         return json.loads(r.read())
 
 
+def chromium(workdir) -> list[str]:
+    """Headless Chromium's command line (a profile under `workdir`; 5 s of the page's own time,
+    so its first status.json has been read and shown)."""
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert exe, "chromium is not installed (e2e/setup.sh installs Debian's package)"
+    return [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+            f"--user-data-dir={workdir / 'chromium-profile'}", "--virtual-time-budget=5000"]
+
+
+def page_shows(workdir, url):
+    """The text a page at `url` shows in an element, by its id, once its script has run."""
+    dom = subprocess.run([*chromium(workdir), "--dump-dom", url], check=True, capture_output=True,
+                         text=True, timeout=120).stdout
+
+    def shown(element_id):
+        m = re.search(rf'id="{element_id}"[^>]*>([^<]*)<', dom)
+        assert m, f"#{element_id} missing from the page:\n{dom[:3000]}"
+        return m.group(1)
+    return shown
+
+
+def status_json(node) -> dict:
+    with urllib.request.urlopen(f"{node.admin}/status.json", timeout=5) as r:
+        return json.load(r)
+
+
 def owner(node, bucket, key, index) -> str:
     url = f"{node.admin}/fleet/owner?bucket={bucket}&key={key}&index={index}"
     with urllib.request.urlopen(url, timeout=5) as r:

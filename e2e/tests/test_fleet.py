@@ -17,7 +17,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from conftest import (FLEET_SECRET, FleetOf, RecordingRelay, assert_dashboard_metrics_exported, fleet_state,
-                      fleet_tls_flags, free_port, metric, owner, wait_until)
+                      fleet_tls_flags, free_port, metric, owner, page_shows, status_json, wait_until)
 from threads import run_all
 
 def put_objects(direct, bucket, sizes, seed=1):
@@ -78,6 +78,41 @@ def test_48_readers_over_three_replicas_fetch_each_block_once(make_larder, workd
     for i, key in enumerate(objects):
         assert clients[i % 3].get_object(Bucket=bucket, Key=key)["Body"].read() == objects[key]
     assert gets_of(upstream, bucket) == []
+
+
+def test_the_status_page_shows_the_fleet_and_the_replica_it_lost(make_larder, workdir, upstream, direct, bucket):
+    # What an operator glancing at one replica's page must see: how many replicas share the
+    # cache, what the others served it, and that one listed replica is not answering.
+    fleet = FleetOf(make_larder, workdir, "status", "--fleet-refresh", "300ms")
+    fleet.start(2)
+    objects = put_objects(direct, bucket, [64 * 1024 * 6 + 9] * 4, seed=9)
+    a, b = fleet.nodes
+    owned = sum(owner(a, bucket, k, i) == fleet.peer(1) for k in objects for i in range(blocks_of(len(objects[k]))))
+    assert owned > 0, "the other replica owns some of the blocks"
+    for key, data in objects.items():
+        assert a.client().get_object(Bucket=bucket, Key=key)["Body"].read() == data
+
+    def settled():
+        sa, sb = status_json(a)["fleet"], status_json(b)["fleet"]
+        return sa["from_peers_bytes"] == sb["to_peers_bytes"] > 0 and sa["from_peers"] == sb["to_peers"] > 0
+    # Block bytes, on both sides: an open's metadata is counted in neither.
+    wait_until(settled, 10, "what b sent is what a received")
+    sa = status_json(a)["fleet"]
+    assert (sa["members"], sa["owners"], sa["absent"], sa["fallbacks"]) == (2, 2, 0, 0), sa
+    # The same figures as /metrics.
+    assert sa["from_peers"] == metric(a, "larder_peer_requests_total", direction="made", outcome="ok")
+    assert sa["from_peers_bytes"] == metric(a, "larder_peer_bytes_total", direction="received")
+    shown = page_shows(workdir, f"{a.admin}/")
+    assert shown("fleet") == "2 replicas"
+    assert f"{sa['from_peers']} blocks from peers" in shown("fleet-detail")
+
+    b.kill()
+    wait_until(lambda: status_json(a)["fleet"]["absent"] == 1, 20, "the killed replica reported absent")
+    sa = status_json(a)["fleet"]
+    assert (sa["members"], sa["owners"]) == (1, 1), sa
+    shown = page_shows(workdir, f"{a.admin}/")
+    assert shown("fleet") == "1 of 2 replicas"
+    assert "1 listed, not reached" in shown("fleet-detail")
 
 
 def test_a_replica_killed_mid_workload_costs_no_wrong_byte(make_larder, workdir, upstream, direct, bucket):

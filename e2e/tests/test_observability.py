@@ -21,7 +21,8 @@ import botocore.exceptions
 import pytest
 import yaml
 
-from conftest import CLIENT_KEY, READER_KEY, READER_SECRET, ROOT, free_port, metric
+from conftest import (CLIENT_KEY, READER_KEY, READER_SECRET, ROOT, chromium, free_port, metric, page_shows,
+                      status_json)
 from counting_proxy import CountingProxy
 from test_attacks import _post_form
 
@@ -327,25 +328,14 @@ def test_the_saving_splits_by_bucket_and_by_key_as_the_answers_imply(workdir, mi
 
 def test_status_page_in_headless_chromium(observed, workdir):
     larder, upstream, w, bucket = observed
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert exe, "chromium is not installed (e2e/setup.sh installs Debian's package)"
-    with urllib.request.urlopen(f"{larder.admin}/status.json", timeout=5) as r:
-        status = json.load(r)
+    status = status_json(larder)
     direct, spent = w.expected_dollars(upstream, bucket)
     assert status["request_hit_ratio"] == pytest.approx(w.hit_ratio())
     assert status["dollars_saved"] == pytest.approx(direct - spent)
     assert status["disk"]["capacity_bytes"] > 0
+    assert status["fleet"] is None, "not part of a fleet"
 
-    flags = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-             f"--user-data-dir={workdir / 'chromium-profile'}", "--virtual-time-budget=5000"]
-    dom = subprocess.run([*flags, "--dump-dom", f"{larder.admin}/"], check=True, capture_output=True,
-                         text=True, timeout=120).stdout
-
-    def shown(element_id):
-        m = re.search(rf'id="{element_id}"[^>]*>([^<]*)<', dom)
-        assert m, f"#{element_id} missing from the page:\n{dom[:3000]}"
-        return m.group(1)
-
+    shown = page_shows(workdir, f"{larder.admin}/")
     assert shown("hit-ratio") == f"{w.hit_ratio() * 100:.1f} %"
     # The workload's one key, with the requests the clients sent and what the cache saved it.
     (key,) = [k for k in status["keys"] if k["requests"]]
@@ -360,7 +350,7 @@ def test_status_page_in_headless_chromium(observed, workdir):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shot = ARTIFACTS / "status-page.png"
     shot.unlink(missing_ok=True)
-    subprocess.run([*flags, "--window-size=1100,760", f"--screenshot={shot}", f"{larder.admin}/"],
+    subprocess.run([*chromium(workdir), "--window-size=1100,760", f"--screenshot={shot}", f"{larder.admin}/"],
                    check=True, capture_output=True, timeout=120)
     assert shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

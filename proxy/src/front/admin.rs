@@ -361,6 +361,52 @@ pub struct Status {
     warm_jobs: Vec<Progress>,
     /// The S3 event stream, when events are expected.
     events: Option<EventStream>,
+    /// The fleet, when this replica is part of one.
+    fleet: Option<FleetStatus>,
+}
+
+/// The fleet as this replica sees it and what the others did for it: counts only, as the
+/// replicas' addresses are for the token-guarded `/fleet`.
+#[derive(Debug, Serialize)]
+struct FleetStatus {
+    /// Replicas answering this one's probes, itself included (`larder_fleet_members`).
+    members: u64,
+    /// Those that may own its blocks (`larder_fleet_owners`).
+    owners: u64,
+    /// Listed but left out at the last refresh: unreachable, refused, another block size.
+    absent: u64,
+    /// Blocks (and cold opens) owners answered this replica with, and their bytes.
+    from_peers: u64,
+    from_peers_bytes: u64,
+    /// Those it answered the others with.
+    to_peers: u64,
+    to_peers_bytes: u64,
+    /// Peer requests given up for S3 (`larder_peer_fallbacks_total`).
+    fallbacks: u64,
+}
+
+impl FleetStatus {
+    fn from_snapshot(snap: &Snapshot, absent: usize) -> Self {
+        let peer = |direction: &str| {
+            snap.sum(
+                "larder_peer_requests_total",
+                &[("direction", direction), ("outcome", "ok")],
+            ) as u64
+        };
+        let bytes = |direction: &str| {
+            snap.sum("larder_peer_bytes_total", &[("direction", direction)]) as u64
+        };
+        FleetStatus {
+            members: snap.sum("larder_fleet_members", &[]) as u64,
+            owners: snap.sum("larder_fleet_owners", &[]) as u64,
+            absent: absent as u64,
+            from_peers: peer("made"),
+            from_peers_bytes: bytes("received"),
+            to_peers: peer("served"),
+            to_peers_bytes: bytes("sent"),
+            fallbacks: snap.sum("larder_peer_fallbacks_total", &[]) as u64,
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -401,6 +447,10 @@ async fn status(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
         healthy: s.freshness.healthy(),
         silence_seconds: s.freshness.silence().map(|d| d.as_secs_f64()),
     });
+    status.fleet = s
+        .fleet
+        .as_ref()
+        .map(|f| FleetStatus::from_snapshot(&snap, f.absent().len()));
     (
         [(header::CONTENT_TYPE, "application/json")],
         serde_json::to_string(&status).unwrap_or_default(),
@@ -501,6 +551,7 @@ impl Status {
             keys,
             warm_jobs,
             events: None,
+            fleet: None,
         }
     }
 }

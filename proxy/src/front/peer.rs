@@ -470,13 +470,14 @@ async fn stream_after_first(
         None => Bytes::new(),
     };
     let sent = peer.metrics.clone();
-    let body = stream::iter([Ok(head), Ok(first)])
-        .chain(body)
-        .inspect(move |chunk| {
-            if let Ok(b) = chunk {
-                sent.peer_bytes("sent", b.len() as u64);
-            }
-        })
+    // Block bytes only, as the asker counts them received: not `head` (an open's metadata).
+    let block = stream::iter([Ok(first)]).chain(body).inspect(move |chunk| {
+        if let Ok(b) = chunk {
+            sent.peer_bytes("sent", b.len() as u64);
+        }
+    });
+    let body = stream::iter([Ok(head)])
+        .chain(block)
         .filter(|chunk| futures::future::ready(!matches!(chunk, Ok(b) if b.is_empty())));
     Response::new(Body::from_stream(body))
 }
