@@ -123,8 +123,8 @@ pub struct DiskConfig {
     /// after the listed partitions goes to `default` if none is listed.
     pub partitions: Vec<PartitionConfig>,
     /// Seal (encrypt and authenticate) every entry, under a data key wrapped with these keys.
-    /// A device whose data key neither unwraps, or a plain one, is started empty (reformatted;
-    /// `strict` refuses instead). Default: none.
+    /// A device whose data key neither key unwraps (or a plain one) is started empty
+    /// (reformatted; `strict` refuses instead). Default: none.
     pub encryption: Option<Encryption>,
 }
 
