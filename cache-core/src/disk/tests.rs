@@ -656,6 +656,20 @@ fn sealed(cfg: DiskConfig, key: u8) -> DiskConfig {
     rotating(cfg, key, None)
 }
 
+/// What a `strict` open of `cfg` refuses with.
+async fn strict_refusal(mut cfg: DiskConfig) -> String {
+    cfg.recovery = Recovery::Strict;
+    let err = DiskCache::open(cfg).await.err().expect("strict refuses");
+    err.to_string()
+}
+
+/// `cfg` opened, with why the device was formatted (`None`: recovered).
+async fn open_formatted(cfg: DiskConfig) -> (DiskCache, Option<String>) {
+    let disk = DiskCache::open(cfg).await.expect("open");
+    let reason = disk.recovery().format_reason.clone();
+    (disk, reason)
+}
+
 /// Sealed under `key`, with `previous` the key it is being rotated from.
 fn rotating(mut cfg: DiskConfig, key: u8, previous: Option<u8>) -> DiskConfig {
     let device_key = |k| DeviceKey::new(&[k; DEVICE_KEY_LEN]);
@@ -742,10 +756,8 @@ async fn a_sealed_disk_round_trips_recovers_an_open_region_and_starts_empty_unde
         "the control: a plain summary"
     );
 
-    let mut strict = sealed(small_config(&path), 2);
-    strict.recovery = Recovery::Strict;
-    let err = DiskCache::open(strict).await.err().expect("strict refuses");
-    assert!(err.to_string().contains("encryption key changed"), "{err}");
+    let err = strict_refusal(sealed(small_config(&path), 2)).await;
+    assert!(err.contains("encryption key changed"), "{err}");
     let disk = DiskCache::open(sealed(small_config(&path), 2))
         .await
         .expect("another key");
@@ -763,11 +775,8 @@ async fn a_sealed_disk_round_trips_recovers_an_open_region_and_starts_empty_unde
         .expect("accepted");
     disk.close().await;
     drop((p, disk));
-    let disk = DiskCache::open(small_config(&path)).await.expect("plain");
-    assert_eq!(
-        disk.recovery().format_reason.as_deref(),
-        Some("encryption turned off")
-    );
+    let (disk, reason) = open_formatted(small_config(&path)).await;
+    assert_eq!(reason.as_deref(), Some("encryption turned off"));
     assert_eq!(
         disk.partition("default")
             .expect("default")
@@ -777,13 +786,8 @@ async fn a_sealed_disk_round_trips_recovers_an_open_region_and_starts_empty_unde
     );
     disk.close().await;
     drop(disk);
-    let disk = DiskCache::open(sealed(small_config(&path), 2))
-        .await
-        .expect("sealed again");
-    assert_eq!(
-        disk.recovery().format_reason.as_deref(),
-        Some("encryption turned on")
-    );
+    let (_, reason) = open_formatted(sealed(small_config(&path), 2)).await;
+    assert_eq!(reason.as_deref(), Some("encryption turned on"));
 }
 
 #[tokio::test]
@@ -879,18 +883,11 @@ async fn a_rotated_key_keeps_the_contents_and_the_key_rotated_out_opens_them_no_
         disk.close().await;
     }
     // Key 1 opens it no more.
-    let mut strict = sealed(small_config(&path), 1);
-    strict.recovery = Recovery::Strict;
-    let err = DiskCache::open(strict).await.err().expect("strict refuses");
-    assert!(err.to_string().contains("encryption key changed"), "{err}");
+    let err = strict_refusal(sealed(small_config(&path), 1)).await;
+    assert!(err.contains("encryption key changed"), "{err}");
     // Neither key right: empty, as any other key.
-    let disk = DiskCache::open(rotating(small_config(&path), 3, Some(4)))
-        .await
-        .expect("unrelated keys");
-    assert_eq!(
-        disk.recovery().format_reason.as_deref(),
-        Some("encryption key changed")
-    );
+    let (_, reason) = open_formatted(rotating(small_config(&path), 3, Some(4))).await;
+    assert_eq!(reason.as_deref(), Some("encryption key changed"));
 }
 
 #[tokio::test]
