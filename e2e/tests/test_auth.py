@@ -195,6 +195,85 @@ def test_a_key_taken_out_of_the_credentials_file_is_refused_however_it_signs(mak
     assert error_of(reader.get_object, Bucket=bucket, Key="k") == (403, "InvalidAccessKeyId")
 
 
+def test_a_changed_policy_applies_without_a_restart_and_a_bad_one_changes_nothing(make_larder, direct, bucket, workdir):
+    """Taking a bucket or write access from a key, giving it back, or changing its rate takes a
+    change of the configuration file's `auth_policies`, not a restart: within seconds the key
+    is refused what it lost however it signs, cached objects included, and gets what it was
+    given. A policy that does not load (bad TOML, a key the credentials file lacks: a typo
+    that would leave the key meant without its policy) changes nothing."""
+    direct.put_object(Bucket=bucket, Key="k", Body=b"policed")
+    config = workdir / "policies.toml"
+
+    def policy(buckets, access="read-only", extra=""):
+        return (f'block_size = "1MiB"\n[[auth_policies]]\naccess_key = "{READER_KEY}"\n'
+                f'buckets = {buckets}\naccess = "{access}"\n{extra}')
+
+    def reloads(outcome):
+        return metric(larder, "larder_auth_policies_reloads_total", outcome=outcome)
+
+    def outcome(call, **params):
+        try:
+            call(**params)
+            return 200
+        except ClientError as e:
+            return e.response["Error"]["Code"]
+
+    config.write_text(policy(f'["{bucket}"]'))
+    larder = make_larder("--config", str(config), name="policed")
+    reader = larder.client(READER_KEY, READER_SECRET, retries={"total_max_attempts": 1})
+    params = {"Bucket": bucket, "Key": "k"}
+    assert reader.get_object(**params)["Body"].read() == b"policed"
+    assert reader.get_object(**params)["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "hit-memory"
+    url = reader.generate_presigned_url("get_object", Params=params, ExpiresIn=3600)
+    assert fetch(url) == (200, b"policed")
+    assert outcome(reader.put_object, Bucket=bucket, Key="w", Body=b"no") == "AccessDenied"
+
+    # The bucket taken away: the cached object, the URL minted before, the listing refused.
+    replace_file(config, policy('["some-other-bucket"]'))
+    wait_until(lambda: outcome(reader.get_object, **params) == "AccessDenied", timeout=20,
+               what="the bucket taken from the reader", interval=0.2)
+    status, body = fetch(url)
+    assert status == 403 and b"<Code>AccessDenied</Code>" in body, (status, body)
+    assert outcome(reader.list_objects_v2, Bucket=bucket) == "AccessDenied"
+    assert reloads("applied") == 1
+    # The key without a policy is untouched.
+    assert larder.client().get_object(**params)["Body"].read() == b"policed"
+
+    # Given back with write access: it writes, through to the upstream.
+    replace_file(config, policy(f'["{bucket}"]', access="read-write"))
+    wait_until(lambda: outcome(reader.put_object, Bucket=bucket, Key="w", Body=b"yes") == 200, timeout=20,
+               what="write access given to the reader", interval=0.2)
+    assert direct.get_object(Bucket=bucket, Key="w")["Body"].read() == b"yes"
+    assert fetch(url) == (200, b"policed")
+
+    # A rate of one request a second: a burst is told to slow down.
+    replace_file(config, policy(f'["{bucket}"]', extra="requests_per_second = 1\n"))
+    wait_until(lambda: reloads("applied") == 3, timeout=20, what="the rate applied", interval=0.2)
+    burst = [outcome(reader.get_object, **params) for _ in range(10)]
+    assert burst.count("SlowDown") >= 7, burst
+    assert metric(larder, "larder_client_throttled_total") >= 7
+
+    # Bad TOML, then a policy naming a key the credentials file lacks: both refused, and the
+    # policy in force (its rate included) stays; the log says why.
+    for n, bad in enumerate([policy(f'["{bucket}"]')[:-5], policy('["*"]', access="admin").replace(READER_KEY, "readr")], 1):
+        replace_file(config, bad)
+        wait_until(lambda: reloads("refused") == n, timeout=20, what=f"bad policies {n} refused", interval=0.2)
+        assert metric(larder, "larder_auth_policies_refused") == 1
+        time.sleep(1.1)
+        assert outcome(reader.get_object, **params) == 200
+        assert outcome(reader.get_object, **params) == "SlowDown"
+        assert outcome(reader.put_object, Bucket=bucket, Key="w", Body=b"no") == "SlowDown"
+    log = larder.log_path.read_text()
+    assert "auth_policies not reloaded" in log and "readr" in log
+    # Another setting changed with them: the policies apply, the setting waits for a restart.
+    replace_file(config, policy(f'["{bucket}"]').replace('"1MiB"', '"2MiB"'))
+    wait_until(lambda: reloads("applied") == 4, timeout=20, what="the fixed policies applied", interval=0.2)
+    assert metric(larder, "larder_auth_policies_refused") == 0
+    assert [outcome(reader.get_object, **params) for _ in range(5)] == [200] * 5
+    assert "those settings apply at the next start" in larder.log_path.read_text()
+    assert metric(larder, "larder_auth_credentials_reloads_total") == 0
+
+
 def test_auth_none_must_be_chosen_and_says_so(make_larder, direct, bucket):
     direct.put_object(Bucket=bucket, Key="k", Body=b"open")
     l = make_larder("--auth", "none")

@@ -157,13 +157,14 @@ def test_lint_template_and_validate(values, workdir):
         promtool = shutil.which("promtool")
         assert promtool, "promtool comes with Debian's prometheus package (e2e/setup.sh)"
         out = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True)
-        assert out.returncode == 0 and "8 rules found" in out.stdout, out.stdout + out.stderr
-        # Four alerts evaluated by promtool on series as Larder exports them. The certificate
+        assert out.returncode == 0 and "9 rules found" in out.stdout, out.stdout + out.stderr
+        # Five alerts evaluated by promtool on series as Larder exports them. The certificate
         # one fires on requests refused at TLS, and not on other transport faults; the event
         # stream's, once one replica has been without events for 15 minutes, not before; the
         # fleet's, once one replica has seen fewer members than there are replicas for 15
-        # minutes, and not while a new replica is being found; the credentials', once a file
-        # has stayed refused for 5 minutes, not for a moment's half-written file.
+        # minutes, and not while a new replica is being found; the credentials' and the
+        # policies', once a file has stayed refused for 5 minutes, not for a moment's
+        # half-written file.
         alerts = {r["alert"]: r for r in rule["spec"]["groups"][0]["rules"] if "alert" in r}
 
         def case(alert, series, quiet_at, fires_at=None):
@@ -205,6 +206,12 @@ def test_lint_template_and_validate(values, workdir):
                     'larder_auth_credentials_refused{pod="larder-1"}': "0x10 1x30",
                 }, quiet_at="12m", fires_at="20m"),
                 case("LarderCredentialsRefused", {'larder_auth_credentials_refused{pod="larder-0"}': "0x5 1x3 0x32"},
+                     quiet_at="8m"),
+                case("LarderPoliciesRefused", {
+                    'larder_auth_policies_refused{pod="larder-0"}': "0x40",
+                    'larder_auth_policies_refused{pod="larder-1"}': "0x10 1x30",
+                }, quiet_at="12m", fires_at="20m"),
+                case("LarderPoliciesRefused", {'larder_auth_policies_refused{pod="larder-0"}': "0x5 1x3 0x32"},
                      quiet_at="8m"),
                 # A third replica found within a minute of its start: no split.
                 case("LarderFleetSplit", {
@@ -264,6 +271,35 @@ def test_a_typo_or_a_missing_secret_fails_at_install():
     assert 'disk_encryption_previous_key_file = "/etc/larder/disk-key/previous"' in config["data"]["larder.toml"]
     assert "larder-disk-key" not in {d["metadata"]["name"] for d in by_kind(docs, "Secret")}
     assert "disk.encryption.existingSecret" in refused_render("disk.encryption.rotating=true")
+
+
+def test_a_changed_policy_reaches_the_pods_without_rolling_them():
+    """Larder reloads `auth_policies` when its configuration file changes, so the chart mounts
+    the ConfigMap as a directory (a subPath mount is never updated) and leaves the policies out
+    of the checksum that rolls the pods: narrowing a team's access keeps every replica's memory
+    tier. Any other setting still rolls them, as it needs a restart to apply."""
+    minimal = CHART / "ci" / "minimal-values.yaml"
+
+    def rendered(*sets):
+        docs = render(minimal, *sets)
+        (sts,) = by_kind(docs, "StatefulSet")
+        (config,) = [c for c in by_kind(docs, "ConfigMap") if "larder.toml" in c.get("data", {})]
+        pod = sts["spec"]["template"]
+        return pod, config["data"]["larder.toml"]
+
+    base, _ = rendered()
+    narrowed, toml = rendered("auth.policies[0].access_key=analytics", "auth.policies[0].access=read-only",
+                              "auth.policies[0].buckets[0]=lake")
+    assert 'access_key = "analytics"' in toml and 'buckets = ["lake"]' in toml
+    checksum = lambda pod: pod["metadata"]["annotations"]["checksum/config"]
+    assert checksum(narrowed) == checksum(base)
+    for setting in ("config.metadata_ttl=5s", "extraConfig=[[disk_partitions]]"):
+        assert checksum(rendered(setting)[0]) != checksum(base), setting
+    (container,) = [c for c in base["spec"]["containers"] if c["name"] == "larder"]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "config"]
+    assert "subPath" not in mount
+    config_file = container["args"][container["args"].index("--config") + 1]
+    assert config_file == mount["mountPath"] + "/larder.toml"
 
 
 def test_every_value_is_documented_in_the_chart_readme():

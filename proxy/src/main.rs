@@ -73,7 +73,7 @@ fn main() -> anyhow::Result<()> {
             }
             // Logs (and traces) are set up before anything runs, and flushed after it stops.
             let _telemetry = larder::telemetry::traces::init(&config.traces())?;
-            runtime.block_on(serve(config))
+            runtime.block_on(serve(config, args.config))
         }
         Command::Warm(args) => {
             let code = runtime(0)?.block_on(larder::warm::cli::run(args))?;
@@ -82,7 +82,8 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-async fn serve(config: Config) -> anyhow::Result<()> {
+/// Serve `config`, loaded from `file` (whose `auth_policies` are read again when it changes).
+async fn serve(config: Config, file: Option<PathBuf>) -> anyhow::Result<()> {
     tracing::info!(
         worker_threads = tokio::runtime::Handle::current().metrics().num_workers(),
         "request threads started"
@@ -91,6 +92,7 @@ async fn serve(config: Config) -> anyhow::Result<()> {
     let auth = Authenticator::load(
         config.auth,
         config.auth_credentials.as_deref(),
+        file.as_deref(),
         &config.auth_policies,
     )?;
     match &auth {

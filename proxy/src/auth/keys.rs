@@ -151,6 +151,55 @@ pub enum KeysError {
     Empty(String),
 }
 
+/// Why a set of policies was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    /// The configuration file could not be read.
+    #[error("reading {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The configuration file is not TOML, or its `auth_policies` do not parse.
+    #[error("{path}: {source}")]
+    Toml {
+        /// The file.
+        path: String,
+        /// What the parser said.
+        source: toml::de::Error,
+    },
+    /// Two policies for one key.
+    #[error("name access key {0:?} twice; give it one policy")]
+    Twice(String),
+    /// A byte rate a paced response could not keep to.
+    #[error("set bytes_per_second below 1KiB for access key {0:?}; it must be at least 1KiB")]
+    TooSlow(String),
+    /// A policy newly names a key the credentials file does not define: a typo would leave
+    /// the key meant unrestricted.
+    #[error("name access key {0:?}, which the credentials file does not define")]
+    UnknownKey(String),
+}
+
+/// Check policies for what makes them unusable whatever the keys: two for one key, a byte
+/// rate too low to pace by.
+pub fn check_policies(policies: &[KeyPolicy]) -> Result<(), PolicyError> {
+    for (i, policy) in policies.iter().enumerate() {
+        if policies[..i]
+            .iter()
+            .any(|p| p.access_key == policy.access_key)
+        {
+            return Err(PolicyError::Twice(policy.access_key.clone()));
+        }
+        // Below this a paced response's slices (4 KiB at least) would come more than 4 s apart.
+        if policy.bytes_per_second.is_some_and(|b| b.0 < 1024) {
+            return Err(PolicyError::TooSlow(policy.access_key.clone()));
+        }
+    }
+    Ok(())
+}
+
 impl KeyStore {
     /// Parse the text of a credentials file, `access_key_id:secret_access_key` lines (`#`
     /// starts a comment), and attach policies; `name` is used in errors. A policy naming a key
@@ -159,23 +208,24 @@ impl KeyStore {
         Self::parse_keys(text, name)?.with_policies(policies.iter())
     }
 
-    /// [`Self::parse`], with the policies of the keys the text defines only: a policy naming
-    /// another key applies to nothing. For a reload, where taking a key out of the file must
-    /// revoke it whether or not a policy names it.
-    pub fn parse_leniently(
-        text: &str,
-        name: &str,
-        policies: &[KeyPolicy],
-    ) -> Result<Self, KeysError> {
-        let store = Self::parse_keys(text, name)?;
+    /// These keys with the policies of the keys they define: a policy naming another key
+    /// applies to nothing. For a reload, where taking a key out of the file must revoke it
+    /// whether or not a policy names it.
+    pub(super) fn with_defined_policies(self, policies: &[KeyPolicy]) -> Self {
         let defined: Vec<&KeyPolicy> = policies
             .iter()
-            .filter(|p| store.keys.contains_key(&p.access_key))
+            .filter(|p| self.keys.contains_key(&p.access_key))
             .collect();
-        store.with_policies(defined.into_iter())
+        self.with_policies(defined.into_iter())
+            .expect("every policy names a defined key")
     }
 
-    fn parse_keys(text: &str, name: &str) -> Result<Self, KeysError> {
+    /// Whether the keys define `access_key`.
+    pub(super) fn defines(&self, access_key: &str) -> bool {
+        self.keys.contains_key(access_key)
+    }
+
+    pub(super) fn parse_keys(text: &str, name: &str) -> Result<Self, KeysError> {
         let mut keys = HashMap::new();
         for (i, line) in text.lines().enumerate() {
             let line = line.split('#').next().unwrap_or("").trim();
@@ -232,16 +282,24 @@ impl KeyStore {
     }
 
     /// These keys, each keeping what the same key of `old` shared with its requests: its
-    /// tally, its limits' state (the policies are the same configuration's), and its derived
-    /// signing keys if its secret is unchanged.
+    /// tally, its limits' state if its policy's rates are unchanged (new rates start afresh,
+    /// their counts going on),
+    /// and its derived signing keys if its secret is unchanged.
     pub fn carried_over_from(mut self, old: &KeyStore) -> Self {
+        let rates = |key: &Key| {
+            key.policy
+                .as_ref()
+                .map(|p| (p.requests_per_second, p.bytes_per_second))
+        };
         for (id, key) in &mut self.keys {
             let Some(was) = old.keys.get(id) else {
                 continue;
             };
             key.tally = was.tally.clone();
-            if key.limits.is_some() && was.limits.is_some() {
-                key.limits = was.limits.clone();
+            match (&key.limits, &was.limits) {
+                (Some(_), Some(_)) if rates(key) == rates(was) => key.limits = was.limits.clone(),
+                (Some(now), Some(before)) => now.continue_counts(before),
+                _ => {}
             }
             if key.secret == was.secret {
                 key.signing = was.signing.clone();

@@ -77,15 +77,18 @@ pub struct Principal {
 
 impl Authenticator {
     /// The authenticator for `mode`, loading the client keys from `credentials` (required for
-    /// SigV4) with their `policies`.
+    /// SigV4) with their `policies`, which are read again from the configuration file
+    /// `config` (if there is one) when it changes.
     pub fn load(
         mode: AuthMode,
         credentials: Option<&std::path::Path>,
+        config: Option<&std::path::Path>,
         policies: &[KeyPolicy],
     ) -> Result<Self, keys::KeysError> {
         match (mode, credentials) {
             (AuthMode::Sigv4, Some(path)) => Ok(Authenticator::SigV4(Arc::new(LiveKeys::load(
                 path.to_owned(),
+                config.map(ToOwned::to_owned),
                 policies.to_vec(),
             )?))),
             (AuthMode::Sigv4, None) => Err(keys::KeysError::Empty("auth_credentials".into())),

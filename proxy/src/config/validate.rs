@@ -188,29 +188,8 @@ impl Config {
         if self.auth == AuthMode::None && !self.auth_policies.is_empty() {
             return invalid("auth_policies", "need auth = \"sigv4\"");
         }
-        for (i, policy) in self.auth_policies.iter().enumerate() {
-            if self.auth_policies[..i]
-                .iter()
-                .any(|p| p.access_key == policy.access_key)
-            {
-                return invalid(
-                    "auth_policies",
-                    &format!(
-                        "name access key {:?} twice; give it one policy",
-                        policy.access_key
-                    ),
-                );
-            }
-            // Below this a paced response's slices (4 KiB at least) would come more than 4 s apart.
-            if policy.bytes_per_second.is_some_and(|b| b.0 < 1024) {
-                return invalid(
-                    "auth_policies",
-                    &format!(
-                        "set bytes_per_second below 1KiB for access key {:?}; it must be at least 1KiB",
-                        policy.access_key
-                    ),
-                );
-            }
+        if let Err(e) = crate::auth::keys::check_policies(&self.auth_policies) {
+            return invalid("auth_policies", &e.to_string());
         }
         if self.upstream_connect_timeout.0.is_zero() {
             return invalid("upstream_connect_timeout", "must be positive");

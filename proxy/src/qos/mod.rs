@@ -67,6 +67,17 @@ impl Limits {
         })
     }
 
+    /// Add what `was` counted to these limits' counts: a key whose rates changed keeps its
+    /// counters going instead of starting them again.
+    pub fn continue_counts(&self, was: &Limits) {
+        for (now, before) in [
+            (&self.refused, &was.refused),
+            (&self.paced_nanos, &was.paced_nanos),
+        ] {
+            now.fetch_add(before.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+    }
+
     /// Whether a request may be served now; a refusal is counted.
     pub fn admit(&self, now: Instant) -> bool {
         let admitted = self.requests.as_ref().is_none_or(|r| r.try_take(1, now));

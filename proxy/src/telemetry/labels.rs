@@ -31,6 +31,32 @@ macro_rules! label {
 }
 
 label! {
+    /// A file of client keys or their policies, read again when it changes.
+    AuthFile {
+        /// `auth_credentials`: the client keys.
+        Credentials => "credentials",
+        /// The configuration file, of which a reload applies `auth_policies`.
+        Policies => "policies",
+    }
+}
+
+impl AuthFile {
+    /// The counter of the file's reloads, and the gauge of whether it is refused as it is now.
+    pub const fn metric_names(self) -> (&'static str, &'static str) {
+        match self {
+            AuthFile::Credentials => (
+                "larder.auth.credentials.reloads",
+                "larder.auth.credentials.refused",
+            ),
+            AuthFile::Policies => (
+                "larder.auth.policies.reloads",
+                "larder.auth.policies.refused",
+            ),
+        }
+    }
+}
+
+label! {
     /// Where a response's bytes (or, without a body, its metadata) were found: the `X-Cache`
     /// header and the `cache` label of `larder_requests_total`.
     XCache {

@@ -427,8 +427,9 @@ pub async fn start(
     ));
     let parts = PartLayouts::new(PARTS_BYTES, fleet.as_ref().map(|f| f.fleet.clone()));
     if let Authenticator::SigV4(keys) = &auth {
-        // Read from the keys in force at each collection: the credentials file is reloaded.
-        if !keys.current().limits().is_empty() {
+        // Read from the keys in force at each collection: the credentials file and the
+        // policies are reloaded, so a key without limits at start may have some later.
+        {
             let keys = keys.clone();
             metrics.observe_client_limits(move || keys.current().limits());
         }
@@ -437,7 +438,7 @@ pub async fn start(
             metrics.observe_key_savings(move || keys.current().tallies());
         }
         let keys = keys.clone();
-        metrics.observe_credentials(move || keys.file_refused());
+        metrics.observe_auth_files(move |file| keys.refused(file));
     }
     let app = Arc::new(AppState {
         base_domain: config.base_domain.clone(),
@@ -496,7 +497,7 @@ pub async fn start(
     tokio::spawn(freshness.clone().watch(shutdown.clone()));
     if let Authenticator::SigV4(keys) = &app.auth {
         let metrics = metrics.clone();
-        let reloaded = move |r| metrics.credentials_reloaded(r == Reload::Applied);
+        let reloaded = move |file, r| metrics.auth_file_reloaded(file, r == Reload::Applied);
         tokio::spawn(keys.clone().watch(shutdown.clone(), reloaded));
     }
     if let Some(sqs) = sqs {

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant, SystemTime};
 use crate::model::UpstreamOutcome;
 use crate::s3::operation::Operation;
 use crate::telemetry::labels::{
-    EventOutcome, Lookup, NoticeOutcome, PrefetchBlock, PrefetchBytes, Rejected, Source,
+    AuthFile, EventOutcome, Lookup, NoticeOutcome, PrefetchBlock, PrefetchBytes, Rejected, Source,
     ThrottleEvent, WriteDropped, XCache,
 };
 use bound::{Bind, Bound, Key};
@@ -106,7 +106,8 @@ pub struct Metrics {
     peer_fallbacks: Counter<u64>,
     peer_bytes: Counter<u64>,
     fleet_changes: Counter<u64>,
-    credentials_reloads: Counter<u64>,
+    /// By [`AuthFile`].
+    auth_reloads: Vec<Counter<u64>>,
 }
 
 fn latency_boundaries() -> Vec<f64> {
@@ -326,15 +327,24 @@ impl Metrics {
             "Membership changes that moved block ownership",
         );
         fleet_changes.add(0, &[]);
-        let credentials_reloads = counter(
-            "larder.auth.credentials.reloads",
-            "Changes of the client credentials file by outcome: applied (its keys are in force), refused (it did not load; the keys in force were kept)",
-        );
-        for outcome in ["applied", "refused"] {
-            credentials_reloads.add(0, &[kv("outcome", outcome)]);
-        }
+        let auth_reloads = AuthFile::ALL
+            .iter()
+            .map(|&file| {
+                let reloads = counter(
+                    file.metric_names().0,
+                    match file {
+                        AuthFile::Credentials => "Changes of the client credentials file by outcome: applied (its keys are in force), refused (it did not load; the keys in force were kept)",
+                        AuthFile::Policies => "Changes of the configuration file by outcome: applied (its auth_policies are in force), refused (they did not load; the policies in force were kept)",
+                    },
+                );
+                for outcome in ["applied", "refused"] {
+                    reloads.add(0, &[kv("outcome", outcome)]);
+                }
+                reloads
+            })
+            .collect();
         Ok(Self {
-            credentials_reloads,
+            auth_reloads,
             peer_requests: counter(
                 "larder.peer.requests",
                 "Requests between replicas by direction (made, served), kind (block, open) and outcome",
@@ -658,11 +668,10 @@ impl Metrics {
         self.peer_bytes.add(bytes, &[kv("direction", direction)]);
     }
 
-    /// The client credentials file changed, and its keys were put in force (`applied`) or
-    /// refused.
-    pub fn credentials_reloaded(&self, applied: bool) {
+    /// `file` changed, and what it says was put in force (`applied`) or refused.
+    pub fn auth_file_reloaded(&self, file: AuthFile, applied: bool) {
         let outcome = if applied { "applied" } else { "refused" };
-        self.credentials_reloads.add(1, &[kv("outcome", outcome)]);
+        self.auth_reloads[file.index()].add(1, &[kv("outcome", outcome)]);
     }
 
     /// Membership changed ownership.

@@ -12,6 +12,7 @@ use parking_lot::Mutex;
 use super::tally::{KeyTally, Read as TallyRead};
 use super::{kv, Metrics};
 use crate::qos::Limits;
+use crate::telemetry::labels::AuthFile;
 use opentelemetry::KeyValue;
 
 /// What the fleet's gauges show, read at each collection.
@@ -354,17 +355,24 @@ impl Metrics {
         }
     }
 
-    /// Export whether the client credentials file as it is now was refused (1) or is in
+    /// Export whether each of the client keys' files as it is now was refused (1) or is in
     /// force (0), read from `refused` at each collection: a gauge an alert can hold, where the
     /// reload counter moves once per change.
-    pub fn observe_credentials(&self, refused: impl Fn() -> bool + Send + Sync + 'static) {
-        self.meter
-            .u64_observable_gauge("larder.auth.credentials.refused")
-            .with_description(
-                "1 while the client credentials file as it is now did not load, so the keys in force are older than it; 0 once a version of it is in force",
-            )
-            .with_callback(move |o| o.observe(u64::from(refused()), &[]))
-            .build();
+    pub fn observe_auth_files(
+        &self,
+        refused: impl Fn(AuthFile) -> bool + Send + Sync + Clone + 'static,
+    ) {
+        for &file in AuthFile::ALL {
+            let refused = refused.clone();
+            self.meter
+                .u64_observable_gauge(file.metric_names().1)
+                .with_description(match file {
+                    AuthFile::Credentials => "1 while the client credentials file as it is now did not load, so the keys in force are older than it; 0 once a version of it is in force",
+                    AuthFile::Policies => "1 while the auth_policies of the configuration file as it is now did not load, so the policies in force are older than them; 0 once a version of them is in force",
+                })
+                .with_callback(move |o| o.observe(u64::from(refused(file)), &[]))
+                .build();
+        }
     }
 
     /// Export the disk tier's counters and gauges, read at each collection.
