@@ -6,6 +6,7 @@ Upstream requests are counted where they land (the counting pass-through), not b
 
 import hashlib
 import hmac
+import os
 import random
 import signal
 import threading
@@ -17,7 +18,8 @@ import pytest
 from botocore.exceptions import ClientError
 
 from conftest import (FLEET_SECRET, FleetOf, RecordingRelay, assert_dashboard_metrics_exported, fleet_state,
-                      fleet_tls_flags, free_port, metric, owner, page_shows, status_json, wait_until)
+                      fleet_tls_flags, free_port, issue_certificate, make_ca, metric, owner, page_shows,
+                      status_json, wait_until)
 from threads import run_all
 
 def put_objects(direct, bucket, sizes, seed=1):
@@ -541,6 +543,53 @@ def test_with_fleet_certificates_no_byte_of_a_block_crosses_the_network_in_clear
     finally:
         relay.stop()
 
+
+def test_a_rotated_fleet_ca_is_trusted_without_a_restart(make_larder, workdir, upstream, direct, bucket):
+    """The fleet's CA rotated (cert-manager renewing a CA issuer): the Secret's `ca.crt` becomes
+    a bundle of the old and new CA, and its certificate one of the new CA. Running replicas read
+    the bundle within seconds, so a replica started after the change, with a certificate only
+    the new CA signed, joins them and serves them blocks, with no restart of the others. A CA
+    file that does not load changes nothing."""
+    d = workdir / "rotating-fleet-ca"
+    d.mkdir()
+    make_ca(d, "ca-1")
+    issue_certificate(d, "ca-1", "old", "DNS:larder-fleet")
+    make_ca(d, "ca-2")
+    issue_certificate(d, "ca-2", "new", "DNS:larder-fleet")
+    mounted = {"ca.crt": "ca-1.crt", "tls.crt": "old.crt", "tls.key": "old.key"}
+
+    def mount(files):
+        """Replace the mounted files whole, as Kubernetes swaps a Secret's."""
+        for name, text in files.items():
+            staged = d / f"{name}.new"
+            staged.write_bytes(text)
+            os.replace(staged, d / name)
+
+    mount({name: (d / source).read_bytes() for name, source in mounted.items()})
+    flags = ("--fleet-tls-cert", str(d / "tls.crt"), "--fleet-tls-key", str(d / "tls.key"),
+             "--fleet-tls-ca", str(d / "ca.crt"), "--fleet-tls-name", "larder-fleet")
+    fleet = FleetOf(make_larder, workdir, "ca-rotation", "--fleet-refresh", "300ms", *flags)
+    fleet.start(2)
+    logs = lambda text: all(text in n.log_path.read_text() for n in fleet.nodes)
+
+    # A CA file that does not load: logged, the CA in force kept.
+    mount({"ca.crt": b"-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n"})
+    wait_until(lambda: logs("fleet CA not reloaded"), timeout=20, what="the broken CA refused", interval=0.2)
+    # The rotation: the bundle, and the new CA's certificate.
+    mount({"ca.crt": (d / "ca-1.crt").read_bytes() + (d / "ca-2.crt").read_bytes(),
+           "tls.crt": (d / "new.crt").read_bytes(), "tls.key": (d / "new.key").read_bytes()})
+    wait_until(lambda: logs("fleet CA reloaded") and logs("TLS certificate reloaded"), timeout=20,
+               what="the bundle and the new certificate read", interval=0.2)
+    fleet.start(3)
+    newcomer = fleet.nodes[2]
+    objects = put_objects(direct, bucket, [64 * 1024 * 8] * 6, seed=12)
+    for key, data in objects.items():
+        assert newcomer.client().get_object(Bucket=bucket, Key=key)["Body"].read() == data
+    # The newcomer read blocks the others own from them, over connections whose certificates
+    # only the new CA signed; the others asked it for its own.
+    assert metric(newcomer, "larder_peer_requests_total", direction="made", outcome="ok") > 0
+    assert sum(metric(n, "larder_peer_requests_total", direction="served") for n in fleet.nodes[:2]) > 0
+    assert metric(newcomer, "larder_peer_fallbacks_total") == 0
 
 def test_a_peer_without_the_fleet_certificate_for_the_fleet_name_is_never_asked(
         make_larder, workdir, upstream, direct, bucket, fleet_certs):

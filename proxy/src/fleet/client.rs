@@ -122,7 +122,7 @@ impl PeerClient {
         tcp.enforce_http(false);
         let scheme = if tls.is_some() { "https" } else { "http" };
         let connector = match tls {
-            Some(PeerTls { config, name }) => {
+            Some(PeerTls { config, name, .. }) => {
                 let builder = HttpsConnectorBuilder::new()
                     .with_tls_config(config)
                     .https_only();

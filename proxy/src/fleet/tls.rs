@@ -13,9 +13,19 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
-use rustls::ClientConfig;
+use arc_swap::ArcSwap;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, UnixTime};
+use rustls::{ClientConfig, DigitallySignedStruct, SignatureScheme};
 use rustls_pki_types::ServerName;
+use tokio_util::sync::CancellationToken;
+
+/// How often `fleet_tls_ca` is checked for a change.
+pub const RELOAD_CHECK: Duration = Duration::from_secs(5);
 
 /// Why the peers' CA or name could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -39,32 +49,158 @@ pub enum PeerTlsError {
 /// How this replica speaks TLS to its peers.
 #[derive(Clone)]
 pub struct PeerTls {
-    /// Trusts `fleet_tls_ca` alone; offers HTTP/2 only (the connector sets ALPN).
+    /// Trusts `fleet_tls_ca` alone, as the file is now ([`PeerCa`]); offers HTTP/2 only (the
+    /// connector sets ALPN).
     pub config: ClientConfig,
     /// The name every peer's certificate must carry, whatever address it was reached at;
     /// `None` checks the host the peer was addressed by.
     pub name: Option<ServerName<'static>>,
+    /// The CA the configuration checks peers against, to be watched for changes.
+    pub ca: Arc<PeerCa>,
 }
 
 impl PeerTls {
     /// Trust the CA certificates of `ca` (PEM; other blocks skipped, at least one certificate)
     /// and check peers' certificates for `name`, or for the host they are addressed by.
     pub fn load(ca: &Path, name: Option<&str>) -> Result<Self, PeerTlsError> {
-        let ca_error = |why: String| PeerTlsError::Ca {
-            path: ca.to_owned(),
-            why,
-        };
-        let pem = std::fs::read(ca).map_err(|e| ca_error(e.to_string()))?;
-        let (_, roots) = crate::trust::anchors(&pem).map_err(ca_error)?;
         let name = name
             .map(|n| ServerName::try_from(n.to_owned()).map_err(|_| PeerTlsError::Name(n.into())))
             .transpose()?;
         let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let ca = Arc::new(PeerCa::load(ca, provider.clone())?);
         let config = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()?
-            .with_root_certificates(roots)
+            .dangerous()
+            .with_custom_certificate_verifier(ca.clone())
             .with_no_client_auth();
-        Ok(Self { config, name })
+        Ok(Self { config, name, ca })
+    }
+}
+
+/// Peers' certificates checked against `fleet_tls_ca` as the file is now: read again when it
+/// changes, so a CA rotated (cert-manager renewing a CA issuer, or a bundle of the old and new
+/// CA for the overlap) is trusted without a restart. A file that does not load is logged and
+/// the CA in force kept; connections already open are not checked again.
+#[derive(Debug)]
+pub struct PeerCa {
+    path: PathBuf,
+    provider: Arc<CryptoProvider>,
+    verifier: ArcSwap<WebPkiServerVerifier>,
+    /// The file's text when last read (`None`: it could not be read), to tell a change.
+    last: parking_lot::Mutex<Option<Vec<u8>>>,
+}
+
+impl PeerCa {
+    fn load(path: &Path, provider: Arc<CryptoProvider>) -> Result<Self, PeerTlsError> {
+        let pem = std::fs::read(path).map_err(|e| ca_error(path, e.to_string()))?;
+        let verifier = verifier(path, &pem, &provider)?;
+        Ok(Self {
+            path: path.to_owned(),
+            provider,
+            verifier: ArcSwap::new(verifier),
+            last: parking_lot::Mutex::new(Some(pem)),
+        })
+    }
+
+    /// Read the file again and, if it changed and loads, check peers against it from the next
+    /// handshake. `None`: unchanged.
+    pub fn check(&self) -> Option<Result<(), PeerTlsError>> {
+        let mut last = self.last.lock();
+        let read = std::fs::read(&self.path);
+        if read.as_ref().ok() == last.as_ref() {
+            return None;
+        }
+        *last = read.as_ref().ok().cloned();
+        let loaded = read
+            .map_err(|e| ca_error(&self.path, e.to_string()))
+            .and_then(|pem| verifier(&self.path, &pem, &self.provider));
+        Some(loaded.map(|v| self.verifier.store(v)))
+    }
+
+    /// Check the file every [`RELOAD_CHECK`] until `stop`.
+    pub async fn watch(self: Arc<Self>, stop: CancellationToken) {
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(RELOAD_CHECK) => {}
+                () = stop.cancelled() => return,
+            }
+            let this = self.clone();
+            // A file read: off the runtime's threads.
+            match tokio::task::spawn_blocking(move || this.check()).await {
+                Ok(Some(Ok(()))) => {
+                    tracing::info!(file = %self.path.display(), "fleet CA reloaded");
+                }
+                Ok(Some(Err(e))) => {
+                    tracing::warn!(error = %e, "fleet CA not reloaded; keeping the one in force");
+                }
+                Ok(None) | Err(_) => {}
+            }
+        }
+    }
+}
+
+fn ca_error(path: &Path, why: String) -> PeerTlsError {
+    PeerTlsError::Ca {
+        path: path.to_owned(),
+        why,
+    }
+}
+
+/// A verifier trusting the CA certificates of `pem` alone.
+fn verifier(
+    path: &Path,
+    pem: &[u8],
+    provider: &Arc<CryptoProvider>,
+) -> Result<Arc<WebPkiServerVerifier>, PeerTlsError> {
+    let (_, roots) = crate::trust::anchors(pem).map_err(|why| ca_error(path, why))?;
+    WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .build()
+        .map_err(|e| ca_error(path, e.to_string()))
+}
+
+/// Each check is the verifier in force's: rustls's own WebPKI checks, of the CA as last loaded.
+impl ServerCertVerifier for PeerCa {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        self.verifier.load().verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        )
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.verifier
+            .load()
+            .verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.verifier
+            .load()
+            .verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.verifier.load().supported_verify_schemes()
     }
 }
 
@@ -109,5 +245,30 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(err.contains("/nonexistent/ca.pem"), "{err}");
+    }
+
+    #[test]
+    fn a_changed_ca_file_is_taken_and_one_that_does_not_load_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ca.pem");
+        std::fs::write(&path, CERT).unwrap();
+        let tls = PeerTls::load(&path, None).unwrap();
+        let in_force = || tls.ca.verifier.load_full();
+        let first = in_force();
+        assert!(tls.ca.check().is_none());
+        // A bundle (the same certificate twice, as the old and new CA would be): taken.
+        std::fs::write(&path, format!("{CERT}{CERT}")).unwrap();
+        assert!(matches!(tls.ca.check(), Some(Ok(()))));
+        let second = in_force();
+        assert!(!Arc::ptr_eq(&first, &second));
+        assert!(tls.ca.check().is_none());
+        // Broken, missing: refused once each, the verifier in force kept.
+        std::fs::write(&path, "# nothing\n").unwrap();
+        let err = tls.ca.check().unwrap().unwrap_err().to_string();
+        assert!(err.contains("no PEM certificate"), "{err}");
+        assert!(tls.ca.check().is_none());
+        std::fs::remove_file(&path).unwrap();
+        assert!(tls.ca.check().unwrap().is_err());
+        assert!(Arc::ptr_eq(&in_force(), &second));
     }
 }

@@ -17,7 +17,7 @@ use crate::fleet::auth::PeerSecret;
 use crate::fleet::client::{Info, PeerClient};
 use crate::fleet::membership::{MemberSource, Membership};
 use crate::fleet::ring::{Member, View};
-use crate::fleet::tls::PeerTls;
+use crate::fleet::tls::{PeerCa, PeerTls};
 use crate::fleet::{CopyLimits, Fleet};
 use crate::freshness::heartbeat::Heartbeat;
 use crate::freshness::sns::SnsConfirmer;
@@ -201,6 +201,8 @@ struct Joined {
     info: Info,
     /// The peer listener's certificate, with `fleet_tls_cert`.
     tls: Option<TlsConfig>,
+    /// The CA peers are checked against, with `fleet_tls_ca`.
+    peer_ca: Option<Arc<PeerCa>>,
 }
 
 /// Join the fleet `config` names: read the shared secret, and start seeing only this replica
@@ -247,6 +249,7 @@ fn join_fleet(config: &Config, metrics: &Arc<Metrics>) -> Result<Joined, StartEr
         ),
         _ => (None, None),
     };
+    let peer_ca = peer_tls.as_ref().map(|t| t.ca.clone());
     let client = PeerClient::new(
         secret.clone(),
         config.fleet_peer_timeout.0,
@@ -282,6 +285,7 @@ fn join_fleet(config: &Config, metrics: &Arc<Metrics>) -> Result<Joined, StartEr
         secret,
         info,
         tls,
+        peer_ca,
     })
 }
 
@@ -540,6 +544,9 @@ pub async fn start(
         };
         if let Some(tls) = &joined.tls {
             tokio::spawn(tls.clone().watch(shutdown.clone()));
+        }
+        if let Some(ca) = &joined.peer_ca {
+            tokio::spawn(ca.clone().watch(shutdown.clone()));
         }
         tasks.push(tokio::spawn(serve_clients(
             listener,
