@@ -283,8 +283,7 @@ impl KeyStore {
 
     /// These keys, each keeping what the same key of `old` shared with its requests: its
     /// tally, its limits' state if its policy's rates are unchanged (new rates start afresh,
-    /// their counts going on),
-    /// and its derived signing keys if its secret is unchanged.
+    /// their counts going on), and its derived signing keys if its secret is unchanged.
     pub fn carried_over_from(mut self, old: &KeyStore) -> Self {
         let rates = |key: &Key| {
             key.policy

@@ -433,10 +433,8 @@ pub async fn start(
     if let Authenticator::SigV4(keys) = &auth {
         // Read from the keys in force at each collection: the credentials file and the
         // policies are reloaded, so a key without limits at start may have some later.
-        {
-            let keys = keys.clone();
-            metrics.observe_client_limits(move || keys.current().limits());
-        }
+        let limited = keys.clone();
+        metrics.observe_client_limits(move || limited.current().limits());
         if config.metrics_keys {
             let keys = keys.clone();
             metrics.observe_key_savings(move || keys.current().tallies());
