@@ -33,6 +33,7 @@ pub mod front;
 pub mod model;
 pub mod qos;
 pub mod read;
+pub mod reload;
 pub mod s3;
 pub mod telemetry;
 pub mod trust;

@@ -262,7 +262,7 @@ impl KeyStore {
         Ok(Self { keys })
     }
 
-    fn with_policies<'a>(
+    pub(super) fn with_policies<'a>(
         mut self,
         policies: impl Iterator<Item = &'a KeyPolicy>,
     ) -> Result<Self, KeysError> {

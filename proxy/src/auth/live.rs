@@ -22,17 +22,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use tokio_util::sync::CancellationToken;
 
 use super::keys::{check_policies, KeyPolicy, KeyStore, KeysError, PolicyError};
+use crate::reload::WatchedFile;
 use crate::telemetry::labels::AuthFile;
-
-/// How often the files are checked: a revoked key is refused, and a changed policy applies,
-/// at most this long (and however long the file takes to reach the pod) after the change.
-pub const RELOAD_CHECK: Duration = Duration::from_secs(5);
 
 /// The client keys in force, and where they come from.
 pub struct LiveKeys {
@@ -46,22 +42,19 @@ pub struct LiveKeys {
 
 /// The files keys and policies are read from, and what they said last.
 struct Files {
-    credentials: PathBuf,
+    credentials: WatchedFile,
     /// The configuration file the policies come from; `None`: there is none, and the policies
     /// given at start are never reloaded.
-    config: Option<PathBuf>,
+    config: Option<WatchedFile>,
     last: parking_lot::Mutex<Last>,
 }
 
-/// What the files said when last read.
+/// What the files said when they last loaded.
 struct Last {
-    /// The credentials file's text (`None`: it could not be read), to tell a change.
-    credentials: Option<Vec<u8>>,
-    /// The keys it defined when it last loaded, without their policies.
+    /// The keys the credentials file defined, without their policies.
     keys: KeyStore,
-    /// The configuration file's text (`None`: it could not be read), to tell a change.
-    config: Option<Vec<u8>>,
-    /// Its settings other than the policies, to tell a change a restart would apply.
+    /// The configuration file's settings other than the policies, to tell a change a restart
+    /// would apply.
     settings: Option<toml::Table>,
     /// The policies in force.
     policies: Vec<KeyPolicy>,
@@ -96,11 +89,7 @@ impl LiveKeys {
     ) -> Result<Self, KeysError> {
         let text = read(&credentials)?;
         let keys = KeyStore::parse_keys(&String::from_utf8_lossy(&text), &name(&credentials))?;
-        let store = KeyStore::parse(
-            &String::from_utf8_lossy(&text),
-            &name(&credentials),
-            &policies,
-        )?;
+        let store = keys.clone().with_policies(policies.iter())?;
         // The file as the configuration was loaded from: a later change of it is a reload.
         let config_text = config.as_deref().and_then(|p| std::fs::read(p).ok());
         let settings = config_text
@@ -110,12 +99,10 @@ impl LiveKeys {
         Ok(Self {
             current: ArcSwap::from_pointee(store),
             files: Some(Files {
-                credentials,
-                config,
+                credentials: WatchedFile::new(credentials, Some(text)),
+                config: config.map(|path| WatchedFile::new(path, config_text)),
                 last: parking_lot::Mutex::new(Last {
-                    credentials: Some(text),
                     keys,
-                    config: config_text,
                     settings,
                     policies,
                     waiting: false,
@@ -172,8 +159,8 @@ impl LiveKeys {
         self.refused[file.index()].load(Ordering::Relaxed)
     }
 
-    /// Check the files every [`RELOAD_CHECK`] until `stop`, telling `reloaded` what each change
-    /// came to.
+    /// Check the files every [`crate::reload::RELOAD_CHECK`] until `stop`, telling
+    /// `reloaded` what each change came to.
     pub async fn watch(
         self: Arc<Self>,
         stop: CancellationToken,
@@ -182,22 +169,14 @@ impl LiveKeys {
         if self.files.is_none() {
             return;
         }
-        loop {
-            tokio::select! {
-                () = tokio::time::sleep(RELOAD_CHECK) => {}
-                () = stop.cancelled() => return,
-            }
-            let this = self.clone();
-            // File reads: off the runtime's threads.
-            let Ok(checked) = tokio::task::spawn_blocking(move || this.check()).await else {
-                continue;
-            };
+        let report = |checked: Checked| {
             for (&file, outcome) in AuthFile::ALL.iter().zip(checked) {
                 if outcome != Reload::Unchanged {
                     reloaded(file, outcome);
                 }
             }
-        }
+        };
+        crate::reload::poll(stop, move || self.check(), report).await;
     }
 }
 
@@ -206,15 +185,18 @@ impl Files {
     fn check_credentials(&self, last: &mut Last) -> Reload {
         // A Secret being swapped may be missing for a moment: counted as one change, refused
         // (the keys stay), until it is back.
-        let read = read(&self.credentials);
-        let text = read.as_ref().ok();
-        if text == last.credentials.as_ref() {
+        let (changed, read) = self.credentials.read();
+        if !changed {
             return Reload::Unchanged;
         }
-        last.credentials = text.cloned();
-        match read.and_then(|text| {
-            KeyStore::parse_keys(&String::from_utf8_lossy(&text), &name(&self.credentials))
-        }) {
+        let path = self.credentials.path();
+        let read = read.map_err(|source| KeysError::Read {
+            path: name(path),
+            source,
+        });
+        match read
+            .and_then(|text| KeyStore::parse_keys(&String::from_utf8_lossy(&text), &name(path)))
+        {
             Ok(keys) => {
                 last.keys = keys;
                 Reload::Applied
@@ -230,14 +212,16 @@ impl Files {
     /// in force, take them. `keys_changed`: the credentials file's keys were just taken, so a
     /// policy waiting for its key is tried again.
     fn check_policies(&self, last: &mut Last, keys_changed: bool) -> Reload {
-        let Some(path) = &self.config else {
+        let Some(file) = &self.config else {
             return Reload::Unchanged;
         };
-        let text = std::fs::read(path);
-        if text.as_ref().ok() == last.config.as_ref() && !(last.waiting && keys_changed) {
+        let (changed, text) = file.read();
+        // A policy waiting for its key is tried again when the keys change.
+        let retry = last.waiting && keys_changed;
+        if !(changed || retry) {
             return Reload::Unchanged;
         }
-        last.config = text.as_ref().ok().cloned();
+        let path = file.path();
         let loaded = text
             .map_err(|source| PolicyError::Read {
                 path: name(path),

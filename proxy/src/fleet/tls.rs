@@ -13,7 +13,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -24,8 +23,7 @@ use rustls::{ClientConfig, DigitallySignedStruct, SignatureScheme};
 use rustls_pki_types::ServerName;
 use tokio_util::sync::CancellationToken;
 
-/// How often `fleet_tls_ca` is checked for a change.
-pub const RELOAD_CHECK: Duration = Duration::from_secs(5);
+use crate::reload::WatchedFile;
 
 /// Why the peers' CA or name could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -83,11 +81,9 @@ impl PeerTls {
 /// the CA in force kept; connections already open are not checked again.
 #[derive(Debug)]
 pub struct PeerCa {
-    path: PathBuf,
+    file: WatchedFile,
     provider: Arc<CryptoProvider>,
     verifier: ArcSwap<WebPkiServerVerifier>,
-    /// The file's text when last read (`None`: it could not be read), to tell a change.
-    last: parking_lot::Mutex<Option<Vec<u8>>>,
 }
 
 impl PeerCa {
@@ -95,47 +91,37 @@ impl PeerCa {
         let pem = std::fs::read(path).map_err(|e| ca_error(path, e.to_string()))?;
         let verifier = verifier(path, &pem, &provider)?;
         Ok(Self {
-            path: path.to_owned(),
+            file: WatchedFile::new(path.to_owned(), Some(pem)),
             provider,
             verifier: ArcSwap::new(verifier),
-            last: parking_lot::Mutex::new(Some(pem)),
         })
     }
 
     /// Read the file again and, if it changed and loads, check peers against it from the next
     /// handshake. `None`: unchanged.
     pub fn check(&self) -> Option<Result<(), PeerTlsError>> {
-        let mut last = self.last.lock();
-        let read = std::fs::read(&self.path);
-        if read.as_ref().ok() == last.as_ref() {
+        let (changed, read) = self.file.read();
+        if !changed {
             return None;
         }
-        *last = read.as_ref().ok().cloned();
+        let path = self.file.path();
         let loaded = read
-            .map_err(|e| ca_error(&self.path, e.to_string()))
-            .and_then(|pem| verifier(&self.path, &pem, &self.provider));
+            .map_err(|e| ca_error(path, e.to_string()))
+            .and_then(|pem| verifier(path, &pem, &self.provider));
         Some(loaded.map(|v| self.verifier.store(v)))
     }
 
-    /// Check the file every [`RELOAD_CHECK`] until `stop`.
+    /// Check the file every [`crate::reload::RELOAD_CHECK`] until `stop`.
     pub async fn watch(self: Arc<Self>, stop: CancellationToken) {
-        loop {
-            tokio::select! {
-                () = tokio::time::sleep(RELOAD_CHECK) => {}
-                () = stop.cancelled() => return,
+        let path = self.file.path().to_owned();
+        let report = |found| match found {
+            Some(Ok(())) => tracing::info!(file = %path.display(), "fleet CA reloaded"),
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "fleet CA not reloaded; keeping the one in force");
             }
-            let this = self.clone();
-            // A file read: off the runtime's threads.
-            match tokio::task::spawn_blocking(move || this.check()).await {
-                Ok(Some(Ok(()))) => {
-                    tracing::info!(file = %self.path.display(), "fleet CA reloaded");
-                }
-                Ok(Some(Err(e))) => {
-                    tracing::warn!(error = %e, "fleet CA not reloaded; keeping the one in force");
-                }
-                Ok(None) | Err(_) => {}
-            }
-        }
+            None => {}
+        };
+        crate::reload::poll(stop, move || self.check(), report).await;
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use parking_lot::RwLock;
 use rustls::ServerConfig;
@@ -11,8 +11,7 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_util::sync::CancellationToken;
 
-/// How often the files are checked for changes.
-pub const RELOAD_CHECK: Duration = Duration::from_secs(5);
+use crate::reload::RELOAD_CHECK;
 
 /// Most bytes of records one connection holds encrypted and not yet written (rustls's limit,
 /// 64 KiB by default). At 64 KiB, a 64 KiB body and its head did not fit: what the head pushed
