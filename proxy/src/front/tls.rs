@@ -1,17 +1,16 @@
 //! TLS on the S3 listener: rustls, with the certificate and key re-read when their files change,
 //! so a renewed certificate (cert-manager, ACME) takes effect without a restart.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
-use std::time::SystemTime;
 
-use parking_lot::RwLock;
+use arc_swap::ArcSwap;
 use rustls::ServerConfig;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_util::sync::CancellationToken;
 
-use crate::reload::RELOAD_CHECK;
+use crate::reload::WatchedFile;
 
 /// Most bytes of records one connection holds encrypted and not yet written (rustls's limit,
 /// 64 KiB by default). At 64 KiB, a 64 KiB body and its head did not fit: what the head pushed
@@ -40,25 +39,28 @@ pub enum TlsError {
 /// The current TLS configuration, swapped when the files change.
 #[derive(Clone)]
 pub struct TlsConfig {
-    current: Arc<RwLock<Arc<ServerConfig>>>,
-    cert: PathBuf,
-    key: PathBuf,
+    current: Arc<ArcSwap<ServerConfig>>,
+    files: Arc<[WatchedFile; 2]>,
 }
 
 impl TlsConfig {
     /// Load `cert` (PEM chain) and `key` (PEM, PKCS#8, PKCS#1 or SEC1).
     pub fn load(cert: &Path, key: &Path) -> Result<Self, TlsError> {
-        let config = server_config(cert, key)?;
+        let read = |path: &Path| std::fs::read(path).map_err(|e| file_error(path, e));
+        let (cert_pem, key_pem) = (read(cert)?, read(key)?);
+        let config = server_config([cert, key], &cert_pem, &key_pem)?;
         Ok(Self {
-            current: Arc::new(RwLock::new(Arc::new(config))),
-            cert: cert.to_owned(),
-            key: key.to_owned(),
+            current: Arc::new(ArcSwap::from_pointee(config)),
+            files: Arc::new([
+                WatchedFile::new(cert.to_owned(), Some(cert_pem)),
+                WatchedFile::new(key.to_owned(), Some(key_pem)),
+            ]),
         })
     }
 
     /// The configuration for the next handshake.
     pub fn current(&self) -> Arc<ServerConfig> {
-        self.current.read().clone()
+        self.current.load_full()
     }
 
     /// The handshake of a connection accepted on `io`, with the current configuration and
@@ -71,51 +73,58 @@ impl TlsConfig {
             .accept_with(io, |c| c.set_buffer_limit(Some(SEND_BUFFER)))
     }
 
-    /// Re-read the files whenever their modification times change, until `stop`. A pair that
-    /// fails to load is logged and the previous one kept.
-    pub async fn watch(self, stop: CancellationToken) {
-        let mut seen = (mtime(&self.cert), mtime(&self.key));
-        loop {
-            tokio::select! {
-                () = tokio::time::sleep(RELOAD_CHECK) => {}
-                () = stop.cancelled() => return,
-            }
-            let now = (mtime(&self.cert), mtime(&self.key));
-            if now == seen {
-                continue;
-            }
-            match server_config(&self.cert, &self.key) {
-                Ok(config) => {
-                    *self.current.write() = Arc::new(config);
-                    seen = now;
-                    tracing::info!(cert = %self.cert.display(), "TLS certificate reloaded");
-                }
-                Err(e) => {
-                    // Often a half-written renewal; the next check will see the finished files.
-                    tracing::warn!(error = %e, "TLS certificate not reloaded; keeping the previous one");
-                }
-            }
+    /// Read both files again and, if either changed and the pair loads, use it from the next
+    /// handshake. `None`: unchanged. A pair that does not load is tried again when either file
+    /// changes next: a renewal writes the certificate and key one after the other, and the
+    /// first check may see one of them new.
+    pub fn check(&self) -> Option<Result<(), TlsError>> {
+        let [cert, key] = &*self.files;
+        let ((cert_changed, cert_pem), (key_changed, key_pem)) = (cert.read(), key.read());
+        if !cert_changed && !key_changed {
+            return None;
         }
+        let loaded = cert_pem
+            .map_err(|e| file_error(cert.path(), e))
+            .and_then(|c| Ok((c, key_pem.map_err(|e| file_error(key.path(), e))?)))
+            .and_then(|(c, k)| server_config([cert.path(), key.path()], &c, &k));
+        Some(loaded.map(|config| self.current.store(Arc::new(config))))
+    }
+
+    /// Check the files every [`crate::reload::RELOAD_CHECK`] until `stop`.
+    pub async fn watch(self, stop: CancellationToken) {
+        let cert = self.files[0].path().to_owned();
+        let report = move |found| match found {
+            Some(Ok(())) => tracing::info!(cert = %cert.display(), "TLS certificate reloaded"),
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "TLS certificate not reloaded; keeping the previous one");
+            }
+            None => {}
+        };
+        crate::reload::poll(stop, move || self.check(), report).await;
     }
 }
 
-fn mtime(path: &Path) -> Option<SystemTime> {
-    std::fs::metadata(path).and_then(|m| m.modified()).ok()
-}
-
-fn server_config(cert: &Path, key: &Path) -> Result<ServerConfig, TlsError> {
-    let file_error = |path: &Path, problem: String| TlsError::File {
+fn file_error(path: &Path, problem: impl ToString) -> TlsError {
+    TlsError::File {
         path: path.display().to_string(),
-        problem,
-    };
-    let chain = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| file_error(cert, e.to_string()))?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| file_error(cert, e.to_string()))?;
-    if chain.is_empty() {
-        return Err(file_error(cert, "no certificate in the file".into()));
+        problem: problem.to_string(),
     }
-    let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| file_error(key, e.to_string()))?;
+}
+
+/// The configuration serving the chain `cert_pem` with `key_pem`, read from `paths` (certificate,
+/// key) to name them in errors.
+fn server_config(
+    [cert, key]: [&Path; 2],
+    cert_pem: &[u8],
+    key_pem: &[u8],
+) -> Result<ServerConfig, TlsError> {
+    let chain = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| file_error(cert, e))?;
+    if chain.is_empty() {
+        return Err(file_error(cert, "no certificate in the file"));
+    }
+    let key_der = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| file_error(key, e))?;
     let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
     let mut config = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
@@ -151,6 +160,39 @@ mod tests {
     /// made with `openssl req -x509` for tests only.
     const CERT: &str = include_str!("../../testdata/localhost.crt");
     const KEY: &str = include_str!("../../testdata/localhost.key");
+
+    #[test]
+    fn a_changed_pair_is_used_and_one_that_does_not_load_keeps_the_pair_in_force() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+        std::fs::write(&cert, CERT).unwrap();
+        std::fs::write(&key, KEY).unwrap();
+        let tls = TlsConfig::load(&cert, &key).unwrap();
+        let first = tls.current();
+        assert!(tls.check().is_none(), "unchanged files reloaded");
+        // A renewal half written: the certificate garbled, then the key missing.
+        std::fs::write(&cert, "-----BEGIN CERTIFICATE-----\ngarbage").unwrap();
+        let err = tls.check().unwrap().unwrap_err().to_string();
+        assert!(err.contains("cert.pem"), "{err}");
+        assert!(
+            tls.check().is_none(),
+            "a refused pair was tried again unchanged"
+        );
+        std::fs::write(&cert, CERT).unwrap();
+        std::fs::remove_file(&key).unwrap();
+        let err = tls.check().unwrap().unwrap_err().to_string();
+        assert!(err.contains("key.pem"), "{err}");
+        assert!(
+            Arc::ptr_eq(&tls.current(), &first),
+            "a pair that failed replaced the one in force"
+        );
+        std::fs::write(&key, KEY).unwrap();
+        assert!(tls.check().unwrap().is_ok());
+        assert!(
+            !Arc::ptr_eq(&tls.current(), &first),
+            "the pair was not swapped"
+        );
+    }
 
     /// Counts the writes that reach the connection's socket (here one end of a pipe in memory).
     struct CountedWrites {
