@@ -234,7 +234,14 @@ def test_admin_routes_that_act_or_reveal_need_the_token(make_larder, direct, buc
         assert fetch(f"{l.admin}/warm", "GET", headers)[0] == 401, auth
         assert fetch(f"{l.admin}/warm/1", "DELETE", headers)[0] == 401, auth
         assert fetch(f"{l.admin}/fleet", "GET", headers)[0] == 401, auth
+        # The log filter: debug lines can carry keys and addresses, and cost CPU per request.
+        assert fetch(f"{l.admin}/log", "GET", headers)[0] == 401, auth
+        assert fetch(f"{l.admin}/log", "PUT", headers, b"trace")[0] == 401, auth
+        assert fetch(f"{l.admin}/log", "DELETE", headers)[0] == 401, auth
     ok = {"Content-Type": "application/json", "Authorization": "Bearer an-admin-token-of-some-length"}
+    status, answer = fetch(f"{l.admin}/log", "GET", ok)
+    assert status == 200 and json.loads(answer)["filter"] == "info", answer
+    assert "log filter changed" not in l.log_path.read_text()
     assert fetch(f"{l.admin}/warm", "POST", ok, body)[0] == 202
     # Health, metrics and the status page stay open.
     for path in ("/healthz", "/readyz", "/metrics", "/status.json", "/"):

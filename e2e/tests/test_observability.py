@@ -22,9 +22,10 @@ import pytest
 import yaml
 
 from conftest import (CLIENT_KEY, READER_KEY, READER_SECRET, ROOT, chromium, free_port, metric, page_shows,
-                      status_json)
+                      status_json, wait_until)
 from counting_proxy import CountingProxy
-from test_attacks import _post_form
+from test_attacks import _h2c_idle, _post_form
+from test_auth import fetch
 
 MiB = 1 << 20
 DASHBOARDS = ROOT / "charts" / "larder" / "dashboards"
@@ -475,6 +476,44 @@ def test_a_failed_requests_log_line_names_its_request_id(make_larder, bucket, lo
         assert line["span"]["otel.name"] == "GetObject", line
     else:
         assert "span" not in line and "spans" not in line, line
+
+
+def test_the_log_filter_changes_without_a_restart_and_a_bad_one_changes_nothing(make_larder):
+    """`PUT /log` on the admin listener puts a filter in force at once (RUST_LOG's syntax), a
+    filter that does not parse is refused with the one in force kept, and `DELETE /log` goes
+    back to the filter at start. Seen through a crate's debug lines: the frames of an HTTP/2
+    connection (h2's)."""
+    l = make_larder(name="log-filter")  # RUST_LOG=info
+    debug_line = "received frame=Settings"
+
+    def an_http2_connection():
+        s = _h2c_idle(l.port)
+        time.sleep(0.3)
+        s.close()
+
+    def log_filter(method="GET", body=None):
+        status, answer = fetch(f"{l.admin}/log", method, data=body)
+        return status, json.loads(answer)
+
+    assert log_filter() == (200, {"filter": "info", "at_start": "info"})
+    an_http2_connection()
+    assert debug_line not in l.log_path.read_text()
+
+    assert log_filter("PUT", b"info,h2=debug\n") == (200, {"filter": "info,h2=debug", "was": "info"})
+    an_http2_connection()
+    wait_until(lambda: debug_line in l.log_path.read_text(), 10, "the debug line under the new filter")
+    assert "log filter changed" in l.log_path.read_text()
+
+    status, answer = log_filter("PUT", b"h2=loud")
+    assert status == 400 and "not a log filter" in answer["error"], answer
+    assert log_filter()[1]["filter"] == "info,h2=debug"
+
+    assert log_filter("DELETE") == (200, {"filter": "info", "was": "info,h2=debug"})
+    before = l.log_path.read_text().count(debug_line)
+    an_http2_connection()
+    time.sleep(0.5)
+    assert l.log_path.read_text().count(debug_line) == before, "a debug line after the reset"
+    assert l.proc.poll() is None
 
 
 def test_json_logs(make_larder, direct, bucket):

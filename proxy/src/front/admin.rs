@@ -18,6 +18,7 @@ use crate::freshness::Freshness;
 use crate::read::blocks::BlockStore;
 use crate::telemetry::labels::EventOutcome;
 use crate::telemetry::metrics::{Metrics, Snapshot, UpstreamHealth};
+use crate::telemetry::traces::LogFilter;
 use crate::warm::{Progress, WarmError, WarmRequest, Warmer};
 
 /// What the admin endpoints report on.
@@ -40,6 +41,8 @@ pub struct AdminState {
     pub events: Option<AdminAccess>,
     /// Confirms SNS subscriptions to the events route.
     pub sns: SnsConfirmer,
+    /// The log filter `/log` changes; `None` where this process installed no logger (tests).
+    pub log: Option<LogFilter>,
 }
 
 /// Who may call the admin routes that act or reveal: warm-up jobs (which fetch, list buckets
@@ -142,6 +145,7 @@ pub fn router(state: Arc<AdminState>) -> axum::Router {
         .route("/warm/{id}", get(warm_get).delete(warm_cancel))
         .route("/fleet", get(fleet))
         .route("/fleet/owner", get(fleet_owner))
+        .route("/log", get(log_get).put(log_set).delete(log_reset))
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), guard));
     axum::Router::new()
         .route("/", get(|| async { Html(STATUS_PAGE) }))
@@ -152,6 +156,56 @@ pub fn router(state: Arc<AdminState>) -> axum::Router {
         .route("/v1/events", axum::routing::post(events))
         .merge(guarded)
         .with_state(state)
+}
+
+/// The log filter in force and the one at start.
+async fn log_get(State(s): State<Arc<AdminState>>) -> axum::response::Response {
+    match &s.log {
+        Some(log) => json(
+            StatusCode::OK,
+            &serde_json::json!({ "filter": log.current(), "at_start": log.initial() }),
+        ),
+        None => no_log_filter(),
+    }
+}
+
+/// Put the filter of the body (`RUST_LOG`'s syntax) in force; one that does not parse is
+/// refused (400) and the one in force kept.
+async fn log_set(State(s): State<Arc<AdminState>>, body: String) -> axum::response::Response {
+    match &s.log {
+        Some(log) => set_log_filter(log, body.trim()),
+        None => no_log_filter(),
+    }
+}
+
+/// Put the filter at start back in force.
+async fn log_reset(State(s): State<Arc<AdminState>>) -> axum::response::Response {
+    match &s.log {
+        Some(log) => set_log_filter(log, log.initial()),
+        None => no_log_filter(),
+    }
+}
+
+fn set_log_filter(log: &LogFilter, filter: &str) -> axum::response::Response {
+    let was = log.current();
+    match log.set(filter) {
+        Ok(()) => {
+            // At warn, so that the change shows whatever the new filter lets through.
+            tracing::warn!(filter, was, "log filter changed");
+            json(
+                StatusCode::OK,
+                &serde_json::json!({ "filter": filter, "was": was }),
+            )
+        }
+        Err(e) => json_error(StatusCode::BAD_REQUEST, e.to_string()),
+    }
+}
+
+fn no_log_filter() -> axum::response::Response {
+    json_error(
+        StatusCode::NOT_FOUND,
+        "this process installed no log filter".to_owned(),
+    )
 }
 
 fn json(status: StatusCode, value: &impl Serialize) -> axum::response::Response {

@@ -4,6 +4,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io::IsTerminal;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use opentelemetry::trace::{SpanId, TraceId, TracerProvider as _};
@@ -17,7 +18,7 @@ use parking_lot::Mutex;
 use tracing_subscriber::filter::{filter_fn, FilterExt};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::{EnvFilter, Layer};
+use tracing_subscriber::{reload, EnvFilter, Layer, Registry};
 
 use super::metrics::otlp_url;
 
@@ -51,6 +52,62 @@ pub struct TraceOptions {
 const MAX_OPEN_TRACES: usize = 4096;
 /// Most spans held per trace.
 const MAX_SPANS_PER_TRACE: usize = 256;
+
+/// The filter of log lines in force (`RUST_LOG`'s syntax), changed without a restart through
+/// the admin listener's `/log`: debug lines for one module while a problem is happening, then
+/// back, without losing the memory tier to a restart.
+#[derive(Clone)]
+pub struct LogFilter {
+    handle: reload::Handle<EnvFilter, Registry>,
+    /// What is in force, as given (an `EnvFilter` does not print back what it was parsed from).
+    current: Arc<Mutex<String>>,
+    /// What was in force at start.
+    initial: Arc<str>,
+}
+
+/// A filter that does not parse.
+#[derive(Debug, thiserror::Error)]
+#[error("not a log filter: {0}")]
+pub struct LogFilterError(String);
+
+/// The process's log filter, once [`init`] installed the subscriber (which is process-wide).
+static LOG_FILTER: OnceLock<LogFilter> = OnceLock::new();
+
+/// The log filter [`init`] installed; `None` before it (or in tests, which never call it).
+pub fn log_filter() -> Option<LogFilter> {
+    LOG_FILTER.get().cloned()
+}
+
+impl LogFilter {
+    /// The filter in force.
+    pub fn current(&self) -> String {
+        self.current.lock().clone()
+    }
+
+    /// The filter in force at start.
+    pub fn initial(&self) -> &str {
+        &self.initial
+    }
+
+    /// Put `directives` in force from the next line logged; refused, with the filter in force
+    /// kept, if they do not parse.
+    pub fn set(&self, directives: &str) -> Result<(), LogFilterError> {
+        let filter = EnvFilter::builder()
+            .parse(directives)
+            .map_err(|e| LogFilterError(e.to_string()))?;
+        let mut current = self.current.lock();
+        self.handle
+            .reload(filter)
+            .map_err(|e| LogFilterError(e.to_string()))?;
+        // Crates logging through `log` (reqwest, under the OTLP exporter) are bridged by a
+        // `LogTracer` whose level was fixed at start: raise or lower it with the rest.
+        tracing_log::log::set_max_level(tracing_log::AsLog::as_log(
+            &tracing::level_filters::LevelFilter::current(),
+        ));
+        *current = directives.to_owned();
+        Ok(())
+    }
+}
 
 /// Why telemetry could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -100,9 +157,11 @@ pub fn init(config: &TraceOptions) -> Result<Telemetry, TelemetryError> {
         }
         None => None,
     };
-    subscriber(config, tracer.as_ref())
+    let (subscriber, log_filter) = subscriber(config, tracer.as_ref());
+    subscriber
         .try_init()
         .map_err(|e| TelemetryError(e.to_string()))?;
+    let _ = LOG_FILTER.set(log_filter);
     Ok(Telemetry { tracer })
 }
 
@@ -116,30 +175,37 @@ pub fn init(config: &TraceOptions) -> Result<Telemetry, TelemetryError> {
 fn subscriber(
     config: &TraceOptions,
     tracer: Option<&SdkTracerProvider>,
-) -> Box<dyn tracing::Subscriber + Send + Sync> {
+) -> (Box<dyn tracing::Subscriber + Send + Sync>, LogFilter) {
     let log_spans = config.log_spans;
-    let filter = || {
-        EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| "info".into())
-            .and(filter_fn(move |meta| log_spans || !meta.is_span()))
+    // `RUST_LOG` when it parses, else `info`.
+    let (parsed, initial) = std::env::var(EnvFilter::DEFAULT_ENV)
+        .ok()
+        .and_then(|d| Some((EnvFilter::builder().parse(&d).ok()?, d)))
+        .unwrap_or_else(|| (EnvFilter::new("info"), "info".to_owned()));
+    let (env, handle) = reload::Layer::new(parsed);
+    let control = LogFilter {
+        handle,
+        current: Arc::new(Mutex::new(initial.clone())),
+        initial: initial.into(),
     };
+    let filter = env.and(filter_fn(move |meta| log_spans || !meta.is_span()));
     let logs = match config.log_format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
             // Colours for a person at a terminal only: in a file or a log collector the escape
             // codes are noise that breaks every grep.
             .with_ansi(std::io::stderr().is_terminal())
-            .with_filter(filter())
+            .with_filter(filter)
             .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer()
             .json()
             .with_current_span(true)
             .with_writer(std::io::stderr)
-            .with_filter(filter())
+            .with_filter(filter)
             .boxed(),
     };
     let logged = tracing_subscriber::registry().with(logs);
-    match tracer {
+    let subscriber: Box<dyn tracing::Subscriber + Send + Sync> = match tracer {
         // Spans are recorded at `info` whatever RUST_LOG says about log lines.
         Some(t) => Box::new(
             logged.with(
@@ -149,7 +215,8 @@ fn subscriber(
             ),
         ),
         None => Box::new(logged),
-    }
+    };
+    (subscriber, control)
 }
 
 /// Keeps a trace's finished child spans until its root ends, then hands them all to the
@@ -294,7 +361,7 @@ mod tests {
     #[test]
     fn spans_are_built_only_for_a_layer_that_takes_them() {
         let built = |config: &TraceOptions, tracer: Option<&SdkTracerProvider>| {
-            tracing::subscriber::with_default(subscriber(config, tracer), || {
+            tracing::subscriber::with_default(subscriber(config, tracer).0, || {
                 !tracing::info_span!("request").is_disabled()
             })
         };
@@ -308,8 +375,31 @@ mod tests {
         let (tracer, _) = provider(Duration::ZERO);
         assert!(built(&quiet, Some(&tracer)), "traces");
         // Log lines are written either way.
-        tracing::subscriber::with_default(subscriber(&quiet, None), || {
+        tracing::subscriber::with_default(subscriber(&quiet, None).0, || {
             assert!(tracing::enabled!(tracing::Level::INFO));
+        });
+    }
+
+    #[test]
+    fn the_log_filter_changes_in_place_and_a_bad_one_changes_nothing() {
+        let (subscriber, filter) = subscriber(&TraceOptions::default(), None);
+        tracing::subscriber::with_default(subscriber, || {
+            let debug = || tracing::enabled!(target: "larder::read", tracing::Level::DEBUG);
+            filter.set("info").unwrap();
+            assert!(!debug() && tracing::enabled!(tracing::Level::INFO));
+            filter.set("info,larder::read=debug").unwrap();
+            assert!(debug(), "the new filter is not in force");
+            assert!(!tracing::enabled!(target: "hyper", tracing::Level::DEBUG));
+            assert!(
+                tracing::info_span!("request").is_disabled(),
+                "a filter change built spans no layer takes"
+            );
+            let err = filter.set("larder=loud").unwrap_err().to_string();
+            assert!(err.contains("not a log filter"), "{err}");
+            assert_eq!(filter.current(), "info,larder::read=debug");
+            assert!(debug(), "a refused filter changed the one in force");
+            filter.set("warn").unwrap();
+            assert!(!debug() && !tracing::enabled!(tracing::Level::INFO));
         });
     }
 

@@ -473,6 +473,7 @@ pub async fn start(
             None => None,
         },
         sns: SnsConfirmer::new(config.events_sns_origins.clone()).map_err(StartError::Sns)?,
+        log: crate::telemetry::traces::log_filter(),
     });
     let sqs = match &config.events_sqs_queue_url {
         Some(url) => Some(
