@@ -481,8 +481,8 @@ def test_a_failed_requests_log_line_names_its_request_id(make_larder, bucket, lo
 def test_the_log_filter_changes_without_a_restart_and_a_bad_one_changes_nothing(make_larder):
     """`PUT /log` on the admin listener puts a filter in force at once (RUST_LOG's syntax), a
     filter that does not parse is refused with the one in force kept, and `DELETE /log` goes
-    back to the filter at start. Seen through a crate's debug lines: the frames of an HTTP/2
-    connection (h2's)."""
+    back to the filter at start, as does a filter given `?for=` once that time is up. Seen
+    through a crate's debug lines: the frames of an HTTP/2 connection (h2's)."""
     l = make_larder(name="log-filter")  # RUST_LOG=info
     debug_line = "received frame=Settings"
 
@@ -499,7 +499,7 @@ def test_the_log_filter_changes_without_a_restart_and_a_bad_one_changes_nothing(
     an_http2_connection()
     assert debug_line not in l.log_path.read_text()
 
-    assert log_filter("PUT", b"info,h2=debug\n") == (200, {"filter": "info,h2=debug", "was": "info"})
+    assert log_filter("PUT", b"info,h2=debug\n") == (200, {"filter": "info,h2=debug", "was": "info", "for": None})
     an_http2_connection()
     wait_until(lambda: debug_line in l.log_path.read_text(), 10, "the debug line under the new filter")
     assert "log filter changed" in l.log_path.read_text()
@@ -508,11 +508,22 @@ def test_the_log_filter_changes_without_a_restart_and_a_bad_one_changes_nothing(
     assert status == 400 and "not a log filter" in answer["error"], answer
     assert log_filter()[1]["filter"] == "info,h2=debug"
 
-    assert log_filter("DELETE") == (200, {"filter": "info", "was": "info,h2=debug"})
+    assert log_filter("DELETE") == (200, {"filter": "info", "was": "info,h2=debug", "for": None})
     before = l.log_path.read_text().count(debug_line)
     an_http2_connection()
     time.sleep(0.5)
     assert l.log_path.read_text().count(debug_line) == before, "a debug line after the reset"
+
+    # A filter for a while: the one at start comes back by itself.
+    for bad in ("0s", "soon", "8d"):
+        status, answer = fetch(f"{l.admin}/log?for={bad}", "PUT", data=b"debug")
+        assert status == 400 and "duration" in json.loads(answer)["error"], (bad, answer)
+    assert log_filter()[1]["filter"] == "info"
+    status, answer = fetch(f"{l.admin}/log?for=2s", "PUT", data=b"info,h2=debug")
+    assert status == 200 and json.loads(answer)["for"] == "2s", answer
+    assert log_filter()[1]["filter"] == "info,h2=debug"
+    wait_until(lambda: log_filter()[1]["filter"] == "info", 15, "the filter at start back")
+    assert "log filter ran out" in l.log_path.read_text()
     assert l.proc.poll() is None
 
 

@@ -4,6 +4,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -169,36 +170,73 @@ async fn log_get(State(s): State<Arc<AdminState>>) -> axum::response::Response {
     }
 }
 
+/// Longest a temporary log filter (`PUT /log?for=`) may last.
+const MAX_LOG_FILTER_FOR: Duration = Duration::from_secs(7 * 24 * 3600);
+
 /// Put the filter of the body (`RUST_LOG`'s syntax) in force; one that does not parse is
-/// refused (400) and the one in force kept.
-async fn log_set(State(s): State<Arc<AdminState>>, body: String) -> axum::response::Response {
-    match &s.log {
-        Some(log) => set_log_filter(log, body.trim()),
-        None => no_log_filter(),
+/// refused (400) and the one in force kept. With `?for=10m`, the filter at start comes back
+/// after that long, unless another change came first: debug lines left on by a forgotten
+/// session cost CPU on every request.
+async fn log_set(
+    State(s): State<Arc<AdminState>>,
+    uri: axum::http::Uri,
+    body: String,
+) -> axum::response::Response {
+    let Some(log) = &s.log else {
+        return no_log_filter();
+    };
+    let lasting = form_urlencoded::parse(uri.query().unwrap_or("").as_bytes())
+        .find(|(name, _)| name == "for")
+        .map(|(_, value)| match humantime::parse_duration(&value) {
+            Ok(d) if !d.is_zero() && d <= MAX_LOG_FILTER_FOR => Ok(d),
+            _ => Err(format!(
+                "for={value}: give a duration from 1s to 7d, such as 10m"
+            )),
+        })
+        .transpose();
+    match lasting {
+        Ok(lasting) => set_log_filter(log, body.trim(), lasting),
+        Err(e) => json_error(StatusCode::BAD_REQUEST, e),
     }
 }
 
 /// Put the filter at start back in force.
 async fn log_reset(State(s): State<Arc<AdminState>>) -> axum::response::Response {
     match &s.log {
-        Some(log) => set_log_filter(log, log.initial()),
+        Some(log) => set_log_filter(log, log.initial(), None),
         None => no_log_filter(),
     }
 }
 
-fn set_log_filter(log: &LogFilter, filter: &str) -> axum::response::Response {
+fn set_log_filter(
+    log: &LogFilter,
+    filter: &str,
+    lasting: Option<Duration>,
+) -> axum::response::Response {
     let was = log.current();
-    match log.set(filter) {
-        Ok(()) => {
-            // At warn, so that the change shows whatever the new filter lets through.
-            tracing::warn!(filter, was, "log filter changed");
-            json(
-                StatusCode::OK,
-                &serde_json::json!({ "filter": filter, "was": was }),
-            )
-        }
-        Err(e) => json_error(StatusCode::BAD_REQUEST, e.to_string()),
+    let change = match log.set(filter) {
+        Ok(change) => change,
+        Err(e) => return json_error(StatusCode::BAD_REQUEST, e.to_string()),
+    };
+    // At warn, so that the change shows whatever the new filter lets through.
+    tracing::warn!(filter, was, lasting = ?lasting, "log filter changed");
+    if let Some(lasting) = lasting {
+        let log = log.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(lasting).await;
+            if log.reset_after(change) {
+                tracing::warn!(
+                    filter = log.initial(),
+                    "log filter ran out; back to the one at start"
+                );
+            }
+        });
     }
+    let lasting = lasting.map(|d| humantime::format_duration(d).to_string());
+    json(
+        StatusCode::OK,
+        &serde_json::json!({ "filter": filter, "was": was, "for": lasting }),
+    )
 }
 
 fn no_log_filter() -> axum::response::Response {

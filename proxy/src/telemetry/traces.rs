@@ -59,8 +59,9 @@ const MAX_SPANS_PER_TRACE: usize = 256;
 #[derive(Clone)]
 pub struct LogFilter {
     handle: reload::Handle<EnvFilter, Registry>,
-    /// What is in force, as given (an `EnvFilter` does not print back what it was parsed from).
-    current: Arc<Mutex<String>>,
+    /// What is in force, as given (an `EnvFilter` does not print back what it was parsed from),
+    /// and the number of the change that put it there.
+    current: Arc<Mutex<(String, u64)>>,
     /// What was in force at start.
     initial: Arc<str>,
 }
@@ -81,7 +82,7 @@ pub fn log_filter() -> Option<LogFilter> {
 impl LogFilter {
     /// The filter in force.
     pub fn current(&self) -> String {
-        self.current.lock().clone()
+        self.current.lock().0.clone()
     }
 
     /// The filter in force at start.
@@ -90,12 +91,35 @@ impl LogFilter {
     }
 
     /// Put `directives` in force from the next line logged; refused, with the filter in force
-    /// kept, if they do not parse.
-    pub fn set(&self, directives: &str) -> Result<(), LogFilterError> {
+    /// kept, if they do not parse. Returns the change's number, for [`LogFilter::reset_after`].
+    pub fn set(&self, directives: &str) -> Result<u64, LogFilterError> {
         let filter = EnvFilter::builder()
             .parse(directives)
             .map_err(|e| LogFilterError(e.to_string()))?;
         let mut current = self.current.lock();
+        self.reload(filter)?;
+        current.0 = directives.to_owned();
+        current.1 += 1;
+        Ok(current.1)
+    }
+
+    /// Put the filter at start back in force if the one in force is still change `change`'s
+    /// (a temporary filter running out); whether it did.
+    pub fn reset_after(&self, change: u64) -> bool {
+        let mut current = self.current.lock();
+        if current.1 != change {
+            return false;
+        }
+        // The filter at start parsed when it was put in force.
+        if self.reload(EnvFilter::new(&*self.initial)).is_err() {
+            return false;
+        }
+        current.0 = self.initial.to_string();
+        current.1 += 1;
+        true
+    }
+
+    fn reload(&self, filter: EnvFilter) -> Result<(), LogFilterError> {
         self.handle
             .reload(filter)
             .map_err(|e| LogFilterError(e.to_string()))?;
@@ -104,7 +128,6 @@ impl LogFilter {
         tracing_log::log::set_max_level(tracing_log::AsLog::as_log(
             &tracing::level_filters::LevelFilter::current(),
         ));
-        *current = directives.to_owned();
         Ok(())
     }
 }
@@ -185,7 +208,7 @@ fn subscriber(
     let (env, handle) = reload::Layer::new(parsed);
     let control = LogFilter {
         handle,
-        current: Arc::new(Mutex::new(initial.clone())),
+        current: Arc::new(Mutex::new((initial.clone(), 0))),
         initial: initial.into(),
     };
     let filter = env.and(filter_fn(move |meta| log_spans || !meta.is_span()));
@@ -400,6 +423,13 @@ mod tests {
             assert!(debug(), "a refused filter changed the one in force");
             filter.set("warn").unwrap();
             assert!(!debug() && !tracing::enabled!(tracing::Level::INFO));
+            // A temporary filter runs out only while no other change came after it.
+            let change = filter.set("debug").unwrap();
+            let later = filter.set("info,larder::read=debug").unwrap();
+            assert!(!filter.reset_after(change), "a later change was undone");
+            assert!(debug());
+            assert!(filter.reset_after(later));
+            assert_eq!(filter.current(), filter.initial());
         });
     }
 
