@@ -213,9 +213,8 @@ fn set_log_filter(
     filter: &str,
     lasting: Option<Duration>,
 ) -> axum::response::Response {
-    let was = log.current();
-    let change = match log.set(filter) {
-        Ok(change) => change,
+    let (was, change) = match log.set(filter) {
+        Ok(changed) => changed,
         Err(e) => return json_error(StatusCode::BAD_REQUEST, e.to_string()),
     };
     // At warn, so that the change shows whatever the new filter lets through.

@@ -91,16 +91,17 @@ impl LogFilter {
     }
 
     /// Put `directives` in force from the next line logged; refused, with the filter in force
-    /// kept, if they do not parse. Returns the change's number, for [`LogFilter::reset_after`].
-    pub fn set(&self, directives: &str) -> Result<u64, LogFilterError> {
+    /// kept, if they do not parse. Returns the filter it replaced and the change's number, for
+    /// [`LogFilter::reset_after`].
+    pub fn set(&self, directives: &str) -> Result<(String, u64), LogFilterError> {
         let filter = EnvFilter::builder()
             .parse(directives)
             .map_err(|e| LogFilterError(e.to_string()))?;
         let mut current = self.current.lock();
         self.reload(filter)?;
-        current.0 = directives.to_owned();
+        let was = std::mem::replace(&mut current.0, directives.to_owned());
         current.1 += 1;
-        Ok(current.1)
+        Ok((was, current.1))
     }
 
     /// Put the filter at start back in force if the one in force is still change `change`'s
@@ -424,8 +425,9 @@ mod tests {
             filter.set("warn").unwrap();
             assert!(!debug() && !tracing::enabled!(tracing::Level::INFO));
             // A temporary filter runs out only while no other change came after it.
-            let change = filter.set("debug").unwrap();
-            let later = filter.set("info,larder::read=debug").unwrap();
+            let (was, change) = filter.set("debug").unwrap();
+            assert_eq!(was, "warn");
+            let (_, later) = filter.set("info,larder::read=debug").unwrap();
             assert!(!filter.reset_after(change), "a later change was undone");
             assert!(debug());
             assert!(filter.reset_after(later));
