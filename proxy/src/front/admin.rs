@@ -20,6 +20,7 @@ use crate::read::blocks::BlockStore;
 use crate::telemetry::labels::EventOutcome;
 use crate::telemetry::metrics::{Metrics, Snapshot, UpstreamHealth};
 use crate::telemetry::traces::LogFilter;
+use crate::units::HumanDuration;
 use crate::warm::{Progress, WarmError, WarmRequest, Warmer};
 
 /// What the admin endpoints report on.
@@ -187,8 +188,8 @@ async fn log_set(
     };
     let lasting = form_urlencoded::parse(uri.query().unwrap_or("").as_bytes())
         .find(|(name, _)| name == "for")
-        .map(|(_, value)| match humantime::parse_duration(&value) {
-            Ok(d) if !d.is_zero() && d <= MAX_LOG_FILTER_FOR => Ok(d),
+        .map(|(_, value)| match value.parse::<HumanDuration>() {
+            Ok(HumanDuration(d)) if !d.is_zero() && d <= MAX_LOG_FILTER_FOR => Ok(d),
             _ => Err(format!(
                 "for={value}: give a duration from 1s to 7d, such as 10m"
             )),
@@ -231,7 +232,7 @@ fn set_log_filter(
             }
         });
     }
-    let lasting = lasting.map(|d| humantime::format_duration(d).to_string());
+    let lasting = lasting.map(|d| HumanDuration(d).to_string());
     json(
         StatusCode::OK,
         &serde_json::json!({ "filter": filter, "was": was, "for": lasting }),
