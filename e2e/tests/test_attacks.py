@@ -238,10 +238,16 @@ def test_admin_routes_that_act_or_reveal_need_the_token(make_larder, direct, buc
         assert fetch(f"{l.admin}/log", "GET", headers)[0] == 401, auth
         assert fetch(f"{l.admin}/log", "PUT", headers, b"trace")[0] == 401, auth
         assert fetch(f"{l.admin}/log", "DELETE", headers)[0] == 401, auth
+        # The access profile: it lists the keys and ranges every client read.
+        assert fetch(f"{l.admin}/profile", "GET", headers)[0] == 401, auth
+        assert fetch(f"{l.admin}/profile", "PUT", headers)[0] == 401, auth
+        assert fetch(f"{l.admin}/profile", "DELETE", headers)[0] == 401, auth
     ok = {"Content-Type": "application/json", "Authorization": "Bearer an-admin-token-of-some-length"}
     status, answer = fetch(f"{l.admin}/log", "GET", ok)
     assert status == 200 and json.loads(answer)["filter"] == "info", answer
     assert "log filter changed" not in l.log_path.read_text()
+    status, answer = fetch(f"{l.admin}/profile", "GET", ok)
+    assert status == 200 and json.loads(answer)["started"] is None, answer
     assert fetch(f"{l.admin}/warm", "POST", ok, body)[0] == 202
     # Health, metrics and the status page stay open.
     for path in ("/healthz", "/readyz", "/metrics", "/status.json", "/"):

@@ -4,6 +4,7 @@ aws CLI) must get correct bytes or a clean S3 error — never a truncated or mix
 requests that reach the upstream stay within the stated bounds. Also: warm-up through
 `larder warm`, and read-ahead, counted at the upstream."""
 
+import json
 import random
 import re
 import subprocess
@@ -13,8 +14,9 @@ import time
 import pytest
 from botocore.exceptions import BotoCoreError, ClientError
 
-from conftest import LatencyProxy, binary, metric, wait_until
+from conftest import CLIENT_KEY, READER_KEY, READER_SECRET, LatencyProxy, binary, metric, wait_until
 from counting_proxy import CountingProxy
+from test_auth import fetch
 
 MiB = 1 << 20
 BLOCK = 8 * MiB
@@ -226,6 +228,95 @@ def test_larder_warm_fills_the_cache_so_the_job_reads_without_upstream_gets(make
     missing = subprocess.run([binary("larder"), "warm", "--admin", larder.admin, "--exact",
                               f"s3://{bucket}/no/such/key"], capture_output=True, text=True, timeout=60)
     assert missing.returncode == 1 and "1 errors" in missing.stderr, missing.stderr
+
+
+def test_a_recorded_access_profile_warms_just_the_ranges_the_job_read(make_larder, faulty, direct, bucket, workdir):
+    # Three "Parquet files" of 3 MiB and a bit; a job reads each one's footer and one column
+    # chunk, a small share of the whole.
+    rng = random.Random(12)
+    files = {f"lake/part-{i}.parquet": rng.randbytes(3 * MiB + 1000 * i) for i in range(3)}
+    for key, data in files.items():
+        direct.put_object(Bucket=bucket, Key=key, Body=data)
+    chunk = (MiB + 100, MiB + 300_000)
+    # Recorded on a Larder with the default 8 MiB blocks; the profile is of bytes, so it warms
+    # a Larder of another block size just as well.
+    recorder = start(make_larder, faulty, name="recorder")
+    # Misspelt filters and bad durations are refused, and nothing records.
+    for bad in ("acces_key=x", "for=0s", "for=8d", "for=soon"):
+        status, answer = fetch(f"{recorder.admin}/profile?{bad}", "PUT")
+        assert status == 400, (bad, answer)
+    assert json.loads(fetch(f"{recorder.admin}/profile")[1])["recording"] is False
+    # Only the job's key is recorded.
+    status, answer = fetch(f"{recorder.admin}/profile?access_key={CLIENT_KEY}&for=10m", "PUT")
+    assert status == 200 and json.loads(answer)["recording"] is True, answer
+    job = recorder.client()
+    for key, data in files.items():
+        r = job.get_object(Bucket=bucket, Key=key, Range="bytes=-65536")
+        assert r["Body"].read() == data[-65536:]
+        r = job.get_object(Bucket=bucket, Key=key, Range=f"bytes={chunk[0]}-{chunk[1]}")
+        assert r["Body"].read() == data[chunk[0]:chunk[1] + 1]
+        job.head_object(Bucket=bucket, Key=key)
+    # Another tenant's read of a range the job never read.
+    other = recorder.client(READER_KEY, READER_SECRET)
+    assert other.get_object(Bucket=bucket, Key="lake/part-0.parquet", Range="bytes=0-99")["Body"].read() == \
+        files["lake/part-0.parquet"][:100]
+    status, answer = fetch(f"{recorder.admin}/profile", "DELETE")
+    profile = json.loads(answer)
+    assert status == 200 and profile["recording"] is False, answer
+    assert (profile["reads"], profile["objects"], profile["not_recorded"]) == (6, 3, 0), answer
+    assert profile["access_key"] == CLIENT_KEY
+    assert profile["warm"] == [{"bucket": bucket, "objects": [
+        {"key": key, "ranges": [f"bytes={chunk[0]}-{chunk[1]}", f"bytes={len(d) - 65536}-{len(d) - 1}"]}
+        for key, d in files.items()]}], answer
+    saved = workdir / "job.profile.json"
+    saved.write_bytes(answer)
+    # A read after the stop is not recorded.
+    job.get_object(Bucket=bucket, Key="lake/part-1.parquet", Range="bytes=0-9")["Body"].read()
+    assert json.loads(fetch(f"{recorder.admin}/profile")[1])["reads"] == 6
+
+    # A fresh Larder with 1 MiB blocks and a disk tier, warmed from the profile.
+    faulty.reset()
+    fresh = start(make_larder, faulty, "--disk-path", str(workdir / "fresh.cache"), "--disk-capacity", "256MiB",
+                  "--disk-region-size", "16MiB", "--memory-capacity", "64MiB", "--block-size", "1MiB", name="fresh")
+    warm = subprocess.run([binary("larder"), "warm", "--admin", fresh.admin, "--profile", str(saved)],
+                          capture_output=True, text=True, timeout=300)
+    assert warm.returncode == 0, warm.stderr
+    assert "3/3 objects" in warm.stderr and "0 errors" in warm.stderr, warm.stderr
+
+    def blocks_under(size, first, last):
+        return {(b * MiB, min((b + 1) * MiB, size) - 1) for b in range(first // MiB, last // MiB + 1)}
+
+    # The warm fetched the blocks under the ranges read, each once, and nothing else.
+    expected = []
+    for key, d in files.items():
+        under = blocks_under(len(d), *chunk) | blocks_under(len(d), len(d) - 65536, len(d) - 1)
+        expected += [(f"/{bucket}/{key}", f"bytes={a}-{b}") for a, b in sorted(under)]
+    assert sorted((g[1], g[2]) for g in object_gets(faulty, bucket, "lake/")) == sorted(expected)
+    faulty.reset()
+    # The job's next run reads from the disk tier, with no upstream GET.
+    job = fresh.client()
+    for key, data in files.items():
+        r = job.get_object(Bucket=bucket, Key=key, Range="bytes=-65536")
+        assert r["Body"].read() == data[-65536:]
+        assert r["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "hit-disk", key
+        r = job.get_object(Bucket=bucket, Key=key, Range=f"bytes={chunk[0]}-{chunk[1]}")
+        assert r["Body"].read() == data[chunk[0]:chunk[1] + 1]
+        assert r["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "hit-disk", key
+    assert object_gets(faulty, bucket, "lake/") == [], "the job's reads went upstream"
+    # What the other tenant read was not warmed.
+    r = job.get_object(Bucket=bucket, Key="lake/part-0.parquet", Range="bytes=0-99")
+    assert r["Body"].read() == files["lake/part-0.parquet"][:100]
+    assert r["ResponseMetadata"]["HTTPHeaders"]["x-cache"] == "miss"
+
+    # A timed recording stops by itself; a profile with no reads is refused by the CLI.
+    assert fetch(f"{fresh.admin}/profile?for=1s", "PUT")[0] == 200
+    wait_until(lambda: json.loads(fetch(f"{fresh.admin}/profile")[1])["recording"] is False, timeout=15,
+               what="the timed recording's stop")
+    empty = workdir / "empty.profile.json"
+    empty.write_bytes(fetch(f"{fresh.admin}/profile")[1])
+    r = subprocess.run([binary("larder"), "warm", "--admin", fresh.admin, "--profile", str(empty)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "holds no reads" in r.stderr, r.stderr
 
 
 def prefetch_metric(larder, name, outcome) -> float:

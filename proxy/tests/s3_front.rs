@@ -10,7 +10,7 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::extract::Request;
 use bytes::Bytes;
-use http::{header, HeaderMap, StatusCode};
+use http::{header, HeaderMap, Method, StatusCode};
 use http_body_util::BodyExt;
 use larder::auth::Authenticator;
 use larder::freshness::Freshness;
@@ -56,6 +56,7 @@ fn app_with(origin: Arc<dyn Upstream>, exact_ranges: bool) -> Arc<AppState> {
         origin,
         metrics,
         larder_pays: false,
+        profile: Default::default(),
     })
 }
 
@@ -130,6 +131,37 @@ async fn an_object_changed_under_cached_metadata_is_served_whole_from_the_new_ve
     // 1 refused (If-Match v1), 1 for v2's block 2.
     assert_eq!(origin.heads.load(Ordering::SeqCst), 0);
     assert_eq!(origin.gets.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn an_access_profile_holds_the_bytes_each_get_was_answered_with() {
+    let (_, _, app) = three_blocks();
+    get(&app, "bytes=0-9").await;
+    app.profile.start(None);
+    // A cold range, the same range again (a hit), a suffix, the whole object and a HEAD.
+    get(&app, "bytes=5000-5009").await;
+    get(&app, "bytes=5000-5009").await;
+    get(&app, "bytes=-10").await;
+    get_key(&app, "k", "").await;
+    let head = Request::builder()
+        .method(Method::HEAD)
+        .uri("/bucket/k")
+        .body(Body::empty())
+        .unwrap();
+    send(&app, head).await;
+    // A range past the end is answered with no bytes: nothing read.
+    let (status, _, _) = get(&app, "bytes=99999-").await;
+    assert_eq!(status, StatusCode::RANGE_NOT_SATISFIABLE);
+    let report = app.profile.report();
+    assert_eq!((report.reads, report.objects), (4, 1));
+    assert_eq!(
+        serde_json::to_value(&report.warm).unwrap(),
+        serde_json::json!([{"bucket": "bucket", "objects": [{"key": "k", "ranges": ["bytes=0-12287"]}]}])
+    );
+    // Stopped: reads are no longer recorded.
+    app.profile.stop();
+    get(&app, "bytes=0-9").await;
+    assert_eq!(app.profile.report().reads, 4);
 }
 
 #[tokio::test]

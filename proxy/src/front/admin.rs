@@ -1,6 +1,7 @@
 //! The admin listener: `/healthz`, `/readyz`, `/metrics`, and a live status page at `/` fed by
-//! `/status.json`; warm-up and fleet routes behind the admin token; S3 event notifications
-//! (`POST /v1/events`, [`crate::freshness::events`]) behind the events token.
+//! `/status.json`; warm-up, access-profile, log-filter and fleet routes behind the admin token;
+//! S3 event notifications (`POST /v1/events`, [`crate::freshness::events`]) behind the events
+//! token.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -21,6 +22,7 @@ use crate::telemetry::labels::EventOutcome;
 use crate::telemetry::metrics::{Metrics, Snapshot, UpstreamHealth};
 use crate::telemetry::traces::LogFilter;
 use crate::units::HumanDuration;
+use crate::warm::profile::Profiler;
 use crate::warm::{Progress, WarmError, WarmRequest, Warmer};
 
 /// What the admin endpoints report on.
@@ -31,11 +33,13 @@ pub struct AdminState {
     pub blocks: Arc<BlockStore>,
     /// Warm-up jobs.
     pub warmer: Arc<Warmer>,
+    /// The access profile `/profile` records (the S3 front reports each read to it).
+    pub profile: Arc<Profiler>,
     /// The fleet, if this replica is part of one.
     pub fleet: Option<Arc<crate::fleet::Fleet>>,
     /// Set once the S3 listener accepts connections.
     pub ready: AtomicBool,
-    /// Who may use the warm-up and fleet routes.
+    /// Who may use the routes that act or reveal.
     pub access: AdminAccess,
     /// What S3 events drop, and the event stream's health.
     pub freshness: Arc<Freshness>,
@@ -48,7 +52,8 @@ pub struct AdminState {
 }
 
 /// Who may call the admin routes that act or reveal: warm-up jobs (which fetch, list buckets
-/// and cancel other jobs) and the fleet's view.
+/// and cancel other jobs), the access profile (the keys and ranges clients read), the log
+/// filter and the fleet's view.
 #[derive(Clone)]
 pub enum AdminAccess {
     /// Callers must present this bearer token.
@@ -148,6 +153,10 @@ pub fn router(state: Arc<AdminState>) -> axum::Router {
         .route("/fleet", get(fleet))
         .route("/fleet/owner", get(fleet_owner))
         .route("/log", get(log_get).put(log_set).delete(log_reset))
+        .route(
+            "/profile",
+            get(profile_get).put(profile_start).delete(profile_stop),
+        )
         .route_layer(axum::middleware::from_fn_with_state(state.clone(), guard));
     axum::Router::new()
         .route("/", get(|| async { Html(STATUS_PAGE) }))
@@ -171,8 +180,28 @@ async fn log_get(State(s): State<Arc<AdminState>>) -> axum::response::Response {
     }
 }
 
-/// Longest a temporary log filter (`PUT /log?for=`) may last.
-const MAX_LOG_FILTER_FOR: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Longest a temporary log filter (`PUT /log?for=`) or a timed profile recording may last.
+const MAX_FOR: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// The `for` of a query (`for=10m`): how long a change lasts, if given; 1 s to 7 days.
+fn lasting(query: &[(String, String)]) -> Result<Option<Duration>, String> {
+    query
+        .iter()
+        .find(|(name, _)| name == "for")
+        .map(|(_, value)| match value.parse::<HumanDuration>() {
+            Ok(HumanDuration(d)) if !d.is_zero() && d <= MAX_FOR => Ok(d),
+            _ => Err(format!(
+                "for={value}: give a duration from 1s to 7d, such as 10m"
+            )),
+        })
+        .transpose()
+}
+
+fn query_of(uri: &axum::http::Uri) -> Vec<(String, String)> {
+    form_urlencoded::parse(uri.query().unwrap_or("").as_bytes())
+        .into_owned()
+        .collect()
+}
 
 /// Put the filter of the body (`RUST_LOG`'s syntax) in force; one that does not parse is
 /// refused (400) and the one in force kept. With `?for=10m`, the filter at start comes back
@@ -186,19 +215,63 @@ async fn log_set(
     let Some(log) = &s.log else {
         return no_log_filter();
     };
-    let lasting = form_urlencoded::parse(uri.query().unwrap_or("").as_bytes())
-        .find(|(name, _)| name == "for")
-        .map(|(_, value)| match value.parse::<HumanDuration>() {
-            Ok(HumanDuration(d)) if !d.is_zero() && d <= MAX_LOG_FILTER_FOR => Ok(d),
-            _ => Err(format!(
-                "for={value}: give a duration from 1s to 7d, such as 10m"
-            )),
-        })
-        .transpose();
-    match lasting {
+    match lasting(&query_of(&uri)) {
         Ok(lasting) => set_log_filter(log, body.trim(), lasting),
         Err(e) => json_error(StatusCode::BAD_REQUEST, e),
     }
+}
+
+/// The access profile recorded so far; its `warm` is what `POST /warm` (and `larder warm
+/// --profile`) takes.
+async fn profile_get(State(s): State<Arc<AdminState>>) -> axum::response::Response {
+    json(StatusCode::OK, &s.profile.report())
+}
+
+/// Start recording an access profile, dropping the one before. `?for=1h` stops it after that
+/// long (unless another start came first); `?access_key=K` records that client key's reads
+/// only. Any other parameter is refused: a misspelt filter would record every key's reads.
+async fn profile_start(
+    State(s): State<Arc<AdminState>>,
+    uri: axum::http::Uri,
+) -> axum::response::Response {
+    let query = query_of(&uri);
+    if let Some((name, _)) = query
+        .iter()
+        .find(|(name, _)| name != "for" && name != "access_key")
+    {
+        return json_error(
+            StatusCode::BAD_REQUEST,
+            format!("unknown parameter {name:?}: take for and access_key"),
+        );
+    }
+    let lasting = match lasting(&query) {
+        Ok(lasting) => lasting,
+        Err(e) => return json_error(StatusCode::BAD_REQUEST, e),
+    };
+    let access_key = query
+        .into_iter()
+        .find(|(name, _)| name == "access_key")
+        .map(|(_, key)| key);
+    let start = s.profile.start(access_key.clone());
+    tracing::info!(access_key = ?access_key, lasting = ?lasting, "access profile recording started");
+    if let Some(lasting) = lasting {
+        let profile = s.profile.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(lasting).await;
+            if profile.stop_if(start) {
+                tracing::info!("access profile recording ran out");
+            }
+        });
+    }
+    json(StatusCode::OK, &s.profile.report())
+}
+
+/// Stop recording; the profile is kept (and returned) until the next start.
+async fn profile_stop(State(s): State<Arc<AdminState>>) -> axum::response::Response {
+    if s.profile.stop() {
+        tracing::info!("access profile recording stopped");
+    }
+    json(StatusCode::OK, &s.profile.report())
 }
 
 /// Put the filter at start back in force.

@@ -1,5 +1,5 @@
-//! `larder warm`: start a warm-up job through the admin API, show its progress, and exit 0 only
-//! if every object was warmed.
+//! `larder warm`: start a warm-up job through the admin API (or, from an access profile, one job
+//! per bucket in turn), show its progress, and exit 0 only if every object was warmed.
 
 use std::io::{IsTerminal, Write};
 use std::time::Duration;
@@ -16,7 +16,8 @@ use super::{Progress, State, WarmRequest};
 pub struct WarmArgs {
     /// What to warm: `s3://bucket/prefix` (every object whose key starts with it; `s3://bucket`
     /// for the whole bucket), or one key with --exact or --range.
-    pub target: String,
+    #[arg(required_unless_present = "profile", conflicts_with = "profile")]
+    pub target: Option<String>,
     /// Larder's admin listener.
     #[arg(long, default_value = "http://127.0.0.1:9001")]
     pub admin: String,
@@ -27,6 +28,11 @@ pub struct WarmArgs {
     /// Treat the target as one key, not a prefix.
     #[arg(long)]
     pub exact: bool,
+    /// Warm what an access profile recorded instead of a target: the file `GET /profile` (or
+    /// `DELETE /profile`) on the admin listener answered with. The byte ranges each object was
+    /// read in are warmed, bucket by bucket, one job after another.
+    #[arg(long, conflicts_with_all = ["range", "exact"])]
+    pub profile: Option<std::path::PathBuf>,
     /// File holding the admin bearer token (the server's `admin_token_file`); the environment
     /// variable `LARDER_ADMIN_TOKEN` may hold the token itself instead.
     #[arg(long)]
@@ -42,21 +48,50 @@ pub enum CliError {
     /// The admin API could not be reached or answered with an error.
     #[error("admin API: {0}")]
     Admin(String),
+    /// The profile could not be read, or holds nothing to warm.
+    #[error("profile {0}")]
+    Profile(String),
+}
+
+/// What `--profile` reads of the file: the requests `GET /profile` listed (the rest of what it
+/// answered, the recording's counts, is not needed here).
+#[derive(serde::Deserialize)]
+struct Saved {
+    warm: Vec<WarmRequest>,
 }
 
 impl WarmArgs {
+    /// The jobs to run, in turn.
+    fn requests(&self) -> Result<Vec<WarmRequest>, CliError> {
+        let Some(path) = &self.profile else {
+            return Ok(vec![self.request()?]);
+        };
+        let shown = path.display();
+        let text = std::fs::read(path).map_err(|e| CliError::Profile(format!("{shown}: {e}")))?;
+        let saved: Saved = serde_json::from_slice(&text)
+            .map_err(|e| CliError::Profile(format!("{shown}: not a profile: {e}")))?;
+        // A profile that recorded nothing (a filter that matched no key, a recording never
+        // started) is a mistake worth an error, not a warm-up that quietly does nothing.
+        if saved.warm.is_empty() {
+            return Err(CliError::Profile(format!(
+                "{shown} holds no reads: nothing to warm"
+            )));
+        }
+        Ok(saved.warm)
+    }
+
     fn request(&self) -> Result<WarmRequest, CliError> {
-        let rest = self
-            .target
+        let target = self.target.clone().unwrap_or_default();
+        let rest = target
             .strip_prefix("s3://")
-            .ok_or_else(|| CliError::Target(self.target.clone()))?;
+            .ok_or_else(|| CliError::Target(target.clone()))?;
         let (bucket, path) = rest.split_once('/').unwrap_or((rest, ""));
         if bucket.is_empty() {
-            return Err(CliError::Target(self.target.clone()));
+            return Err(CliError::Target(target.clone()));
         }
         let single = self.exact || self.range.is_some();
         if single && path.is_empty() {
-            return Err(CliError::Target(self.target.clone()));
+            return Err(CliError::Target(target.clone()));
         }
         Ok(WarmRequest {
             bucket: bucket.to_owned(),
@@ -67,6 +102,7 @@ impl WarmArgs {
             },
             prefix: (!single).then(|| path.to_owned()),
             range: self.range.clone(),
+            objects: vec![],
         })
     }
 }
@@ -151,16 +187,33 @@ fn line(p: &Progress) -> String {
     )
 }
 
-/// Run the command; the exit code is 0 when the job finished with no errors.
+/// Run the command; the exit code is 0 when every job finished with no errors.
 pub async fn run(args: WarmArgs) -> Result<i32, CliError> {
-    let request = args.request()?;
+    let requests = args.requests()?;
     let token = token(&args)?;
-    let token = token.as_deref();
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
     let base = args.admin.trim_end_matches('/');
-    let body = serde_json::to_vec(&request).map_err(|e| CliError::Admin(e.to_string()))?;
+    let mut ok = true;
+    for request in &requests {
+        match follow(&client, token.as_deref(), base, request).await? {
+            Some(done) => ok &= done,
+            None => return Ok(130),
+        }
+    }
+    Ok(if ok { 0 } else { 1 })
+}
+
+/// Start one job and show its progress until it ends: whether it warmed every object, or
+/// `None` if interrupted (the job is then cancelled).
+async fn follow(
+    client: &HttpClient,
+    token: Option<&str>,
+    base: &str,
+    request: &WarmRequest,
+) -> Result<Option<bool>, CliError> {
+    let body = serde_json::to_vec(request).map_err(|e| CliError::Admin(e.to_string()))?;
     let started = call(
-        &client,
+        client,
         token,
         http::Method::POST,
         &format!("{base}/warm"),
@@ -176,13 +229,13 @@ pub async fn run(args: WarmArgs) -> Result<i32, CliError> {
     let progress = loop {
         tokio::select! {
             _ = &mut interrupt => {
-                let p = call(&client, token, http::Method::DELETE, &url, None).await?;
+                let p = call(client, token, http::Method::DELETE, &url, None).await?;
                 eprintln!("\ninterrupted: job {} cancelled", p.id);
-                return Ok(130);
+                return Ok(None);
             }
             _ = tokio::time::sleep(Duration::from_millis(250)) => {}
         }
-        let p = call(&client, token, http::Method::GET, &url, None).await?;
+        let p = call(client, token, http::Method::GET, &url, None).await?;
         if tty {
             eprint!("\r{}", line(&p));
             let _ = std::io::stderr().flush();
@@ -211,7 +264,7 @@ pub async fn run(args: WarmArgs) -> Result<i32, CliError> {
             _ => String::new(),
         }
     );
-    Ok(if ok { 0 } else { 1 })
+    Ok(Some(ok))
 }
 
 #[cfg(test)]
@@ -220,11 +273,12 @@ mod tests {
 
     fn args(target: &str, range: Option<&str>, exact: bool) -> WarmArgs {
         WarmArgs {
-            target: target.into(),
+            target: Some(target.into()),
             admin: "http://x".into(),
             range: range.map(str::to_owned),
             admin_token_file: None,
             exact,
+            profile: None,
         }
     }
 
@@ -249,5 +303,32 @@ mod tests {
             assert!(args(bad, None, false).request().is_err(), "{bad}");
         }
         assert!(args("s3://lake", None, true).request().is_err());
+    }
+
+    #[test]
+    fn a_profile_is_its_warm_requests_and_an_empty_one_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("job.profile.json");
+        let with = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            WarmArgs {
+                profile: Some(path.clone()),
+                target: None,
+                ..args("s3://unused", None, false)
+            }
+            .requests()
+        };
+        let requests = with(
+            r#"{"recording": false, "reads": 3, "warm": [
+                {"bucket": "lake", "objects": [{"key": "a", "ranges": ["bytes=0-9"]}]},
+                {"bucket": "logs", "objects": [{"key": "b"}]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(requests.len(), 2);
+        assert_eq!(requests[0].objects[0].ranges, ["bytes=0-9"]);
+        assert!(requests[1].objects[0].ranges.is_empty());
+        for bad in [r#"{"warm": []}"#, "not json", r#"{"reads": 1}"#] {
+            assert!(matches!(with(bad), Err(CliError::Profile(_))), "{bad}");
+        }
     }
 }

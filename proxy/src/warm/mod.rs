@@ -6,8 +6,12 @@
 //! at a time and at most `warm_rate` bytes per second, through the same single-flight as client
 //! reads (a block a client is fetching is not fetched twice). Jobs report progress and can be
 //! cancelled; the blocks already fetched stay cached.
+//!
+//! A job may also name byte ranges object by object: what an access profile ([`profile`])
+//! recorded clients reading.
 
 pub mod cli;
+pub mod profile;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,21 +39,35 @@ const MAX_RUNNING: usize = 8;
 /// Most keys a request may name.
 const MAX_KEYS: usize = 10_000;
 
-/// What to warm.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+/// What to warm: `keys`, a `prefix` or `objects`, one of them.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct WarmRequest {
     /// The bucket.
     pub bucket: String,
     /// Keys to warm whole (or `range` of each).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub keys: Vec<String>,
     /// Warm every object whose key starts with this (`""`: the whole bucket).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix: Option<String>,
     /// An HTTP Range (`bytes=0-1023`, `bytes=-65536`) to warm of each object instead of all.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub range: Option<String>,
+    /// Objects each with the ranges of it to warm, as an access profile lists them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub objects: Vec<WarmObject>,
+}
+
+/// One object of a [`WarmRequest`] and the ranges of it to warm.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct WarmObject {
+    /// The key.
+    pub key: String,
+    /// HTTP Ranges (`bytes=0-1023`) to warm of it; none: the whole object.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ranges: Vec<String>,
 }
 
 /// Why a warm-up request was refused.
@@ -82,7 +100,7 @@ pub enum State {
 pub struct Progress {
     /// The job's id.
     pub id: String,
-    /// What it warms.
+    /// What it warms, its list of `objects` left out (`objects_total` counts them).
     pub request: WarmRequest,
     /// Where it is.
     pub state: State,
@@ -137,7 +155,12 @@ impl Job {
         let listing_done = self.listing_done.load(Ordering::Relaxed);
         Progress {
             id: self.id.clone(),
-            request: self.request.clone(),
+            // Not the objects: a profile's job may list thousands, and progress is asked for
+            // every quarter of a second.
+            request: WarmRequest {
+                objects: Vec::new(),
+                ..self.request.clone()
+            },
             state,
             listing_done,
             objects_total: self.objects_total.load(Ordering::Relaxed),
@@ -210,17 +233,43 @@ impl Warmer {
         if request.bucket.is_empty() {
             return Err(WarmError::Invalid("bucket is required".into()));
         }
-        if request.keys.is_empty() == request.prefix.is_none() {
+        let given = [
+            !request.keys.is_empty(),
+            request.prefix.is_some(),
+            !request.objects.is_empty(),
+        ];
+        if given.iter().filter(|g| **g).count() != 1 {
             return Err(WarmError::Invalid(
-                "give either keys or a prefix (an empty prefix warms the whole bucket)".into(),
+                "give one of keys, a prefix (an empty prefix warms the whole bucket) or objects"
+                    .into(),
             ));
         }
-        if request.keys.len() > MAX_KEYS {
+        if request.keys.len().max(request.objects.len()) > MAX_KEYS {
             return Err(WarmError::Invalid(format!(
-                "at most {MAX_KEYS} keys per job"
+                "at most {MAX_KEYS} keys or objects per job"
             )));
         }
-        if let Some(r) = &request.range {
+        if !request.objects.is_empty() && request.range.is_some() {
+            return Err(WarmError::Invalid(
+                "objects give their own ranges; a range for all of them is not taken".into(),
+            ));
+        }
+        if let Some(o) = request
+            .objects
+            .iter()
+            .find(|o| o.ranges.len() > profile::MAX_RANGES)
+        {
+            return Err(WarmError::Invalid(format!(
+                "{}: at most {} ranges per object",
+                o.key,
+                profile::MAX_RANGES
+            )));
+        }
+        let ranges = request
+            .range
+            .iter()
+            .chain(request.objects.iter().flat_map(|o| o.ranges.iter()));
+        for r in ranges {
             // Checked against a huge size: only the syntax can be wrong here.
             if matches!(range::resolve(Some(r), u64::MAX), Resolved::Whole) {
                 return Err(WarmError::Invalid(format!(
@@ -309,15 +358,24 @@ impl Warmer {
     /// List and warm, page by page.
     async fn run(&self, job: &Arc<Job>) -> Result<(), UpstreamError> {
         let request = &job.request;
-        if !request.keys.is_empty() {
-            self.warm_objects(job, request.keys.clone()).await;
+        // A key with the job's range, if any (else the whole object).
+        let whole_or = |key: &String| -> (String, Vec<String>) {
+            (key.clone(), request.range.iter().cloned().collect())
+        };
+        if !request.objects.is_empty() {
+            let objects = request.objects.iter();
+            let objects = objects.map(|o| (o.key.clone(), o.ranges.clone()));
+            self.warm_objects(job, objects.collect()).await;
+        } else if !request.keys.is_empty() {
+            self.warm_objects(job, request.keys.iter().map(whole_or).collect())
+                .await;
         } else {
             let prefix = request.prefix.clone().unwrap_or_default();
             let mut token = None;
             loop {
                 let (page, next) = self.origin.list(&request.bucket, &prefix, token).await?;
-                self.warm_objects(job, page.into_iter().map(|(k, _)| k).collect())
-                    .await;
+                let keys = page.iter().map(|(k, _)| whole_or(k));
+                self.warm_objects(job, keys.collect()).await;
                 match next {
                     Some(t) => token = Some(t),
                     None => break,
@@ -328,12 +386,13 @@ impl Warmer {
         Ok(())
     }
 
-    /// Warm `keys`: their blocks, `concurrency` at a time across the page.
-    async fn warm_objects(&self, job: &Arc<Job>, keys: Vec<String>) {
+    /// Warm `objects`, each the blocks under its ranges (none: all of it), `concurrency` at a
+    /// time across the page.
+    async fn warm_objects(&self, job: &Arc<Job>, objects: Vec<(String, Vec<String>)>) {
         job.objects_total
-            .fetch_add(keys.len() as u64, Ordering::Relaxed);
+            .fetch_add(objects.len() as u64, Ordering::Relaxed);
         let mut blocks = Vec::new();
-        for key in keys {
+        for (key, ranges) in objects {
             let id = ObjectId {
                 bucket: job.request.bucket.as_str().into(),
                 key: key.as_str().into(),
@@ -347,20 +406,34 @@ impl Warmer {
                     continue;
                 }
             };
-            let (start, end) = match range::resolve(job.request.range.as_deref(), meta.size) {
-                Resolved::Whole => (0, meta.size),
-                Resolved::Partial { start, end } => (start, end),
-                Resolved::Unsatisfiable => (0, 0),
+            let spans: Vec<(u64, u64)> = if ranges.is_empty() {
+                vec![(0, meta.size)]
+            } else {
+                ranges
+                    .iter()
+                    .filter_map(|r| match range::resolve(Some(r), meta.size) {
+                        Resolved::Whole => Some((0, meta.size)),
+                        Resolved::Partial { start, end } => Some((start, end)),
+                        // A range past the end of an object that shrank since it was read.
+                        Resolved::Unsatisfiable => None,
+                    })
+                    .collect()
             };
+            // Each block once, however many ranges it lies under, in the order of the object.
+            let mut slices = std::collections::BTreeMap::new();
+            for (start, end) in spans {
+                for s in self.blocks.layout().slices(start, end, meta.size) {
+                    slices.entry(s.index).or_insert(s);
+                }
+            }
             let etag = meta.etag.clone();
-            let slices: Vec<_> = self.blocks.layout().slices(start, end, meta.size).collect();
-            let object_bytes: u64 = slices.iter().map(|s| s.block_len).sum();
+            let object_bytes: u64 = slices.values().map(|s| s.block_len).sum();
             job.bytes_total.fetch_add(object_bytes, Ordering::Relaxed);
             let remaining = Arc::new(AtomicU64::new(slices.len() as u64));
             if slices.is_empty() {
                 job.objects_done.fetch_add(1, Ordering::Relaxed);
             }
-            for slice in slices {
+            for slice in slices.into_values() {
                 blocks.push((
                     id.clone(),
                     etag.clone(),
@@ -458,6 +531,7 @@ mod tests {
             keys: vec![],
             prefix: Some("p/".into()),
             range: None,
+            objects: vec![],
         };
         let p = finished(&w, &w.start(request.clone()).unwrap().id).await;
         assert_eq!(p.state, State::Done);
@@ -481,6 +555,7 @@ mod tests {
                 keys: vec!["q/d".into(), "missing".into()],
                 prefix: None,
                 range: Some("bytes=-100".into()),
+                objects: vec![],
             })
             .unwrap();
         let p = finished(&w, &p.id).await;
@@ -496,16 +571,75 @@ mod tests {
                 keys: vec![],
                 prefix: None,
                 range: None,
+                objects: vec![],
             },
             WarmRequest {
                 bucket: "b".into(),
                 keys: vec!["k".into()],
                 prefix: None,
                 range: Some("lines=1-2".into()),
+                objects: vec![],
+            },
+            // Two kinds of target at once.
+            WarmRequest {
+                bucket: "b".into(),
+                keys: vec!["k".into()],
+                objects: vec![object("k", &[])],
+                ..Default::default()
+            },
+            WarmRequest {
+                bucket: "b".into(),
+                objects: vec![object("k", &["bytes=0-1"])],
+                range: Some("bytes=0-1".into()),
+                ..Default::default()
+            },
+            WarmRequest {
+                bucket: "b".into(),
+                objects: vec![object("k", &["bytes=0-1", "rows=2-3"])],
+                ..Default::default()
+            },
+            WarmRequest {
+                bucket: "b".into(),
+                objects: vec![object("k", &["bytes=0-1"; profile::MAX_RANGES + 1])],
+                ..Default::default()
             },
         ] {
             assert!(matches!(w.start(bad), Err(WarmError::Invalid(_))));
         }
+    }
+
+    fn object(key: &str, ranges: &[&str]) -> WarmObject {
+        WarmObject {
+            key: key.into(),
+            ranges: ranges.iter().map(|r| r.to_string()).collect(),
+        }
+    }
+
+    #[tokio::test]
+    async fn objects_warm_the_blocks_under_their_own_ranges_each_once() {
+        let (w, origin) = warmer();
+        // Blocks of 4096: p/a (10,000 bytes) is blocks 0 to 2, q/d (9000) blocks 0 to 2.
+        let request = WarmRequest {
+            bucket: "b".into(),
+            objects: vec![
+                // Two ranges in block 0, one across blocks 1 and 2... of p/a: all three once.
+                object("p/a", &["bytes=0-9", "bytes=100-199", "bytes=4000-8999"]),
+                // The last byte of q/d: block 2 only.
+                object("q/d", &["bytes=-1"]),
+                // Past the end of p/c (1 byte): nothing to warm, not an error.
+                object("p/c", &["bytes=5-9"]),
+                // No ranges: the whole object.
+                object("p/b", &[]),
+            ],
+            ..Default::default()
+        };
+        let p = finished(&w, &w.start(request).unwrap().id).await;
+        assert_eq!(p.state, State::Done);
+        assert_eq!((p.objects_total, p.objects_done, p.errors), (4, 4, 0));
+        assert_eq!(p.bytes_fetched, 10_000 + (9000 - 2 * 4096) + 5000);
+        assert_eq!(origin.gets.load(Ordering::SeqCst), 3 + 1 + 2);
+        // Progress leaves the objects out.
+        assert!(p.request.objects.is_empty() && p.request.bucket == "b");
     }
 
     #[tokio::test]
@@ -528,6 +662,7 @@ mod tests {
                 keys: vec!["p/a".into()],
                 prefix: None,
                 range: None,
+                objects: vec![],
             })
             .unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -41,6 +41,7 @@ use crate::telemetry::labels::XCache;
 use crate::telemetry::metrics::{KeyTally, Metrics};
 use crate::upstream::forward::Forwarder;
 use crate::upstream::Upstream;
+use crate::warm::profile::Profiler;
 
 mod listing;
 mod object;
@@ -79,6 +80,8 @@ pub struct AppState {
     /// Larder's own upstream requests say it pays for them (`upstream_requester_pays`), so
     /// reads that say so too may be answered from the cache.
     pub larder_pays: bool,
+    /// Records the byte ranges clients read while an access profile is recorded (`/profile`).
+    pub profile: Arc<Profiler>,
 }
 
 /// The S3 front's service: every request to [`handle`].
@@ -292,7 +295,8 @@ impl AppState {
                 if cacheable(&key, &query, &req.headers, self.larder_pays) =>
             {
                 let head = req.method == Method::HEAD;
-                self.object(&req, bucket, key, &query, head).await
+                let reader = principal.access_key.as_deref();
+                self.object(&req, bucket, key, &query, head, reader).await
             }
             (&Method::GET | &Method::HEAD, Target::Object { bucket, key }, Some(part)) => {
                 let read =

@@ -34,16 +34,18 @@ impl AppState {
         key: Arc<str>,
         query: &ObjectQuery,
         head: bool,
+        reader: Option<&str>,
     ) -> Handled {
         let id = object_id(bucket, key, query);
         // Without a part, every read is answered here.
-        self.answer(&req.headers, &id, query, head, None)
+        self.answer(&req.headers, &id, query, head, None, reader)
             .await
             .unwrap_or(Err(S3Error::InternalError))
     }
 
     /// A GET or HEAD of `id` from the caches, of the range its headers ask for or of part
-    /// `part`. `Err(NotThisPart)`: the object does not fit the part's span (nothing was sent).
+    /// `part`, by the client key `reader`. `Err(NotThisPart)`: the object does not fit the
+    /// part's span (nothing was sent).
     pub(super) async fn answer(
         &self,
         headers: &HeaderMap,
@@ -51,12 +53,16 @@ impl AppState {
         query: &ObjectQuery,
         head: bool,
         part: Option<PartRead<'_>>,
+        reader: Option<&str>,
     ) -> Result<Handled, NotThisPart> {
         // One retry: if the object changed upstream after its metadata was cached, the first block
         // fetch says so (If-Match) before anything was sent, and we start over with fresh metadata.
         let mut retried = false;
         loop {
-            match self.object_once(headers, id, query, head, part).await {
+            match self
+                .object_once(headers, id, query, head, part, reader)
+                .await
+            {
                 Err(Again::Changed) if !retried => {
                     retried = true;
                     // Boxed: a path a hit never takes (see `MetadataCache::lookup_once`).
@@ -80,6 +86,7 @@ impl AppState {
         query: &ObjectQuery,
         head: bool,
         part: Option<PartRead<'_>>,
+        reader: Option<&str>,
     ) -> Result<Handled, Again> {
         // Parsed once; `None` is no header or one S3 ignores (the whole object). A part is the
         // range it was learnt to be (a read of a part has no Range header: S3 refuses both).
@@ -198,6 +205,11 @@ impl AppState {
         };
         if head || start == end {
             return respond(Body::empty(), meta_cache);
+        }
+        // An access profile holds the current version's bytes read, for a warm-up to fetch
+        // again; a read of an older version is not one a later job makes.
+        if self.profile.recording() && id.version_id.is_none() {
+            self.profile.record(reader, &id.bucket, &id.key, start..end);
         }
         let etag = meta.etag.clone();
         // This request's own suffix GET: its bytes go to the client as they arrive, and the

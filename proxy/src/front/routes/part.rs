@@ -54,7 +54,14 @@ impl AppState {
                 opened: false,
             };
             match self
-                .answer(&req.headers, &id, query, head, Some(known))
+                .answer(
+                    &req.headers,
+                    &id,
+                    query,
+                    head,
+                    Some(known),
+                    principal.access_key.as_deref(),
+                )
                 .await
             {
                 Ok(handled) => return handled,
@@ -62,7 +69,8 @@ impl AppState {
             }
         }
         if own_get {
-            let first = self.first_read_of_part(&req.headers, &id, query, part);
+            let reader = principal.access_key.as_deref();
+            let first = self.first_read_of_part(&req.headers, &id, query, part, reader);
             if let Some(handled) = Box::pin(first).await {
                 return handled;
             }
@@ -92,6 +100,7 @@ impl AppState {
         id: &ObjectId,
         query: &ObjectQuery,
         part: PartNumber,
+        reader: Option<&str>,
     ) -> Option<Handled> {
         let opened = self.blocks.open_upload_part(id.clone(), part).await;
         let (meta, span) = opened.ok().flatten()?;
@@ -102,7 +111,10 @@ impl AppState {
             span: &span,
             opened: true,
         };
-        match self.answer(headers, id, query, false, Some(read)).await {
+        match self
+            .answer(headers, id, query, false, Some(read), reader)
+            .await
+        {
             Ok(handled) => Some(handled),
             Err(_) => {
                 self.parts.forget(id, part);

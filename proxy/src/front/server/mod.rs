@@ -36,6 +36,7 @@ use crate::read::prefetch::PrefetchConfig;
 use crate::telemetry::metrics::{FleetGauges, Metrics, MetricsError, MetricsOptions};
 use crate::upstream::resume::ResumePolicy;
 use crate::upstream::Clients;
+use crate::warm::profile::Profiler;
 use crate::warm::{WarmLimits, Warmer};
 use cache_core::disk::PartitionConfig;
 use cache_core::disk::{DeviceKey, Encryption, DEVICE_KEY_LEN};
@@ -442,6 +443,7 @@ pub async fn start(
         let keys = keys.clone();
         metrics.observe_auth_files(move |file| keys.refused(file));
     }
+    let profile = Arc::new(Profiler::default());
     let app = Arc::new(AppState {
         base_domain: config.base_domain.clone(),
         auth,
@@ -454,11 +456,13 @@ pub async fn start(
         origin,
         metrics: metrics.clone(),
         larder_pays: config.upstream_requester_pays,
+        profile: profile.clone(),
     });
     let admin_state = Arc::new(AdminState {
         metrics: metrics.clone(),
         blocks: blocks.clone(),
         warmer,
+        profile,
         fleet: fleet.as_ref().map(|f| f.fleet.clone()),
         ready: AtomicBool::new(false),
         access: match &config.admin_token_file {
