@@ -265,7 +265,7 @@ def test_a_recorded_access_profile_warms_just_the_ranges_the_job_read(make_larde
     assert status == 200 and profile["recording"] is False, answer
     assert (profile["reads"], profile["objects"], profile["not_recorded"]) == (6, 3, 0), answer
     assert profile["access_key"] == CLIENT_KEY
-    assert profile["warm"] == [{"bucket": bucket, "objects": [
+    assert profile["warm"] == [{"bucket": bucket, "keys": [], "prefix": None, "range": None, "objects": [
         {"key": key, "ranges": [f"bytes={chunk[0]}-{chunk[1]}", f"bytes={len(d) - 65536}-{len(d) - 1}"]}
         for key, d in files.items()]}], answer
     saved = workdir / "job.profile.json"

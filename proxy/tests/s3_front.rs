@@ -156,7 +156,10 @@ async fn an_access_profile_holds_the_bytes_each_get_was_answered_with() {
     assert_eq!((report.reads, report.objects), (4, 1));
     assert_eq!(
         serde_json::to_value(&report.warm).unwrap(),
-        serde_json::json!([{"bucket": "bucket", "objects": [{"key": "k", "ranges": ["bytes=0-12287"]}]}])
+        serde_json::json!([{
+            "bucket": "bucket", "keys": [], "prefix": null, "range": null,
+            "objects": [{"key": "k", "ranges": ["bytes=0-12287"]}],
+        }])
     );
     // Stopped: reads are no longer recorded.
     app.profile.stop();

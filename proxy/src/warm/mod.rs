@@ -46,15 +46,16 @@ pub struct WarmRequest {
     /// The bucket.
     pub bucket: String,
     /// Keys to warm whole (or `range` of each).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     pub keys: Vec<String>,
     /// Warm every object whose key starts with this (`""`: the whole bucket).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub prefix: Option<String>,
     /// An HTTP Range (`bytes=0-1023`, `bytes=-65536`) to warm of each object instead of all.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub range: Option<String>,
-    /// Objects each with the ranges of it to warm, as an access profile lists them.
+    /// Objects each with the ranges of it to warm, as an access profile lists them. Left out
+    /// when there are none, so that requests of other kinds read as they always did.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub objects: Vec<WarmObject>,
 }

@@ -302,11 +302,13 @@ mod tests {
         assert_eq!(
             json,
             serde_json::json!([
-                {"bucket": "lake", "objects": [
+                {"bucket": "lake", "keys": [], "prefix": null, "range": null, "objects": [
                     {"key": "t/2.parquet", "ranges": ["bytes=0-99", "bytes=900-999"]},
                     {"key": "t/1.parquet", "ranges": ["bytes=0-99"]},
                 ]},
-                {"bucket": "logs", "objects": [{"key": "x", "ranges": ["bytes=0-4"]}]},
+                {"bucket": "logs", "keys": [], "prefix": null, "range": null, "objects": [
+                    {"key": "x", "ranges": ["bytes=0-4"]},
+                ]},
             ])
         );
         // A new start drops the last recording; a key filter records that key's reads only.
