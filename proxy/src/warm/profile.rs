@@ -22,6 +22,7 @@ use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
 use super::{WarmObject, WarmRequest, MAX_KEYS};
+use crate::model::range::ByteRange;
 
 /// Most objects one profile holds.
 pub const MAX_OBJECTS: usize = 50_000;
@@ -188,7 +189,7 @@ impl Profiler {
                 ranges: o
                     .ranges
                     .iter()
-                    .map(|r| format!("bytes={}-{}", r.start, r.end - 1))
+                    .map(|r| ByteRange::bytes(r.clone()).header())
                     .collect(),
             });
         }
