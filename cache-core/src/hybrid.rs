@@ -228,9 +228,17 @@ impl<K: CacheKey, E: Clone + From<Abandoned>> HybridCache<K, E> {
                     Arc::new(move |k: &K, v: &Bytes, read_again: bool| {
                         if let Some(p) = partition_of(&d, k) {
                             let key = k.disk_key();
-                            // A value promoted from disk is already there. Dropped writes are
-                            // counted by the disk tier, whose admission decides on reuse.
-                            if !p.contains(&key) {
+                            // A value promoted from disk is already there; read again in
+                            // memory, it counts as read on disk too, or the disk's reclaim
+                            // would see the hottest blocks (served from memory) as unread.
+                            // Dropped writes are counted by the disk tier, whose admission
+                            // decides on reuse.
+                            let held = if read_again {
+                                p.touch(&key)
+                            } else {
+                                p.contains(&key)
+                            };
+                            if !held {
                                 let _ = if read_again {
                                     p.insert_proven(&key, v.clone())
                                 } else {
@@ -674,6 +682,32 @@ mod tests {
             "fetched once, never read again: refused"
         );
         assert!(part.stats().dropped(crate::disk::DropReason::Admission) >= 1);
+    }
+
+    #[tokio::test]
+    async fn a_disk_value_read_again_in_memory_counts_as_read_on_disk() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = disk(&dir.path().join("c")).await;
+        let part = d.partition("default").unwrap();
+        let cache = HybridCache::<K>::new(200_000, Some(d.clone()), WritePolicy::OnEvict);
+        let value = |i: u32| Bytes::from(vec![i as u8; 60_000]);
+        for i in [0, 1] {
+            part.insert(&K(i).disk_key(), value(i)).expect("accepted");
+        }
+        part.flush().await;
+        // Each read from disk once, promoted to memory; K(1) read again there.
+        for i in [0, 1] {
+            assert_eq!(cache.get(&K(i)).await, Some((value(i), Tier::Disk)));
+        }
+        assert_eq!(cache.get(&K(1)).await, Some((value(1), Tier::Memory)));
+        push_out_k0_and_k1(&cache, &d).await;
+        assert!(!cache.memory().contains(&K(0)) && !cache.memory().contains(&K(1)));
+        assert_eq!(part.reads_counted(&K(0).disk_key()), Some(1));
+        assert_eq!(
+            part.reads_counted(&K(1).disk_key()),
+            Some(2),
+            "the read in memory counts towards the disk keeping it"
+        );
     }
 
     #[tokio::test]

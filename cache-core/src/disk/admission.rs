@@ -33,7 +33,7 @@ pub(crate) enum Offer {
     /// Known to be worth a write: read again while the memory tier held it, or asked for (a
     /// cache warm-up).
     Proven,
-    /// Moved by reclaim out of a region being freed, because it was hit there.
+    /// Moved by reclaim out of a region being freed, because it was read since written.
     Reinsert,
 }
 

@@ -1,11 +1,13 @@
 //! The in-memory index: key hash → packed disk address, 16 bytes of payload per entry.
 //!
 //! A record is one `u64`: region (24 bits), page offset in the region (16 bits), length in
-//! pages (16 bits) and a hit bit. The full key lives only on disk and is compared on every read,
+//! pages (16 bits) and a 2-bit read count (S3-FIFO's frequency: reclaim re-inserts an entry
+//! while the count is above zero and spends one each time). The full key lives only on disk and is compared on every read,
 //! so two keys sharing a hash cost a miss, never wrong bytes. Races between a reader, a writer
 //! replacing an entry and reclaim are settled by comparing the whole record ("remove only if it
 //! still points where I think"), not by per-entry sequence numbers.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -16,7 +18,24 @@ use crate::disk::format::SummaryRecord;
 const SHARDS: usize = 64;
 const REGION_BITS: u32 = 24;
 const PAGE_BITS: u32 = 16;
-const HIT: u64 = 1 << 63;
+const FREQ_SHIFT: u32 = 62;
+const FREQ: u64 = 3 << FREQ_SHIFT;
+/// Where the count saturates: past a few reads, more say nothing S3-FIFO would act on, and two
+/// bits keep the record one `u64`.
+const MAX_FREQ: u64 = 3;
+
+fn freq(v: u64) -> u64 {
+    v >> FREQ_SHIFT
+}
+
+fn with_freq(v: u64, f: u64) -> u64 {
+    (v & !FREQ) | f << FREQ_SHIFT
+}
+
+/// Count one more read, saturating.
+fn bump(v: &mut u64) {
+    *v = with_freq(*v, (freq(*v) + 1).min(MAX_FREQ));
+}
 
 /// Where an entry lives: region, first page and page count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -48,7 +67,7 @@ impl Addr {
     }
 
     fn unpack(v: u64) -> Self {
-        let v = v & !HIT;
+        let v = v & !FREQ;
         Self {
             region: (v >> (2 * PAGE_BITS)) as u32 & ((1 << REGION_BITS) - 1),
             page: (v >> PAGE_BITS) as u32 & ((1 << PAGE_BITS) - 1),
@@ -95,7 +114,7 @@ impl Index {
         &self.shards[(hash >> 40) as usize % SHARDS]
     }
 
-    /// The address of `hash`, marking it hit, and `witness(addr)` taken under the same lock, so
+    /// The address of `hash`, counting a read, and `witness(addr)` taken under the same lock, so
     /// that anything which removes the record first (reclaim) is ordered before the witness.
     pub(crate) fn lookup<W>(
         &self,
@@ -104,7 +123,7 @@ impl Index {
     ) -> Option<(Addr, W)> {
         let mut shard = self.shard(hash).lock();
         let v = shard.get_mut(&hash)?;
-        *v |= HIT;
+        bump(v);
         let addr = Addr::unpack(*v);
         Some((addr, witness(addr)))
     }
@@ -113,12 +132,29 @@ impl Index {
         self.shard(hash).lock().contains_key(&hash)
     }
 
-    /// Point `hash` at `addr`; the address it replaces, if any.
+    /// Whether `hash` is held, counting a read of it made elsewhere (the memory tier read a
+    /// copy of it again): the disk's count then says how hot the block is, not only how often
+    /// the disk itself served it, which for a block memory holds is rarely.
+    pub(crate) fn touch(&self, hash: u64) -> bool {
+        let mut shard = self.shard(hash).lock();
+        shard.get_mut(&hash).map(bump).is_some()
+    }
+
+    /// Point `hash` at `addr`; the address it replaces, if any. A replaced record's read count
+    /// carries over: the same hash is the same key, hence the same bytes (a re-insert by
+    /// reclaim, which spent one read of the count first).
     pub(crate) fn insert(&self, hash: u64, addr: Addr) -> Option<Addr> {
-        self.shard(hash)
-            .lock()
-            .insert(hash, addr.pack())
-            .map(Addr::unpack)
+        match self.shard(hash).lock().entry(hash) {
+            Entry::Occupied(mut e) => {
+                let old = *e.get();
+                e.insert(with_freq(addr.pack(), freq(old)));
+                Some(Addr::unpack(old))
+            }
+            Entry::Vacant(e) => {
+                e.insert(addr.pack());
+                None
+            }
+        }
     }
 
     /// Remove `hash` whatever it points at.
@@ -126,23 +162,34 @@ impl Index {
         self.shard(hash).lock().remove(&hash).map(Addr::unpack)
     }
 
-    /// Remove `hash` only if it still points at `addr`; whether it was hit since inserted.
-    pub(crate) fn remove_if(&self, hash: u64, addr: Addr) -> Option<bool> {
-        let mut shard = self.shard(hash).lock();
-        let v = *shard.get(&hash)?;
-        if Addr::unpack(v) != addr {
-            return None;
-        }
-        shard.remove(&hash);
-        Some(v & HIT != 0)
+    /// The reads counted for `hash`, if held.
+    #[cfg(test)]
+    pub(crate) fn reads(&self, hash: u64) -> Option<u64> {
+        self.shard(hash).lock().get(&hash).map(|v| freq(*v))
     }
 
-    /// Whether the record for `hash` still points at `addr` and was hit.
-    pub(crate) fn was_hit(&self, hash: u64, addr: Addr) -> bool {
-        let shard = self.shard(hash).lock();
-        shard
-            .get(&hash)
-            .is_some_and(|v| Addr::unpack(*v) == addr && v & HIT != 0)
+    /// Remove `hash` only if it still points at `addr`; whether it did.
+    pub(crate) fn remove_if(&self, hash: u64, addr: Addr) -> bool {
+        let mut shard = self.shard(hash).lock();
+        let points_at = shard.get(&hash).is_some_and(|v| Addr::unpack(*v) == addr);
+        if points_at {
+            shard.remove(&hash);
+        }
+        points_at
+    }
+
+    /// Whether the record for `hash` still points at `addr` with reads counted; if so, one is
+    /// spent (reclaim re-inserts it), so a block read once survives one more pass of the FIFO
+    /// and one read three times or more survives three.
+    pub(crate) fn spend_read(&self, hash: u64, addr: Addr) -> bool {
+        let mut shard = self.shard(hash).lock();
+        match shard.get_mut(&hash) {
+            Some(v) if Addr::unpack(*v) == addr && freq(*v) > 0 => {
+                *v = with_freq(*v, freq(*v) - 1);
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Remove every record in `region`; how many. A full sweep, for a region whose summary
@@ -206,7 +253,7 @@ mod tests {
             },
         ] {
             assert_eq!(Addr::unpack(addr.pack()), addr);
-            assert_eq!(Addr::unpack(addr.pack() | HIT), addr);
+            assert_eq!(Addr::unpack(addr.pack() | FREQ), addr);
         }
     }
 
@@ -221,12 +268,38 @@ mod tests {
         let b = Addr { region: 2, ..a };
         assert_eq!(index.insert(7, a), None);
         assert_eq!(index.insert(7, b), Some(a));
-        assert_eq!(index.remove_if(7, a), None);
-        assert!(!index.was_hit(7, b));
-        assert_eq!(index.lookup(7, |x| x), Some((b, b)));
-        assert!(index.was_hit(7, b));
-        assert_eq!(index.remove_if(7, b), Some(true));
+        assert!(!index.remove_if(7, a));
+        assert!(index.remove_if(7, b));
         assert!(!index.contains(7));
+    }
+
+    #[test]
+    fn reads_are_counted_to_three_spent_one_by_one_and_carried_by_a_reinsert() {
+        let index = Index::new();
+        let a = Addr {
+            region: 1,
+            page: 1,
+            pages: 3,
+        };
+        let b = Addr { region: 2, ..a };
+        index.insert(7, a);
+        assert!(!index.spend_read(7, a), "never read: nothing to spend");
+        for _ in 0..5 {
+            assert_eq!(index.lookup(7, |x| x), Some((a, a)));
+        }
+        assert!(index.touch(7) && !index.touch(8));
+        assert!(!index.spend_read(7, b), "another address: not this record");
+        assert!(index.spend_read(7, a));
+        // Re-inserted elsewhere: the two reads left carry over, and no more than that.
+        assert_eq!(index.insert(7, b), Some(a));
+        assert!(index.spend_read(7, b) && index.spend_read(7, b));
+        assert!(!index.spend_read(7, b));
+        assert_eq!(
+            index.lookup(7, |x| x),
+            Some((b, b)),
+            "the address is intact"
+        );
+        assert!(index.spend_read(7, b) && !index.spend_read(7, b));
     }
 
     #[test]

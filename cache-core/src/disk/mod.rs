@@ -689,6 +689,18 @@ impl Partition {
         self.store.contains(key)
     }
 
+    /// Whether `key` is (probably) held, counting a read of it served from a copy elsewhere
+    /// (the memory tier), so that reclaim keeps what is hot, not only what the disk served.
+    pub fn touch(&self, key: &[u8]) -> bool {
+        self.store.touch(key)
+    }
+
+    /// The reads counted for `key` towards reclaim (saturating at three), if on disk.
+    #[cfg(test)]
+    pub(crate) fn reads_counted(&self, key: &[u8]) -> Option<u64> {
+        self.store.reads_counted(key)
+    }
+
     /// Forget `key`.
     pub fn remove(&self, key: &[u8]) {
         self.store.remove(key)

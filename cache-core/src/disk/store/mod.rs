@@ -1,9 +1,9 @@
 //! One partition's store: its regions, index, write path, reads and reclaim.
 //!
 //! Regions are filled append-only, one at a time, and evicted whole in FIFO order (preferring a
-//! mostly-dead region among the oldest few). A region's life: ready → open (its remaining index
+//! much emptier region among the oldest few). A region's life: ready → open (its remaining index
 //! records removed, then its header names a fresh epoch; appending) → sealed (summary and header
-//! written) → reclaimed (hit entries copied forward) → ready, its entries still readable. Readers
+//! written) → reclaimed (entries read since written copied forward) → ready, its entries still readable. Readers
 //! never take a lock across I/O: they note the region's epoch when they look the entry up and
 //! check it again after the read, and the epoch changes only after the region's index records
 //! are removed, so bytes from a reused region are never served.
@@ -43,7 +43,7 @@ pub(crate) struct RegionSlot {
     /// Epoch of the data the region holds, 0 if it never held any. Readers compare it before
     /// and after.
     pub(crate) epoch: AtomicU64,
-    /// Bytes of indexed entries in the region, to prefer mostly-dead victims.
+    /// Bytes of indexed entries in the region, to prefer much emptier victims.
     pub(crate) live: AtomicU64,
 }
 
@@ -65,6 +65,9 @@ pub(crate) struct Alloc {
     active: Option<u32>,
     /// Sealed regions, oldest first.
     pub(crate) fifo: VecDeque<u32>,
+    /// How many regions reclaim took out of order while the oldest waited (reset when the
+    /// oldest is taken), so the oldest waits a bounded time however full it is.
+    pub(crate) passed_over: usize,
     /// Regions ready for writing, in the order they became ready.
     pub(crate) free: VecDeque<Ready>,
     pub(crate) next_epoch: u64,
@@ -216,6 +219,17 @@ impl Store {
     pub(crate) fn contains(&self, key: &[u8]) -> bool {
         let hash = self.hash(key);
         self.inflight.lock().contains_key(&hash) || self.index.contains(hash)
+    }
+
+    /// [`contains`](Self::contains), counting a read of `key` made elsewhere.
+    pub(crate) fn touch(&self, key: &[u8]) -> bool {
+        let hash = self.hash(key);
+        self.inflight.lock().contains_key(&hash) || self.index.touch(hash)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn reads_counted(&self, key: &[u8]) -> Option<u64> {
+        self.index.reads(self.hash(key))
     }
 
     /// Offer `value` for a disk write. Never waits: either the entry is accepted (readable at once,

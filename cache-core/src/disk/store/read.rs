@@ -81,7 +81,7 @@ impl Store {
             Fault::Corrupt => {
                 self.counters.corrupt();
                 // Drop the record so the next read refetches instead of failing again.
-                if self.index.remove_if(hash, addr).is_some() {
+                if self.index.remove_if(hash, addr) {
                     self.dead(addr);
                 }
             }

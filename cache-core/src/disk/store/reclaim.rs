@@ -1,6 +1,7 @@
 //! Eviction: a background task keeps regions ready ahead of the writers by reclaiming whole
-//! regions in FIFO order (preferring a mostly-dead one among the oldest few), reinserting
-//! entries that were hit (up to half a region's worth). A ready region's entries stay indexed
+//! regions in FIFO order (preferring a much emptier one among the oldest few), reinserting
+//! entries read since they were written (up to half a region's worth), each re-insert spending
+//! one of the entry's counted reads (S3-FIFO's main queue, with its 2-bit frequency). A ready region's entries stay indexed
 //! and readable until a writer opens it ([`Store::evict`]), so the regions kept ready cost no
 //! capacity: on a small disk (a few dozen regions) two empty ones would be several percent of it.
 
@@ -34,21 +35,34 @@ impl Store {
         }
     }
 
-    /// Among the oldest few sealed regions, the one with the fewest live bytes: FIFO order keeps
-    /// eviction fair; the small window lets a region emptied by overwrites go first.
+    /// The oldest sealed region, unless one of the next few is much emptier (overwrites and
+    /// removals left it a quarter less live or more): reclaiming that frees more for the same
+    /// copying. FIFO order otherwise, and the oldest is passed over at most `WINDOW` times in a
+    /// row: once, a region fuller than the three behind it (smaller entries pack tighter) was
+    /// never reclaimed, and what it held never left the cache.
     fn pick_victim(&self) -> Option<u32> {
         const WINDOW: usize = 4;
         let mut a = self.alloc.lock();
-        let (pos, _) = a
+        let live = |r: u32| self.regions[r as usize].live.load(Ordering::Relaxed);
+        let oldest = live(*a.fifo.front()?);
+        let (pos, least) = a
             .fifo
             .iter()
             .take(WINDOW)
+            .map(|r| live(*r))
             .enumerate()
-            .min_by_key(|(_, r)| self.regions[**r as usize].live.load(Ordering::Relaxed))?;
+            .min_by_key(|(_, l)| *l)?;
+        let pos = if pos > 0 && least < oldest - oldest / 4 && a.passed_over < WINDOW {
+            a.passed_over += 1;
+            pos
+        } else {
+            a.passed_over = 0;
+            0
+        };
         a.fifo.remove(pos)
     }
 
-    /// Ready `region` for reuse: re-insert entries that were hit (up to half a region's worth,
+    /// Ready `region` for reuse: re-insert entries with reads counted (up to half a region's worth,
     /// so reclaim always frees space) and hand it to the writers with the records of what it
     /// still holds, which stays readable until [`evict`](Self::evict) drops it.
     pub(crate) async fn reclaim(self: &Arc<Self>, region: u32) {
@@ -59,7 +73,7 @@ impl Store {
                 for rec in &records {
                     let addr = Addr::of(region, rec);
                     let bytes = rec.pages as u64 * PAGE as u64;
-                    if bytes <= reinsert_budget && self.index.was_hit(rec.hash, addr) {
+                    if bytes <= reinsert_budget && self.index.spend_read(rec.hash, addr) {
                         reinsert_budget -= bytes;
                         self.reinsert(addr, epoch).await;
                     }
@@ -82,11 +96,7 @@ impl Store {
             Stale::Nothing => return,
             Stale::Records(records) => records
                 .iter()
-                .filter(|rec| {
-                    self.index
-                        .remove_if(rec.hash, Addr::of(region, rec))
-                        .is_some()
-                })
+                .filter(|rec| self.index.remove_if(rec.hash, Addr::of(region, rec)))
                 .count(),
             Stale::Unknown => self.index.remove_region(region),
         };

@@ -451,7 +451,7 @@ impl Metrics {
             ),
             (
                 "larder.disk.reinserted.entries",
-                "Hit disk entries copied forward by reclaim",
+                "Disk entries copied forward by reclaim, read since written",
                 |s| s.reinserted,
             ),
         ];
