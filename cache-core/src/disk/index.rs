@@ -257,15 +257,19 @@ mod tests {
         }
     }
 
-    #[test]
-    fn remove_if_only_removes_the_named_address() {
-        let index = Index::new();
+    /// An empty index, and two addresses of the same length in different regions.
+    fn index_and_two_addresses() -> (Index, Addr, Addr) {
         let a = Addr {
             region: 1,
             page: 1,
             pages: 3,
         };
-        let b = Addr { region: 2, ..a };
+        (Index::new(), a, Addr { region: 2, ..a })
+    }
+
+    #[test]
+    fn remove_if_only_removes_the_named_address() {
+        let (index, a, b) = index_and_two_addresses();
         assert_eq!(index.insert(7, a), None);
         assert_eq!(index.insert(7, b), Some(a));
         assert!(!index.remove_if(7, a));
@@ -275,13 +279,7 @@ mod tests {
 
     #[test]
     fn reads_are_counted_to_three_spent_one_by_one_and_carried_by_a_reinsert() {
-        let index = Index::new();
-        let a = Addr {
-            region: 1,
-            page: 1,
-            pages: 3,
-        };
-        let b = Addr { region: 2, ..a };
+        let (index, a, b) = index_and_two_addresses();
         index.insert(7, a);
         assert!(!index.spend_read(7, a), "never read: nothing to spend");
         for _ in 0..5 {
