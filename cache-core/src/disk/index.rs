@@ -2,10 +2,11 @@
 //!
 //! A record is one `u64`: region (24 bits), page offset in the region (16 bits), length in
 //! pages (16 bits) and a 2-bit read count (S3-FIFO's frequency: reclaim re-inserts an entry
-//! while the count is above zero and spends one each time). The full key lives only on disk and is compared on every read,
-//! so two keys sharing a hash cost a miss, never wrong bytes. Races between a reader, a writer
-//! replacing an entry and reclaim are settled by comparing the whole record ("remove only if it
-//! still points where I think"), not by per-entry sequence numbers.
+//! while the count is above zero and spends one each time). The full key lives only on disk
+//! and is compared on every read, so two keys sharing a hash cost a miss, never wrong bytes.
+//! Races between a reader, a writer replacing an entry and reclaim are settled by comparing the
+//! whole record ("remove only if it still points where I think"), not by per-entry sequence
+//! numbers.
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;

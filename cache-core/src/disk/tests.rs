@@ -223,9 +223,10 @@ async fn reclaim_keeps_an_entry_as_many_passes_as_it_was_read_up_to_three() {
         4,
         "every entry let go in the end: {gone_after:?} {s:?}"
     );
-    // One pass of the FIFO is about the disk's capacity in cold entries (eight 1 MiB regions of
-    // twenty 50 KB entries): each read counted is worth a pass more.
-    let pass = 8 * 20 / 2;
+    // Each read counted is worth one more pass of the FIFO: about the disk's capacity in cold
+    // entries (eight 1 MiB regions of nineteen 50 KB entries, two of them kept ready; ~115
+    // measured). Asserted at 80, for margin.
+    let pass = 80;
     let (never, once) = (gone_after["never"], gone_after["once"]);
     assert!(once >= never + pass, "{gone_after:?}");
     for hot in ["thrice", "touched"] {

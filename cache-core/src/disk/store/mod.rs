@@ -3,10 +3,10 @@
 //! Regions are filled append-only, one at a time, and evicted whole in FIFO order (preferring a
 //! much emptier region among the oldest few). A region's life: ready → open (its remaining index
 //! records removed, then its header names a fresh epoch; appending) → sealed (summary and header
-//! written) → reclaimed (entries read since written copied forward) → ready, its entries still readable. Readers
-//! never take a lock across I/O: they note the region's epoch when they look the entry up and
-//! check it again after the read, and the epoch changes only after the region's index records
-//! are removed, so bytes from a reused region are never served.
+//! written) → reclaimed (entries read since written copied forward) → ready, its entries still
+//! readable. Readers never take a lock across I/O: they note the region's epoch when they look
+//! the entry up and check it again after the read, and the epoch changes only after the
+//! region's index records are removed, so bytes from a reused region are never served.
 //!
 //! The read path (lookups, verification, the epoch check) is in `read`, eviction in `reclaim`.
 

@@ -1,9 +1,10 @@
 //! Eviction: a background task keeps regions ready ahead of the writers by reclaiming whole
 //! regions in FIFO order (preferring a much emptier one among the oldest few), reinserting
 //! entries read since they were written (up to half a region's worth), each re-insert spending
-//! one of the entry's counted reads (S3-FIFO's main queue, with its 2-bit frequency). A ready region's entries stay indexed
-//! and readable until a writer opens it ([`Store::evict`]), so the regions kept ready cost no
-//! capacity: on a small disk (a few dozen regions) two empty ones would be several percent of it.
+//! one of the entry's counted reads (S3-FIFO's main queue, with its 2-bit frequency). A ready
+//! region's entries stay indexed and readable until a writer opens it ([`Store::evict`]), so
+//! the regions kept ready cost no capacity: on a small disk (a few dozen regions) two empty
+//! ones would be several percent of it.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -62,9 +63,9 @@ impl Store {
         a.fifo.remove(pos)
     }
 
-    /// Ready `region` for reuse: re-insert entries with reads counted (up to half a region's worth,
-    /// so reclaim always frees space) and hand it to the writers with the records of what it
-    /// still holds, which stays readable until [`evict`](Self::evict) drops it.
+    /// Ready `region` for reuse: re-insert entries with reads counted (up to half a region's
+    /// worth, so reclaim always frees space) and hand it to the writers with the records of what
+    /// it still holds, which stays readable until [`evict`](Self::evict) drops it.
     pub(crate) async fn reclaim(self: &Arc<Self>, region: u32) {
         let epoch = self.regions[region as usize].epoch.load(Ordering::Acquire);
         let stale = match self.read_summary(region, epoch).await {
