@@ -31,6 +31,15 @@ pub(crate) fn small_config(path: &std::path::Path) -> DiskConfig {
     cfg
 }
 
+/// A disk of `small_config` in `dir`, and its default partition (the disk must outlive it).
+async fn small_partition(dir: &std::path::Path) -> (DiskCache, Partition) {
+    let disk = DiskCache::open(small_config(&dir.join("cache")))
+        .await
+        .expect("open");
+    let p = disk.partition("default").expect("default");
+    (disk, p)
+}
+
 #[tokio::test]
 async fn round_trip_then_restart() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -81,10 +90,7 @@ async fn round_trip_then_restart() {
 #[tokio::test]
 async fn fills_past_capacity_by_reclaiming_oldest_regions() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let disk = DiskCache::open(small_config(&dir.path().join("cache")))
-        .await
-        .expect("open");
-    let p = disk.partition("default").expect("default");
+    let (_disk, p) = small_partition(dir.path()).await;
     let keys: Vec<String> = (0..400).map(|i| format!("fill-{i}")).collect();
     for (i, key) in keys.iter().enumerate() {
         p.insert(key.as_bytes(), value_of(key.as_bytes(), 50_000))
@@ -150,10 +156,7 @@ async fn hot_entry_survives_reclaim(cfg: DiskConfig) {
 #[tokio::test]
 async fn the_oldest_region_is_reclaimed_in_its_turn_however_full() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let disk = DiskCache::open(small_config(&dir.path().join("cache")))
-        .await
-        .expect("open");
-    let p = disk.partition("default").expect("default");
+    let (_disk, p) = small_partition(dir.path()).await;
     for i in 0..24 {
         let key = format!("small-{i}");
         p.insert(key.as_bytes(), value_of(key.as_bytes(), 40_000))
@@ -204,10 +207,7 @@ async fn writes_outlasted<'k>(
 #[tokio::test]
 async fn reclaim_keeps_an_entry_as_many_passes_as_it_was_read_up_to_three() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let disk = DiskCache::open(small_config(&dir.path().join("cache")))
-        .await
-        .expect("open");
-    let p = disk.partition("default").expect("default");
+    let (_disk, p) = small_partition(dir.path()).await;
     for key in [&b"never"[..], b"once", b"thrice", b"touched"] {
         p.insert(key, value_of(key, 40_000)).expect("accepted");
     }
